@@ -1,0 +1,3 @@
+//! lode-decoupler: see ../shared/DESIGN.md for its place in Lode. This crate is built by issue 3;
+//! until then it only reserves its place in the workspace and its dependency direction
+//! (it may depend on lode-proto and on nothing else of Lode's).

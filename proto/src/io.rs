@@ -1,0 +1,443 @@
+//! Loading models from disk in every form TensorFlow writes them, and writing GraphDefs.
+//!
+//! A model path is one of: a binary GraphDef (`.pb`, or anything not recognised otherwise), a
+//! text GraphDef (`.pbtxt`, `.pbtext`, `.txt`, `.prototxt`), a MetaGraphDef (`.meta`, binary or
+//! text), or a SavedModel (a directory holding `saved_model.pb` or `saved_model.pbtxt`, or the
+//! file itself). Text is told from binary by content, so a mislabelled file still loads; the
+//! message type of a text file is told from its first field name.
+
+use std::fs;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use protobuf::{CodedInputStream, Message, MessageFull};
+
+use crate::error::{Error, Result};
+use crate::text;
+use crate::tf::graph::GraphDef;
+use crate::tf::meta_graph::MetaGraphDef;
+use crate::tf::saved_model::SavedModel;
+
+/// Deepest message nesting accepted in binary and text (as protobuf's own default; the
+/// deepest real TensorFlow graphs nest a few dozen levels).
+pub const RECURSION_LIMIT: u32 = 100;
+
+/// Largest model file Lode reads: protobuf messages cannot exceed 2 GiB.
+pub const MAX_MODEL_BYTES: u64 = (1 << 31) - 1;
+
+/// The form a model was stored in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelFormat {
+    GraphDef,
+    GraphDefText,
+    MetaGraph,
+    MetaGraphText,
+    SavedModel,
+    SavedModelText,
+}
+
+impl ModelFormat {
+    /// Stable name used in `lode inspect` output.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelFormat::GraphDef => "graphdef",
+            ModelFormat::GraphDefText => "graphdef-text",
+            ModelFormat::MetaGraph => "metagraph",
+            ModelFormat::MetaGraphText => "metagraph-text",
+            ModelFormat::SavedModel => "savedmodel",
+            ModelFormat::SavedModelText => "savedmodel-text",
+        }
+    }
+}
+
+/// The output encoding of a GraphDef.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GraphEncoding {
+    Binary,
+    Text,
+}
+
+/// What to pick inside a model that holds several graphs.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// The SavedModel tag set to select; None picks the only MetaGraph.
+    pub tags: Option<Vec<String>>,
+}
+
+/// A loaded model: the graph Lode works on and where it came from.
+#[derive(Debug, Clone)]
+pub struct Model {
+    /// The file the graph was read from (`saved_model.pb` for a SavedModel directory).
+    pub path: PathBuf,
+    pub format: ModelFormat,
+    pub graph: GraphDef,
+    /// The MetaGraphDef the graph came from, for `.meta` files and SavedModels.
+    pub meta_graph: Option<MetaGraphDef>,
+    /// For SavedModels: the tag sets of all MetaGraphs in the file.
+    pub available_tags: Vec<Vec<String>>,
+}
+
+impl Model {
+    /// The tags of the selected MetaGraph, when it has any.
+    pub fn tags(&self) -> Option<&[String]> {
+        self.meta_graph
+            .as_ref()
+            .and_then(|m| m.meta_info_def.as_ref())
+            .map(|info| info.tags.as_slice())
+            .filter(|tags| !tags.is_empty())
+    }
+}
+
+/// Loads a model from `path`, detecting its format.
+pub fn load(path: &Path, options: &LoadOptions) -> Result<Model> {
+    let metadata = fs::metadata(path).map_err(|source| Error::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    if metadata.is_dir() {
+        let binary = path.join("saved_model.pb");
+        let text = path.join("saved_model.pbtxt");
+        let file = if binary.is_file() {
+            binary
+        } else if text.is_file() {
+            text
+        } else {
+            return Err(Error::NotASavedModel {
+                path: path.to_owned(),
+            });
+        };
+        return load_saved_model(&file, options);
+    }
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    if name == "saved_model.pb" || name == "saved_model.pbtxt" {
+        return load_saved_model(path, options);
+    }
+    let bytes = read_model_file(path)?;
+    let extension = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+    let kind = if let Some(text) = as_text(&bytes) {
+        text_kind(text).unwrap_or(if extension == "meta" {
+            TextKind::MetaGraph
+        } else {
+            TextKind::GraphDef
+        })
+    } else {
+        match extension {
+            "meta" => TextKind::MetaGraph,
+            _ => TextKind::GraphDef,
+        }
+    };
+    let textual = as_text(&bytes).is_some();
+    match kind {
+        TextKind::GraphDef => {
+            let graph: GraphDef = decode(path, &bytes, textual, "GraphDef")?;
+            check_graph(path, &graph)?;
+            Ok(Model {
+                path: path.to_owned(),
+                format: if textual {
+                    ModelFormat::GraphDefText
+                } else {
+                    ModelFormat::GraphDef
+                },
+                graph,
+                meta_graph: None,
+                available_tags: Vec::new(),
+            })
+        }
+        TextKind::MetaGraph => {
+            let meta: MetaGraphDef = decode(path, &bytes, textual, "MetaGraphDef")?;
+            let graph = meta_graph_def(path, &meta)?;
+            Ok(Model {
+                path: path.to_owned(),
+                format: if textual {
+                    ModelFormat::MetaGraphText
+                } else {
+                    ModelFormat::MetaGraph
+                },
+                graph,
+                meta_graph: Some(meta),
+                available_tags: Vec::new(),
+            })
+        }
+        TextKind::SavedModel => select_meta_graph(path, &bytes, textual, options),
+    }
+}
+
+fn load_saved_model(file: &Path, options: &LoadOptions) -> Result<Model> {
+    let bytes = read_model_file(file)?;
+    let textual = as_text(&bytes).is_some();
+    select_meta_graph(file, &bytes, textual, options)
+}
+
+fn select_meta_graph(
+    path: &Path,
+    bytes: &[u8],
+    textual: bool,
+    options: &LoadOptions,
+) -> Result<Model> {
+    let saved: SavedModel = decode(path, bytes, textual, "SavedModel")?;
+    let available: Vec<Vec<String>> = saved
+        .meta_graphs
+        .iter()
+        .map(|m| {
+            let mut tags = m
+                .meta_info_def
+                .as_ref()
+                .map(|i| i.tags.clone())
+                .unwrap_or_default();
+            tags.sort();
+            tags
+        })
+        .collect();
+    let index = match &options.tags {
+        Some(wanted) => {
+            let mut wanted = wanted.clone();
+            wanted.sort();
+            wanted.dedup();
+            available
+                .iter()
+                .position(|tags| *tags == wanted)
+                .ok_or_else(|| Error::TagsNotFound {
+                    path: path.to_owned(),
+                    wanted: wanted.clone(),
+                    available: available.clone(),
+                })?
+        }
+        None => match available.len() {
+            0 => {
+                return Err(Error::InvalidModel {
+                    path: path.to_owned(),
+                    reason: "the SavedModel holds no MetaGraph".into(),
+                })
+            }
+            1 => 0,
+            _ => {
+                return Err(Error::AmbiguousTags {
+                    path: path.to_owned(),
+                    available: available.clone(),
+                })
+            }
+        },
+    };
+    let mut meta_graphs = saved.meta_graphs;
+    let meta = meta_graphs.swap_remove(index);
+    let graph = meta_graph_def(path, &meta)?;
+    Ok(Model {
+        path: path.to_owned(),
+        format: if textual {
+            ModelFormat::SavedModelText
+        } else {
+            ModelFormat::SavedModel
+        },
+        graph,
+        meta_graph: Some(meta),
+        available_tags: available,
+    })
+}
+
+fn meta_graph_def(path: &Path, meta: &MetaGraphDef) -> Result<GraphDef> {
+    let Some(graph) = meta.graph_def.as_ref() else {
+        return Err(Error::InvalidModel {
+            path: path.to_owned(),
+            reason: "the MetaGraphDef has no graph_def".into(),
+        });
+    };
+    check_graph(path, graph)?;
+    Ok(graph.clone())
+}
+
+fn read_model_file(path: &Path) -> Result<Vec<u8>> {
+    let io = |source| Error::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let size = fs::metadata(path).map_err(io)?.len();
+    if size > MAX_MODEL_BYTES {
+        return Err(Error::TooLarge {
+            path: path.to_owned(),
+            size,
+            limit: MAX_MODEL_BYTES,
+        });
+    }
+    let bytes = fs::read(path).map_err(io)?;
+    if bytes.is_empty() {
+        return Err(Error::Empty {
+            path: path.to_owned(),
+        });
+    }
+    Ok(bytes)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TextKind {
+    GraphDef,
+    MetaGraph,
+    SavedModel,
+}
+
+/// The content as text when it plausibly is text format: valid UTF-8 without control bytes
+/// other than whitespace, starting (after comments) with a letter.
+fn as_text(bytes: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    if text
+        .bytes()
+        .any(|b| b < 0x20 && !matches!(b, b'\n' | b'\r' | b'\t' | 0x0b | 0x0c))
+    {
+        return None;
+    }
+    let first = first_word(text)?;
+    first
+        .starts_with(|c: char| c.is_ascii_alphabetic())
+        .then_some(text)
+}
+
+fn first_word(text: &str) -> Option<&str> {
+    let mut rest = text;
+    loop {
+        rest = rest.trim_start();
+        if let Some(comment) = rest.strip_prefix('#') {
+            rest = comment.split_once('\n').map_or("", |(_, after)| after);
+            continue;
+        }
+        break;
+    }
+    let end = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(rest.len());
+    (end > 0).then(|| &rest[..end])
+}
+
+fn text_kind(text: &str) -> Option<TextKind> {
+    match first_word(text)? {
+        "node" | "library" | "versions" | "version" | "debug_info" => Some(TextKind::GraphDef),
+        "meta_info_def" | "graph_def" | "saver_def" | "collection_def" | "signature_def"
+        | "asset_file_def" | "object_graph_def" => Some(TextKind::MetaGraph),
+        "saved_model_schema_version" | "meta_graphs" => Some(TextKind::SavedModel),
+        _ => None,
+    }
+}
+
+fn decode<M: MessageFull>(
+    path: &Path,
+    bytes: &[u8],
+    textual: bool,
+    what: &'static str,
+) -> Result<M> {
+    if textual {
+        let text = std::str::from_utf8(bytes).map_err(|_| Error::InvalidModel {
+            path: path.to_owned(),
+            reason: "text file is not UTF-8".into(),
+        })?;
+        return text::parse::<M>(text).map_err(|source| Error::Text {
+            path: path.to_owned(),
+            what,
+            source,
+        });
+    }
+    decode_binary(bytes).map_err(|source| Error::Decode {
+        path: path.to_owned(),
+        what,
+        source,
+    })
+}
+
+/// Decodes a binary message with Lode's explicit recursion limit.
+pub fn decode_binary<M: Message>(bytes: &[u8]) -> protobuf::Result<M> {
+    let mut input = CodedInputStream::from_bytes(bytes);
+    input.set_recursion_limit(RECURSION_LIMIT);
+    let mut message = M::new();
+    message.merge_from(&mut input)?;
+    input.check_eof()?;
+    Ok(message)
+}
+
+/// Rejects what parses as protobuf but cannot be a TensorFlow graph (random bytes often parse
+/// as a message made of unknown fields). Checks are linear in the graph's size.
+fn check_graph(path: &Path, graph: &GraphDef) -> Result<()> {
+    let invalid = |reason: String| Error::InvalidModel {
+        path: path.to_owned(),
+        reason,
+    };
+    let has_functions = graph
+        .library
+        .as_ref()
+        .is_some_and(|l| !l.function.is_empty());
+    if graph.node.is_empty() && !has_functions {
+        let unknown = graph.special_fields.unknown_fields().iter().count();
+        return Err(invalid(if unknown > 0 {
+            format!("no nodes and {unknown} unrecognised fields: not a TensorFlow graph")
+        } else {
+            "the graph has no nodes".into()
+        }));
+    }
+    let mut names = std::collections::HashSet::with_capacity(graph.node.len());
+    for (i, node) in graph.node.iter().enumerate() {
+        if node.name.is_empty() {
+            return Err(invalid(format!("node #{i} has no name")));
+        }
+        if node.op.is_empty() {
+            return Err(invalid(format!("node '{}' has no op", node.name)));
+        }
+        if !names.insert(node.name.as_str()) {
+            return Err(invalid(format!("node name '{}' appears twice", node.name)));
+        }
+    }
+    for node in &graph.node {
+        for input in &node.input {
+            let parsed = crate::names::Input::parse(input)
+                .map_err(|e| invalid(format!("node '{}' ({}): {e}", node.name, node.op)))?;
+            if !names.contains(parsed.node()) {
+                return Err(invalid(format!(
+                    "node '{}' ({}) reads '{input}', but no node is named '{}'",
+                    node.name,
+                    node.op,
+                    parsed.node()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Encodes a GraphDef in the chosen encoding.
+pub fn encode_graph(graph: &GraphDef, encoding: GraphEncoding) -> Result<Vec<u8>> {
+    match encoding {
+        GraphEncoding::Binary => graph.write_to_bytes().map_err(|source| Error::Encode {
+            what: "GraphDef",
+            source,
+        }),
+        GraphEncoding::Text => Ok(text::print(graph).into_bytes()),
+    }
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file in the same directory, then a rename,
+/// so a failed write never leaves a half-written file where a good one was.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let io = |source| Error::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| Error::InvalidOutput {
+            path: path.to_owned(),
+            reason: "the output path names no file".into(),
+        })?
+        .to_string_lossy()
+        .into_owned();
+    let tmp = dir.join(format!(".{file_name}.lode-tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut file = fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if let Err(source) = result {
+        let _ = fs::remove_file(&tmp);
+        return Err(io(source));
+    }
+    Ok(())
+}

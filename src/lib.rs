@@ -1,0 +1,81 @@
+//! The `lode` command line: wiring of Lode's crates behind one binary.
+//!
+//! # Layout
+//! - `cli`: clap argument types, nothing else.
+//! - `inspect`: `lode inspect`, a report of what a model holds.
+//! - [`run`]: dispatches a parsed command; `main` only parses, sets up logging and exits.
+//!
+//! # Invariants
+//! - Exit status 0 on success, 2 on any error; errors are one line naming the file and the
+//!   problem.
+//! - Nothing the user gave is overwritten: outputs are written atomically and never onto the
+//!   input.
+
+pub mod cli;
+pub mod inspect;
+
+use anyhow::{bail, Context as _};
+use lode_proto::io::{self, GraphEncoding, LoadOptions};
+
+use crate::cli::{Command, ConvertArgs, GraphFormat, InspectArgs, ModelArgs, OutputFormat};
+
+/// Runs one command, writing its output to `out`.
+pub fn run(command: Command, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    match command {
+        Command::Inspect(args) => run_inspect(args, out),
+        Command::Convert(args) => run_convert(args, out),
+    }
+}
+
+fn load(args: &ModelArgs) -> anyhow::Result<io::Model> {
+    let options = LoadOptions {
+        tags: args.tags.clone(),
+    };
+    tracing::debug!(path = %args.model.display(), "loading model");
+    Ok(io::load(&args.model, &options)?)
+}
+
+fn run_inspect(args: InspectArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    let model = load(&args.model)?;
+    let report = inspect::inspect(&model);
+    match args.format {
+        OutputFormat::Json => {
+            serde_json::to_writer_pretty(&mut *out, &report)?;
+            writeln!(out)?;
+        }
+        OutputFormat::Text => out.write_all(report.to_text().as_bytes())?,
+    }
+    Ok(())
+}
+
+fn run_convert(args: ConvertArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    let model = load(&args.model)?;
+    if same_file(&model.path, &args.output) || same_file(&args.model.model, &args.output) {
+        bail!(
+            "{}: refusing to write the output over the input model",
+            args.output.display()
+        );
+    }
+    let encoding = match args.to {
+        GraphFormat::Pb => GraphEncoding::Binary,
+        GraphFormat::Pbtxt => GraphEncoding::Text,
+    };
+    let bytes = io::encode_graph(&model.graph, encoding)?;
+    io::write_atomic(&args.output, &bytes)
+        .with_context(|| format!("cannot write {}", args.output.display()))?;
+    writeln!(
+        out,
+        "wrote {} ({} nodes, {} bytes)",
+        args.output.display(),
+        model.graph.node.len(),
+        bytes.len()
+    )?;
+    Ok(())
+}
+
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
