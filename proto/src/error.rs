@@ -22,7 +22,7 @@ pub enum Error {
         size: u64,
         limit: u64,
     },
-    #[error("{}: not a valid binary {what}: {source}", path.display())]
+    #[error("{}: not a valid binary {what}: {source}{}", path.display(), decode_hint(source))]
     Decode {
         path: PathBuf,
         what: &'static str,
@@ -86,4 +86,18 @@ fn tag_sets(sets: &[Vec<String>]) -> String {
         .map(|t| tag_set(t))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// Plain words for the protobuf decoder's terse messages.
+fn decode_hint(err: &protobuf::Error) -> &'static str {
+    let text = err.to_string();
+    if text.contains("EOF") {
+        " (the data ends inside a field: is the file truncated?)"
+    } else if text.contains("tag") || text.contains("wire type") {
+        " (these bytes are not protobuf wire format at this point: wrong file or corrupted?)"
+    } else if text.contains("recursion") {
+        " (messages nest deeper than Lode's limit of 100 levels)"
+    } else {
+        ""
+    }
 }

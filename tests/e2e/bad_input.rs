@@ -1,0 +1,132 @@
+//! Bad input: one line on stderr naming the file and the problem, exit status 2, no panic.
+
+use std::path::Path;
+
+use crate::support::{fixtures, lode_path, stderr};
+
+fn expect_error(path: &Path, extra: &[&str], problem: &str) {
+    let mut args = vec!["inspect"];
+    args.extend_from_slice(extra);
+    let out = lode_path(&args, path);
+    let err = stderr(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "exit status for {}: {err}",
+        path.display()
+    );
+    assert!(
+        !err.contains("panicked"),
+        "panic on {}: {err}",
+        path.display()
+    );
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "not one line: {err}");
+    assert!(lines[0].starts_with("lode: error: "), "{err}");
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("file name");
+    assert!(lines[0].contains(name), "error does not name {name}: {err}");
+    assert!(
+        lines[0].contains(problem),
+        "error does not say '{problem}': {err}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "stdout on error: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn truncated_binary_graph() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let bytes = std::fs::read(fixtures().join("wide_deep/model.pb")).expect("fixture");
+    let path = tmp.path().join("truncated.pb");
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).expect("write");
+    expect_error(&path, &[], "not a valid binary GraphDef");
+}
+
+#[test]
+fn random_bytes() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // A fixed xorshift stream: reproducible "random" bytes.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let bytes: Vec<u8> = (0..4096)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state.to_le_bytes()[0]
+        })
+        .collect();
+    for name in ["random.pb", "random.meta", "random.bin"] {
+        let path = tmp.path().join(name);
+        std::fs::write(&path, &bytes).expect("write");
+        expect_error(&path, &[], "not a valid binary");
+    }
+}
+
+#[test]
+fn text_graph_with_a_syntax_error() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let path = tmp.path().join("broken.pbtxt");
+    std::fs::write(&path, "node {\n  name: \"a\"\n  op: \"Const\"\n  attr { key: \"dtype\" value { type: DT_FLOAT }\n").expect("write");
+    expect_error(&path, &[], "end of input");
+    std::fs::write(&path, "node {\n  name: \"a\"\n  opp: \"Const\"\n}\n").expect("write");
+    expect_error(&path, &[], "line 3, column 3");
+}
+
+#[test]
+fn directory_without_saved_model() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("not_a_model");
+    std::fs::create_dir(&dir).expect("mkdir");
+    std::fs::write(dir.join("variables.index"), b"x").expect("write");
+    expect_error(&dir, &[], "without saved_model.pb");
+}
+
+#[test]
+fn unknown_tag_set() {
+    let model = fixtures().join("tf1_savedmodel/saved_model");
+    expect_error(
+        &model,
+        &["--tags", "gpu"],
+        "no MetaGraph has the tags [gpu]",
+    );
+}
+
+#[test]
+fn ambiguous_tag_sets_are_listed() {
+    let model = fixtures().join("tf1_savedmodel/saved_model");
+    expect_error(&model, &[], "[train] [serve]");
+}
+
+#[test]
+fn empty_file() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for name in ["empty.pb", "empty.pbtxt", "empty.meta"] {
+        let path = tmp.path().join(name);
+        std::fs::write(&path, b"").expect("write");
+        expect_error(&path, &[], "the file is empty");
+    }
+}
+
+#[test]
+fn missing_file() {
+    let path = fixtures().join("no_such_model.pb");
+    expect_error(&path, &[], "No such file");
+}
+
+#[test]
+fn graph_with_a_dangling_input() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let path = tmp.path().join("dangling.pbtxt");
+    std::fs::write(
+        &path,
+        "node { name: \"a\" op: \"Identity\" input: \"ghost:0\" }\n",
+    )
+    .expect("write");
+    expect_error(&path, &[], "no node is named 'ghost'");
+}

@@ -1,0 +1,7 @@
+//! End-to-end tests: the real `lode` binary against the fixtures TensorFlow wrote.
+//! One test binary (see Cargo.toml); each module is one command or concern.
+
+mod bad_input;
+mod convert;
+mod fixtures;
+mod support;
