@@ -113,20 +113,14 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<Model> {
         return load_saved_model(path, options);
     }
     let bytes = read_model_file(path)?;
-    let extension = path.extension().and_then(|e| e.to_str()).unwrap_or("");
-    let kind = if let Some(text) = as_text(&bytes) {
-        text_kind(text).unwrap_or(if extension == "meta" {
-            TextKind::MetaGraph
-        } else {
-            TextKind::GraphDef
-        })
-    } else {
-        match extension {
-            "meta" => TextKind::MetaGraph,
-            _ => TextKind::GraphDef,
-        }
+    let is_meta = path.extension().is_some_and(|e| e == "meta");
+    let text = as_text(&bytes);
+    let textual = text.is_some();
+    let kind = match text.and_then(text_kind) {
+        Some(kind) => kind,
+        None if is_meta => TextKind::MetaGraph,
+        None => TextKind::GraphDef,
     };
-    let textual = as_text(&bytes).is_some();
     match kind {
         TextKind::GraphDef => {
             let graph: GraphDef = decode(path, &bytes, textual, "GraphDef")?;
@@ -440,4 +434,52 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         return Err(io(source));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_told_from_binary_by_content() {
+        assert!(as_text(b"# header\nnode { name: \"a\" }").is_some());
+        assert!(
+            as_text(b"\n\x05\n\x01a\x12\x01b").is_none(),
+            "binary NodeDef bytes"
+        );
+        assert!(as_text(b"\xff\xfe").is_none());
+        assert!(as_text(b"   ").is_none(), "no field name");
+        assert!(
+            as_text(b"{ }").is_none(),
+            "does not start with a field name"
+        );
+    }
+
+    #[test]
+    fn text_kind_follows_the_first_field() {
+        assert_eq!(text_kind("node {}"), Some(TextKind::GraphDef));
+        assert_eq!(text_kind("# c\n  versions { }"), Some(TextKind::GraphDef));
+        assert_eq!(text_kind("meta_info_def {}"), Some(TextKind::MetaGraph));
+        assert_eq!(
+            text_kind("saved_model_schema_version: 1"),
+            Some(TextKind::SavedModel)
+        );
+        assert_eq!(text_kind("bogus: 1"), None);
+    }
+
+    #[test]
+    fn writes_atomically_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("out.pb");
+        write_atomic(&path, b"first").expect("write");
+        write_atomic(&path, b"second").expect("overwrite");
+        assert_eq!(fs::read(&path).expect("read"), b"second");
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .expect("list")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("out.pb")]);
+        let missing_dir = dir.path().join("no/such/dir/out.pb");
+        assert!(write_atomic(&missing_dir, b"x").is_err());
+    }
 }
