@@ -167,33 +167,41 @@ fn print_field(out: &mut String, indent: usize, name: &str, value: &ReflectValue
 
 /// Shortest decimal that reads back to the same `f32`; exponent form outside [1e-5, 1e16).
 pub fn format_f32(v: f32) -> String {
-    if v.is_nan() {
-        return "nan".into();
-    }
-    if v.is_infinite() {
-        return if v > 0.0 { "inf".into() } else { "-inf".into() };
-    }
-    let magnitude = v.abs();
-    if magnitude != 0.0 && !(1e-5..1e16).contains(&magnitude) {
-        format!("{v:e}")
-    } else {
-        format!("{v}")
-    }
+    format_float(
+        v,
+        v.is_nan(),
+        v.is_infinite(),
+        v.is_sign_negative(),
+        f64::from(v.abs()),
+    )
 }
 
 /// Shortest decimal that reads back to the same `f64`; exponent form outside [1e-5, 1e16).
 pub fn format_f64(v: f64) -> String {
-    if v.is_nan() {
-        return "nan".into();
-    }
-    if v.is_infinite() {
-        return if v > 0.0 { "inf".into() } else { "-inf".into() };
-    }
-    let magnitude = v.abs();
-    if magnitude != 0.0 && !(1e-5..1e16).contains(&magnitude) {
-        format!("{v:e}")
-    } else {
-        format!("{v}")
+    format_float(
+        v,
+        v.is_nan(),
+        v.is_infinite(),
+        v.is_sign_negative(),
+        v.abs(),
+    )
+}
+
+/// Rust's `Display` and `LowerExp` print the shortest digits that read back exactly; the
+/// exponent form keeps tiny and huge values short, as TensorFlow's printers do.
+fn format_float<F: std::fmt::Display + std::fmt::LowerExp>(
+    v: F,
+    nan: bool,
+    infinite: bool,
+    negative: bool,
+    magnitude: f64,
+) -> String {
+    match (nan, infinite, negative) {
+        (true, _, _) => "nan".into(),
+        (false, true, false) => "inf".into(),
+        (false, true, true) => "-inf".into(),
+        _ if magnitude != 0.0 && !(1e-5..1e16).contains(&magnitude) => format!("{v:e}"),
+        _ => format!("{v}"),
     }
 }
 
