@@ -117,9 +117,9 @@ fn every_enum_matches_tensorflow() {
             .values()
             .map(|v| serde_json::json!([v.name(), v.value()]))
             .collect();
-        got.sort_by(|a, b| a.to_string().cmp(&b.to_string()));
+        got.sort_by_key(ToString::to_string);
         let mut want = values.as_array().expect("values").clone();
-        want.sort_by(|a, b| a.to_string().cmp(&b.to_string()));
+        want.sort_by_key(ToString::to_string);
         assert_eq!(got, want, "{name}");
     }
 }
