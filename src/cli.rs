@@ -28,6 +28,8 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Write a model's GraphDef as binary (.pb) or text (.pbtxt).
     Convert(ConvertArgs),
+    /// Cut a training graph into a training-worker graph and data-worker stage graphs.
+    Partition(PartitionArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -72,4 +74,22 @@ pub struct ConvertArgs {
     /// Output file; written atomically, never over the input.
     #[arg(short, long)]
     pub output: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct PartitionArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The plan directory to create (must not exist, or be empty).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Cut at IteratorGetNext (the tf.data boundary) instead of the maximal stateless region.
+    #[arg(long)]
+    pub simple: bool,
+    /// An op to treat as model state besides VariableV2, Variable and VarHandleOp (repeatable).
+    #[arg(long = "stateful-op", value_name = "OP")]
+    pub stateful_ops: Vec<String>,
+    /// What to print: a summary (text) or plan.json (json).
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text, env = "LODE_FORMAT")]
+    pub format: OutputFormat,
 }

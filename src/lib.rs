@@ -17,13 +17,16 @@ pub mod inspect;
 use anyhow::{bail, Context as _};
 use lode_proto::io::{self, GraphEncoding, LoadOptions};
 
-use crate::cli::{Command, ConvertArgs, GraphFormat, InspectArgs, ModelArgs, OutputFormat};
+use crate::cli::{
+    Command, ConvertArgs, GraphFormat, InspectArgs, ModelArgs, OutputFormat, PartitionArgs,
+};
 
 /// Runs one command, writing its output to `out`.
 pub fn run(command: Command, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
     match command {
         Command::Inspect(args) => run_inspect(args, out),
         Command::Convert(args) => run_convert(args, out),
+        Command::Partition(args) => run_partition(args, out),
     }
 }
 
@@ -78,4 +81,32 @@ fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
         (Ok(a), Ok(b)) => a == b,
         _ => false,
     }
+}
+
+fn run_partition(args: PartitionArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    let model = load(&args.model)?;
+    let options = lode_decoupler::Options {
+        simple: args.simple,
+        stateful_ops: args.stateful_ops.clone(),
+    };
+    let decoupled = lode_decoupler::decouple(&model.graph, &options)
+        .with_context(|| format!("{}: cannot partition", model.path.display()))?;
+    lode_decoupler::plan::write_dir(
+        &args.output,
+        &decoupled.rewritten,
+        &decoupled.plan,
+        &decoupled.report,
+        &decoupled.dot,
+    )?;
+    match args.format {
+        OutputFormat::Json => {
+            serde_json::to_writer_pretty(&mut *out, &decoupled.plan)?;
+            writeln!(out)?;
+        }
+        OutputFormat::Text => {
+            out.write_all(decoupled.report.as_bytes())?;
+            writeln!(out, "\nwrote {}", args.output.display())?;
+        }
+    }
+    Ok(())
 }

@@ -1,3 +1,56 @@
-//! lode-decoupler: see ../shared/DESIGN.md for its place in Lode. This crate is built by issue 3;
-//! until then it only reserves its place in the workspace and its dependency direction
-//! (it may depend on lode-proto and on nothing else of Lode's).
+//! lode-decoupler: cuts a TensorFlow training graph into a training-worker graph and
+//! data-worker stage graphs (GoldMiner §3.2, Algorithm 1, made safe for real graphs).
+//!
+//! # Layout
+//! - `graph`: an indexed view of a GraphDef (edges both ways, output dtypes from TensorFlow's
+//!   op registry).
+//! - `partition`: the cut: model state, training region, data region, shared nodes, stages.
+//! - `rewrite`: stage and training GraphDefs with fused DWSend / DWRecv nodes and stand-ins.
+//! - `source`: the input pipeline's description for the dispatcher.
+//! - `plan`: plan.json, report.txt, partition.dot, and the atomic plan-directory writer.
+//!
+//! # Invariants
+//! - Cover: every original node is in exactly one stage or the training graph, or is a shared
+//!   (input-independent) node copied into the graphs that need it.
+//! - No stage holds a model variable or anything downstream of one.
+//! - Only plain tensors cross (no DT_VARIANT, DT_RESOURCE or reference types).
+//! - Every name of the original graph that stays meaningful for the training program resolves
+//!   in the training graph.
+
+pub mod error;
+pub mod graph;
+pub mod partition;
+pub mod plan;
+pub mod rewrite;
+pub mod source;
+
+pub use error::{Error, Result};
+pub use partition::Options;
+
+use lode_proto::tf::graph::GraphDef;
+
+/// Everything `lode partition` produces, in memory.
+#[derive(Debug)]
+pub struct Decoupled {
+    pub rewritten: rewrite::Rewritten,
+    pub plan: plan::Plan,
+    pub report: String,
+    pub dot: String,
+}
+
+/// Partitions `def` and builds the plan (no I/O).
+pub fn decouple(def: &GraphDef, options: &Options) -> Result<Decoupled> {
+    let graph = graph::Graph::new(def)?;
+    let part = partition::partition(&graph, options)?;
+    let rewritten = rewrite::rewrite(&graph, &part);
+    let source = source::describe(&graph);
+    let plan = plan::build(&graph, &part, &rewritten, source, options.simple);
+    let report = plan::report(&graph, &part, &rewritten, &plan);
+    let dot = plan::dot(&graph, &part);
+    Ok(Decoupled {
+        rewritten,
+        plan,
+        report,
+        dot,
+    })
+}

@@ -61,6 +61,8 @@ pub enum Error {
     },
     #[error("bad tensor name '{name}': {reason}")]
     TensorName { name: String, reason: &'static str },
+    #[error("node '{node}' uses op '{op}', which TensorFlow 2.18 does not register and the graph's function library does not define")]
+    UnknownOp { node: String, op: String },
     #[error("node '{node}' ({op}) has no attribute '{attr}'")]
     MissingAttr {
         node: String,

@@ -10,6 +10,7 @@
 //!   SavedModel directory with tag selection) and writing GraphDefs.
 //! - [`names`]: `node:idx` tensor names and `^node` control inputs.
 //! - [`attr`]: typed NodeDef attribute access whose errors name the node and op.
+//! - [`ops`]: TensorFlow's op registry (embedded) and dtype inference for node outputs.
 //!
 //! # Invariants
 //! - Binary → Lode → binary keeps every field, known or not; binary → text → binary keeps
@@ -21,6 +22,7 @@ pub mod attr;
 pub mod error;
 pub mod io;
 pub mod names;
+pub mod ops;
 pub mod text;
 
 /// Generated rust-protobuf code; regenerate by building (see `build.rs`).

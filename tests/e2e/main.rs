@@ -4,4 +4,5 @@
 mod bad_input;
 mod convert;
 mod fixtures;
+mod partition;
 mod support;

@@ -1,0 +1,381 @@
+//! plan.json, report.txt and partition.dot, and writing a plan directory atomically.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use protobuf::Message;
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::graph::Graph;
+use crate::partition::{Partition, Place};
+use crate::rewrite::{self, Rewritten};
+use crate::source::Source;
+
+#[derive(Debug, Serialize)]
+pub struct Plan {
+    pub version: u32,
+    pub simple: bool,
+    pub training: TrainingPlan,
+    pub stages: Vec<StagePlan>,
+    pub copied: Vec<String>,
+    pub stubs: BTreeMap<String, String>,
+    pub source: Option<Source>,
+    pub summary: Summary,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TrainingPlan {
+    pub graph: String,
+    pub recv: Vec<RecvPlan>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RecvPlan {
+    pub node: String,
+    pub from_stage: usize,
+    pub tensors: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StagePlan {
+    pub index: usize,
+    pub device: String,
+    pub graph: String,
+    pub nodes: Vec<String>,
+    pub recv: Vec<RecvPlan>,
+    pub send: SendPlan,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SendPlan {
+    pub node: String,
+    pub tensors: Vec<SendTensor>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SendTensor {
+    pub tensor: String,
+    pub dtype: String,
+    /// Dimensions, -1 for unknown; None when even the rank is unknown.
+    pub shape: Option<Vec<i64>>,
+    pub bytes: Option<u64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    pub nodes: usize,
+    pub state: usize,
+    pub training_region: usize,
+    pub training_graph_nodes: usize,
+    pub data_nodes: usize,
+    pub shared_nodes: usize,
+    pub crossing_tensors: usize,
+    pub dropped_colocations: usize,
+}
+
+fn recv_plans(specs: &[rewrite::RecvSpec]) -> Vec<RecvPlan> {
+    specs
+        .iter()
+        .map(|r| RecvPlan {
+            node: r.node.clone(),
+            from_stage: r.from_stage,
+            tensors: r.tensors.clone(),
+        })
+        .collect()
+}
+
+pub fn build(
+    graph: &Graph,
+    part: &Partition,
+    out: &Rewritten,
+    source: Option<Source>,
+    simple: bool,
+) -> Plan {
+    let stages: Vec<StagePlan> = out
+        .stages
+        .iter()
+        .enumerate()
+        .map(|(i, s)| StagePlan {
+            index: i,
+            device: part.stage_devices[i].name().into(),
+            graph: format!("stage_{i}.pb"),
+            nodes: rewrite::stage_names(graph, s),
+            recv: recv_plans(&s.recv),
+            send: SendPlan {
+                node: s.send_node.clone(),
+                tensors: s
+                    .sends
+                    .iter()
+                    .map(|c| SendTensor {
+                        tensor: graph.tensor_name(c.tensor),
+                        dtype: format!("{:?}", c.dtype),
+                        shape: c
+                            .shape
+                            .as_ref()
+                            .filter(|s| !s.unknown_rank)
+                            .map(|s| s.dim.iter().map(|d| d.size).collect()),
+                        bytes: rewrite::static_bytes(c),
+                    })
+                    .collect(),
+            },
+        })
+        .collect();
+    let data_nodes = part
+        .place
+        .iter()
+        .filter(|p| matches!(p, Place::Stage(_)))
+        .count();
+    let shared_nodes = part
+        .place
+        .iter()
+        .filter(|p| matches!(p, Place::Shared))
+        .count();
+    Plan {
+        version: 1,
+        simple,
+        training: TrainingPlan {
+            graph: "training.pb".into(),
+            recv: recv_plans(&out.training_recv),
+        },
+        summary: Summary {
+            nodes: graph.len(),
+            state: part.state.len(),
+            training_region: part.training_region,
+            training_graph_nodes: out.training.node.len(),
+            data_nodes,
+            shared_nodes,
+            crossing_tensors: stages.iter().map(|s| s.send.tensors.len()).sum(),
+            dropped_colocations: out.dropped_colocations,
+        },
+        stages,
+        copied: out
+            .copied
+            .iter()
+            .map(|&i| graph.node(i).name.clone())
+            .collect(),
+        stubs: out
+            .stubs
+            .iter()
+            .map(|(name, what)| (name.clone(), (*what).to_owned()))
+            .collect(),
+        source,
+    }
+}
+
+pub fn report(graph: &Graph, part: &Partition, out: &Rewritten, plan: &Plan) -> String {
+    let mut r = String::new();
+    let s = &plan.summary;
+    let _ = writeln!(
+        r,
+        "Lode partition report ({})",
+        if plan.simple {
+            "simple cut at IteratorGetNext"
+        } else {
+            "full cut"
+        }
+    );
+    let _ = writeln!(r);
+    let _ = writeln!(r, "nodes                     {}", s.nodes);
+    let _ = writeln!(r, "model state (variables)   {}", s.state);
+    let _ = writeln!(r, "training region T         {}", s.training_region);
+    let _ = writeln!(r, "data-side nodes           {}", s.data_nodes);
+    let _ = writeln!(
+        r,
+        "shared (copied) nodes     {} ({} in several graphs)",
+        s.shared_nodes,
+        plan.copied.len()
+    );
+    let _ = writeln!(r, "training graph nodes      {}", s.training_graph_nodes);
+    let _ = writeln!(r, "stages                    {}", plan.stages.len());
+    let _ = writeln!(r, "crossing tensors          {}", s.crossing_tensors);
+    if s.dropped_colocations > 0 {
+        let _ = writeln!(
+            r,
+            "colocations dropped       {} (their target is in another graph)",
+            s.dropped_colocations
+        );
+    }
+    if !part.pulled.is_empty() {
+        let _ = writeln!(
+            r,
+            "pulled to the data side   {} (so that no variant or resource crosses)",
+            part.pulled.len()
+        );
+    }
+    for (stage, st) in plan.stages.iter().zip(&out.stages) {
+        let _ = writeln!(r);
+        let _ = writeln!(
+            r,
+            "stage {} ({}): {} nodes, {} graph nodes",
+            stage.index,
+            stage.device,
+            stage.nodes.len(),
+            st.graph.node.len()
+        );
+        for (op, count) in rewrite::op_histogram(graph, &st.nodes) {
+            let _ = writeln!(r, "  {count:>5}  {op}");
+        }
+        let total: Option<u64> = stage.send.tensors.iter().map(|t| t.bytes).sum();
+        let _ = writeln!(
+            r,
+            "  sends {} tensors{}",
+            stage.send.tensors.len(),
+            total
+                .map(|b| format!(", {b} bytes per step"))
+                .unwrap_or_else(|| ", bytes per step unknown (some shapes are dynamic)".into())
+        );
+        for t in &stage.send.tensors {
+            let shape = t
+                .shape
+                .as_ref()
+                .map(|d| format!("{d:?}"))
+                .unwrap_or_else(|| "?".into());
+            let bytes = t
+                .bytes
+                .map(|b| format!("{b} B"))
+                .unwrap_or_else(|| "? B".into());
+            let _ = writeln!(r, "    {}  {} {shape}  {bytes}", t.tensor, t.dtype);
+        }
+    }
+    if !plan.stubs.is_empty() {
+        let _ = writeln!(r);
+        let _ = writeln!(
+            r,
+            "training-graph stand-ins (names the program runs keep resolving):"
+        );
+        for (name, what) in &plan.stubs {
+            let _ = writeln!(r, "  {name}: {what}");
+        }
+    }
+    r
+}
+
+pub fn dot(graph: &Graph, part: &Partition) -> String {
+    let mut d = String::from(
+        "digraph partition {\n  rankdir=LR;\n  node [shape=box, style=filled, fontsize=9];\n",
+    );
+    let quote = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
+    for s in 0..part.stage_count() {
+        let _ = writeln!(
+            d,
+            "  subgraph cluster_stage_{s} {{\n    label=\"stage {s} ({})\";",
+            part.stage_devices[s].name()
+        );
+        for i in (0..graph.len()).filter(|&i| part.place[i] == Place::Stage(s)) {
+            let _ = writeln!(
+                d,
+                "    \"{}\" [fillcolor=\"#9ecae1\", label=\"{}\\n{}\"];",
+                quote(&graph.node(i).name),
+                quote(&graph.node(i).name),
+                graph.node(i).op
+            );
+        }
+        d.push_str("  }\n");
+    }
+    let state: std::collections::HashSet<usize> = part.state.iter().copied().collect();
+    for i in 0..graph.len() {
+        let color = match part.place[i] {
+            Place::Stage(_) => continue,
+            Place::Shared => "#c7e9c0",
+            Place::Training if state.contains(&i) => "#fb6a4a",
+            Place::Training => "#fdd0a2",
+        };
+        let _ = writeln!(
+            d,
+            "  \"{}\" [fillcolor=\"{color}\", label=\"{}\\n{}\"];",
+            quote(&graph.node(i).name),
+            quote(&graph.node(i).name),
+            graph.node(i).op
+        );
+    }
+    for i in 0..graph.len() {
+        for t in &graph.inputs[i] {
+            let _ = writeln!(
+                d,
+                "  \"{}\" -> \"{}\";",
+                quote(&graph.node(t.node).name),
+                quote(&graph.node(i).name)
+            );
+        }
+        for &c in &graph.controls[i] {
+            let _ = writeln!(
+                d,
+                "  \"{}\" -> \"{}\" [style=dashed];",
+                quote(&graph.node(c).name),
+                quote(&graph.node(i).name)
+            );
+        }
+    }
+    d.push_str("}\n");
+    d
+}
+
+/// Writes the plan directory: everything goes to a temporary sibling first, which is renamed
+/// into place only when complete, so a failed run leaves no partial directory.
+pub fn write_dir(dir: &Path, out: &Rewritten, plan: &Plan, report: &str, dot: &str) -> Result<()> {
+    let err = |path: &Path, source| Error::Io {
+        path: path.to_owned(),
+        source,
+    };
+    if dir.exists() {
+        let empty = std::fs::read_dir(dir)
+            .map_err(|e| err(dir, e))?
+            .next()
+            .is_none();
+        if !empty {
+            return Err(Error::Output {
+                path: dir.to_owned(),
+                reason: "the plan directory exists and is not empty; choose another or remove it"
+                    .into(),
+            });
+        }
+    }
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .ok_or_else(|| Error::Output {
+            path: dir.to_owned(),
+            reason: "the plan directory path names no directory".into(),
+        })?;
+    let tmp = parent.join(format!(".{name}.lode-tmp-{}", std::process::id()));
+    let result = (|| -> Result<()> {
+        std::fs::create_dir_all(&tmp).map_err(|e| err(&tmp, e))?;
+        let write = |file: &str, bytes: &[u8]| -> Result<()> {
+            let path = tmp.join(file);
+            std::fs::write(&path, bytes).map_err(|e| err(&path, e))
+        };
+        let encode = |g: &lode_proto::tf::graph::GraphDef| {
+            g.write_to_bytes().map_err(|source| {
+                Error::Proto(lode_proto::Error::Encode {
+                    what: "GraphDef",
+                    source,
+                })
+            })
+        };
+        write("training.pb", &encode(&out.training)?)?;
+        for (i, stage) in out.stages.iter().enumerate() {
+            write(&format!("stage_{i}.pb"), &encode(&stage.graph)?)?;
+        }
+        let json = serde_json::to_vec_pretty(plan).map_err(|e| Error::Output {
+            path: tmp.join("plan.json"),
+            reason: e.to_string(),
+        })?;
+        write("plan.json", &json)?;
+        write("report.txt", report.as_bytes())?;
+        write("partition.dot", dot.as_bytes())?;
+        if dir.exists() {
+            std::fs::remove_dir(dir).map_err(|e| err(dir, e))?;
+        }
+        std::fs::rename(&tmp, dir).map_err(|e| err(dir, e))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    result
+}

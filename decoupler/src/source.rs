@@ -1,0 +1,181 @@
+//! The input pipeline as the dispatcher needs it: the reader and its files, and the dataset
+//! transformations between the reader and the iterator, read from the dataset op chain that
+//! feeds `MakeIterator` (following `FlatMapDataset` into its function for the reader).
+
+use std::collections::HashMap;
+
+use lode_proto::attr::NodeAttrs;
+use lode_proto::tf::function::FunctionDef;
+use lode_proto::tf::node_def::NodeDef;
+use lode_proto::tf::tensor::TensorProto;
+use lode_proto::tf::types::DataType;
+use serde::Serialize;
+
+use crate::graph::Graph;
+
+#[derive(Debug, Default, Serialize)]
+pub struct Source {
+    /// `tfrecord`, `text_lines`, `fixed_length`, `tensor_slices` or the op name.
+    pub reader: String,
+    pub files: Vec<String>,
+    pub compression: String,
+    pub skip: Option<i64>,
+    pub take: Option<i64>,
+    pub map_functions: Vec<String>,
+    /// `before_map`, `after_map` or `none`.
+    pub batching: String,
+    pub batch_size: Option<i64>,
+    pub drop_remainder: Option<bool>,
+    pub shuffle_buffer: Option<i64>,
+    pub shuffle_seed: Option<(i64, i64)>,
+    /// -1 repeats forever; None when there is no repeat.
+    pub repeat: Option<i64>,
+    /// The dataset ops from the source to the iterator.
+    pub chain: Vec<String>,
+}
+
+pub fn describe(graph: &Graph) -> Option<Source> {
+    let make = (0..graph.len()).find(|&i| graph.node(i).op == "MakeIterator")?;
+    let mut chain = Vec::new();
+    let mut current = graph.inputs[make].first().map(|t| t.node);
+    while let Some(id) = current {
+        let node = graph.node(id);
+        if !node.op.contains("Dataset") {
+            break;
+        }
+        chain.push(id);
+        current = graph.inputs[id].first().map(|t| t.node);
+    }
+    chain.reverse();
+    let mut source = Source {
+        batching: "none".into(),
+        ..Source::default()
+    };
+    let mut mapped = false;
+    for &id in &chain {
+        let node = graph.node(id);
+        let arg = |k: usize| {
+            graph.inputs[id]
+                .get(k)
+                .and_then(|t| const_tensor(graph, t.node))
+        };
+        source.chain.push(node.op.clone());
+        match node.op.as_str() {
+            "TFRecordDataset" | "TFRecordDatasetV2" => {
+                source.reader = "tfrecord".into();
+                source.files = arg(0).map(strings).unwrap_or_default();
+                source.compression = arg(1)
+                    .map(strings)
+                    .and_then(|s| s.into_iter().next())
+                    .unwrap_or_default();
+            }
+            "TextLineDataset" | "TextLineDatasetV2" => {
+                source.reader = "text_lines".into();
+                source.files = arg(0).map(strings).unwrap_or_default();
+                source.compression = arg(1)
+                    .map(strings)
+                    .and_then(|s| s.into_iter().next())
+                    .unwrap_or_default();
+            }
+            "TensorSliceDataset" => {
+                source.reader = "tensor_slices".into();
+                source.files = arg(0).map(strings).unwrap_or_default();
+            }
+            "FlatMapDataset" | "InterleaveDataset" | "ParallelInterleaveDatasetV4" => {
+                if let Ok(f) = node.attr_func("f") {
+                    if let Some(body) = graph.library.get(f.name.as_str()) {
+                        if let Some((reader, compression)) = reader_in(body) {
+                            source.reader = reader;
+                            source.compression = compression;
+                        }
+                    }
+                }
+            }
+            "SkipDataset" => source.skip = arg(1).and_then(first_int),
+            "TakeDataset" => source.take = arg(1).and_then(first_int),
+            "RepeatDataset" => source.repeat = arg(1).and_then(first_int),
+            "ShuffleDataset"
+            | "ShuffleDatasetV2"
+            | "ShuffleDatasetV3"
+            | "ShuffleAndRepeatDatasetV2" => {
+                source.shuffle_buffer = arg(1).and_then(first_int);
+                source.shuffle_seed = arg(2).and_then(first_int).zip(arg(3).and_then(first_int));
+            }
+            "BatchDataset" | "BatchDatasetV2" | "PaddedBatchDatasetV2" => {
+                source.batch_size = arg(1).and_then(first_int);
+                source.drop_remainder = node
+                    .op
+                    .ends_with("V2")
+                    .then(|| arg(2).and_then(|t| t.bool_val.first().copied()))
+                    .flatten();
+                source.batching = if mapped { "after_map" } else { "before_map" }.into();
+            }
+            op if op.contains("MapDataset") => {
+                if let Ok(f) = node.attr_func("f") {
+                    source.map_functions.push(f.name.clone());
+                }
+                mapped = true;
+            }
+            _ => {}
+        }
+    }
+    Some(source)
+}
+
+/// The reader op inside a flat_map body, and its compression argument.
+fn reader_in(body: &FunctionDef) -> Option<(String, String)> {
+    let by_name: HashMap<&str, &NodeDef> =
+        body.node_def.iter().map(|n| (n.name.as_str(), n)).collect();
+    for node in &body.node_def {
+        let reader = match node.op.as_str() {
+            "TFRecordDataset" | "TFRecordDatasetV2" => "tfrecord",
+            "TextLineDataset" | "TextLineDatasetV2" => "text_lines",
+            "FixedLengthRecordDatasetV2" => "fixed_length",
+            _ => continue,
+        };
+        let compression = node
+            .input
+            .get(1)
+            .map(|i| i.split(':').next().unwrap_or(i))
+            .and_then(|name| by_name.get(name))
+            .and_then(|n| n.attr_tensor("value").ok())
+            .map(strings)
+            .and_then(|s| s.into_iter().next())
+            .unwrap_or_default();
+        return Some((reader.into(), compression));
+    }
+    None
+}
+
+/// The constant a node holds, looking through Identity and Reshape.
+fn const_tensor<'a>(graph: &Graph<'a>, mut id: usize) -> Option<&'a TensorProto> {
+    for _ in 0..8 {
+        let node = graph.node(id);
+        match node.op.as_str() {
+            "Const" => return node.attr_tensor("value").ok(),
+            "Identity" | "Reshape" => id = graph.inputs[id].first()?.node,
+            _ => return None,
+        }
+    }
+    None
+}
+
+fn strings(t: &TensorProto) -> Vec<String> {
+    t.string_val
+        .iter()
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect()
+}
+
+fn first_int(t: &TensorProto) -> Option<i64> {
+    match t.dtype.enum_value().ok()? {
+        DataType::DT_INT64 => t.int64_val.first().copied().or_else(|| {
+            t.tensor_content
+                .get(..8)
+                .and_then(|b| b.try_into().ok())
+                .map(i64::from_le_bytes)
+        }),
+        DataType::DT_INT32 => t.int_val.first().map(|&v| i64::from(v)),
+        _ => None,
+    }
+}

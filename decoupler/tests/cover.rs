@@ -1,0 +1,158 @@
+//! Property test: on random graphs mixing an input pipeline, variables and plain math, the
+//! partition is a cover and no stage holds state or anything downstream of it.
+
+use std::collections::{HashMap, HashSet};
+
+use lode_decoupler::{decouple, Options};
+use lode_proto::tf::attr_value::AttrValue;
+use lode_proto::tf::graph::GraphDef;
+use lode_proto::tf::node_def::NodeDef;
+use lode_proto::tf::types::DataType;
+use proptest::prelude::*;
+use protobuf::EnumOrUnknown;
+
+fn ty(t: DataType) -> AttrValue {
+    let mut a = AttrValue::new();
+    a.set_type(t);
+    a
+}
+
+fn node(name: String, op: &str, inputs: Vec<String>) -> NodeDef {
+    let mut n = NodeDef::new();
+    n.name = name;
+    n.op = op.into();
+    n.input = inputs;
+    n
+}
+
+/// Ops of the random part: (op, arity).
+const OPS: &[(&str, usize)] = &[("Identity", 1), ("AddV2", 2), ("Mul", 2), ("Neg", 1)];
+
+/// Builds a graph: an iterator with `outputs` float outputs, `vars` resource variables read by
+/// ReadVariableOp, two constants, then `picks` random math nodes over everything before them.
+fn build(outputs: usize, vars: usize, picks: &[(usize, usize, usize, bool)]) -> GraphDef {
+    let mut g = GraphDef::new();
+    let mut it = node("iterator".into(), "IteratorV2", vec![]);
+    let mut types = AttrValue::new();
+    types.mut_list().type_ = vec![EnumOrUnknown::new(DataType::DT_FLOAT); outputs];
+    it.attr.insert("output_types".into(), types.clone());
+    let mut shapes = AttrValue::new();
+    shapes.mut_list().shape = vec![Default::default(); outputs];
+    it.attr.insert("output_shapes".into(), shapes.clone());
+    g.node.push(it);
+    let mut next = node(
+        "get_next".into(),
+        "IteratorGetNext",
+        vec!["iterator".into()],
+    );
+    next.attr.insert("output_types".into(), types);
+    next.attr.insert("output_shapes".into(), shapes);
+    g.node.push(next);
+    let mut tensors: Vec<String> = (0..outputs).map(|i| format!("get_next:{i}")).collect();
+    for v in 0..vars {
+        let mut h = node(format!("var{v}"), "VarHandleOp", vec![]);
+        h.attr.insert("dtype".into(), ty(DataType::DT_FLOAT));
+        h.attr.insert("shape".into(), {
+            let mut a = AttrValue::new();
+            a.set_shape(Default::default());
+            a
+        });
+        g.node.push(h);
+        let mut r = node(
+            format!("read{v}"),
+            "ReadVariableOp",
+            vec![format!("var{v}")],
+        );
+        r.attr.insert("dtype".into(), ty(DataType::DT_FLOAT));
+        g.node.push(r);
+        tensors.push(format!("read{v}"));
+    }
+    for c in 0..2 {
+        let mut k = node(format!("const{c}"), "Const", vec![]);
+        k.attr.insert("dtype".into(), ty(DataType::DT_FLOAT));
+        let mut t = lode_proto::tf::tensor::TensorProto::new();
+        t.dtype = EnumOrUnknown::new(DataType::DT_FLOAT);
+        t.float_val = vec![1.0];
+        let mut v = AttrValue::new();
+        v.set_tensor(t);
+        k.attr.insert("value".into(), v);
+        g.node.push(k);
+        tensors.push(format!("const{c}"));
+    }
+    for (i, &(op, a, b, gpu)) in picks.iter().enumerate() {
+        let (op, arity) = OPS[op % OPS.len()];
+        let mut inputs = vec![tensors[a % tensors.len()].clone()];
+        if arity == 2 {
+            inputs.push(tensors[b % tensors.len()].clone());
+        }
+        let mut n = node(format!("n{i}"), op, inputs);
+        n.attr.insert("T".into(), ty(DataType::DT_FLOAT));
+        if gpu {
+            n.device = "/device:GPU:0".into();
+        }
+        g.node.push(n);
+        tensors.push(format!("n{i}"));
+    }
+    g
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, .. ProptestConfig::default() })]
+
+    #[test]
+    fn partition_is_a_cover_and_stages_hold_no_state(
+        outputs in 1usize..4,
+        vars in 1usize..3,
+        picks in proptest::collection::vec((0usize..8, 0usize..64, 0usize..64, proptest::bool::weighted(0.2)), 1..40),
+        simple in any::<bool>(),
+    ) {
+        let g = build(outputs, vars, &picks);
+        let out = decouple(&g, &Options { simple, stateful_ops: vec![] }).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let plan = &out.plan;
+        // Downstream of state, computed here independently.
+        let by_name: HashMap<&str, &NodeDef> = g.node.iter().map(|n| (n.name.as_str(), n)).collect();
+        let mut downstream: HashSet<String> = g.node.iter().filter(|n| n.op == "VarHandleOp").map(|n| n.name.clone()).collect();
+        loop {
+            let before = downstream.len();
+            for n in &g.node {
+                if n.input.iter().any(|i| downstream.contains(i.trim_start_matches('^').split(':').next().unwrap_or(""))) {
+                    downstream.insert(n.name.clone());
+                }
+            }
+            if downstream.len() == before { break; }
+        }
+        let training: HashSet<&str> = out.rewritten.training.node.iter().map(|n| n.name.as_str()).collect();
+        let copied: HashSet<&str> = plan.copied.iter().map(String::as_str).collect();
+        let mut stage_of: HashMap<&str, usize> = HashMap::new();
+        for stage in &plan.stages {
+            for name in &stage.nodes {
+                prop_assert!(stage_of.insert(name, stage.index).is_none(), "{name} in two stages");
+                prop_assert!(!downstream.contains(name), "{name} is downstream of state but in stage {}", stage.index);
+                prop_assert!(by_name.contains_key(name.as_str()));
+            }
+        }
+        for n in &g.node {
+            let in_stage = stage_of.contains_key(n.name.as_str());
+            let in_training = training.contains(n.name.as_str());
+            let stubbed = plan.stubs.contains_key(&n.name);
+            let places = usize::from(in_stage) + usize::from(in_training && !stubbed);
+            let copy = copied.contains(n.name.as_str());
+            // A copied node is listed once, in `copied` (its copies sit in several graphs);
+            // every other node is in exactly one stage's list or in the training graph.
+            if copy {
+                prop_assert!(!in_stage, "{} is copied but also listed by a stage", n.name);
+            } else {
+                prop_assert!(places == 1, "{} ({}) is in {} places", n.name, n.op, places);
+            }
+            if downstream.contains(&n.name) {
+                prop_assert!(in_training, "{} is downstream of state but not in training", n.name);
+            }
+        }
+        // Only plain tensors cross.
+        for stage in &plan.stages {
+            for t in &stage.send.tensors {
+                prop_assert!(!t.dtype.contains("VARIANT") && !t.dtype.contains("RESOURCE") && !t.dtype.contains("_REF"), "{} crosses as {}", t.tensor, t.dtype);
+            }
+        }
+    }
+}

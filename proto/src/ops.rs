@@ -1,0 +1,271 @@
+//! TensorFlow's op registry, embedded: the signature of every op TensorFlow 2.18.1 registers
+//! (written by `fixtures/gen/ops.py` through TensorFlow's C API, prose stripped). A GraphDef
+//! does not record the dtypes of its tensors; they follow from each op's signature and the
+//! node's attributes, which is what [`OpRegistry::output_types`] works out.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use protobuf::EnumOrUnknown;
+
+use crate::error::{Error, Result};
+use crate::tf::attr_value::attr_value::Value;
+use crate::tf::function::FunctionDef;
+use crate::tf::node_def::NodeDef;
+use crate::tf::op_def::{op_def, OpDef};
+use crate::tf::types::DataType;
+
+static TENSORFLOW_OPS: &[u8] = include_bytes!("../data/tf_ops.pb");
+
+/// Op signatures by op name.
+#[derive(Debug)]
+pub struct OpRegistry {
+    ops: HashMap<String, OpDef>,
+}
+
+impl OpRegistry {
+    /// The ops of TensorFlow 2.18.1.
+    pub fn tensorflow() -> &'static OpRegistry {
+        static REGISTRY: OnceLock<OpRegistry> = OnceLock::new();
+        REGISTRY.get_or_init(|| {
+            let list: crate::tf::op_def::OpList = crate::io::decode_binary(TENSORFLOW_OPS)
+                .expect("the embedded op registry is valid (checked by its unit test)");
+            OpRegistry {
+                ops: list
+                    .op
+                    .into_iter()
+                    .map(|op| (op.name.clone(), op))
+                    .collect(),
+            }
+        })
+    }
+
+    pub fn get(&self, op: &str) -> Option<&OpDef> {
+        self.ops.get(op)
+    }
+
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// The dtypes of `node`'s outputs, in output order. Ops not in the registry are looked up
+    /// as functions of `library` (a node whose op names a function calls it).
+    pub fn output_types(
+        &self,
+        node: &NodeDef,
+        library: &HashMap<&str, &FunctionDef>,
+    ) -> Result<Vec<DataType>> {
+        let signature = match self.ops.get(&node.op) {
+            Some(op) => op,
+            None => match library
+                .get(node.op.as_str())
+                .and_then(|f| f.signature.as_ref())
+            {
+                Some(signature) => signature,
+                None => {
+                    return Err(Error::UnknownOp {
+                        node: node.name.clone(),
+                        op: node.op.clone(),
+                    })
+                }
+            },
+        };
+        let mut types = Vec::new();
+        for arg in &signature.output_arg {
+            arg_types(node, signature, arg, &mut types)?;
+        }
+        Ok(types)
+    }
+
+    /// Whether TensorFlow marks the op stateful (unknown ops count as stateful).
+    pub fn is_stateful(&self, op: &str) -> bool {
+        self.ops.get(op).is_none_or(|o| o.is_stateful)
+    }
+}
+
+fn attr_or_default<'a>(
+    node: &'a NodeDef,
+    op: &'a OpDef,
+    name: &str,
+) -> Result<&'a crate::tf::attr_value::AttrValue> {
+    if let Some(v) = node.attr.get(name) {
+        return Ok(v);
+    }
+    op.attr
+        .iter()
+        .find(|a| a.name == name)
+        .and_then(|a| a.default_value.as_ref())
+        .ok_or_else(|| Error::MissingAttr {
+            node: node.name.clone(),
+            op: node.op.clone(),
+            attr: name.to_owned(),
+        })
+}
+
+fn known(node: &NodeDef, attr: &str, t: EnumOrUnknown<DataType>) -> Result<DataType> {
+    t.enum_value().map_err(|_| Error::AttrType {
+        node: node.name.clone(),
+        op: node.op.clone(),
+        attr: attr.to_owned(),
+        expected: "a known type",
+        found: "an unknown type number",
+    })
+}
+
+fn arg_types(
+    node: &NodeDef,
+    op: &OpDef,
+    arg: &op_def::ArgDef,
+    out: &mut Vec<DataType>,
+) -> Result<()> {
+    let wrong = |attr: &str, expected: &'static str| Error::AttrType {
+        node: node.name.clone(),
+        op: node.op.clone(),
+        attr: attr.to_owned(),
+        expected,
+        found: "something else",
+    };
+    let mut types = Vec::new();
+    if !arg.type_list_attr.is_empty() {
+        match &attr_or_default(node, op, &arg.type_list_attr)?.value {
+            Some(Value::List(list)) => {
+                for t in &list.type_ {
+                    types.push(known(node, &arg.type_list_attr, *t)?);
+                }
+            }
+            _ => return Err(wrong(&arg.type_list_attr, "a list of types")),
+        }
+    } else {
+        let single = if !arg.type_attr.is_empty() {
+            match &attr_or_default(node, op, &arg.type_attr)?.value {
+                Some(Value::Type(t)) => known(node, &arg.type_attr, *t)?,
+                _ => return Err(wrong(&arg.type_attr, "a type")),
+            }
+        } else {
+            known(node, &arg.name, arg.type_)?
+        };
+        let count = if arg.number_attr.is_empty() {
+            1
+        } else {
+            match &attr_or_default(node, op, &arg.number_attr)?.value {
+                Some(Value::I(n)) => {
+                    usize::try_from(*n).map_err(|_| wrong(&arg.number_attr, "a count ≥ 0"))?
+                }
+                _ => return Err(wrong(&arg.number_attr, "an int")),
+            }
+        };
+        types.extend(std::iter::repeat_n(single, count));
+    }
+    for t in types {
+        out.push(if arg.is_ref { ref_type(t) } else { t });
+    }
+    Ok(())
+}
+
+/// The `_REF` variant of a type (TensorFlow numbers them plain + 100).
+pub fn ref_type(t: DataType) -> DataType {
+    use protobuf::Enum;
+    let value = t.value();
+    if value > 100 {
+        return t;
+    }
+    DataType::from_i32(value + 100).unwrap_or(t)
+}
+
+/// The plain type of a `_REF` type.
+pub fn base_type(t: DataType) -> DataType {
+    use protobuf::Enum;
+    let value = t.value();
+    if value > 100 {
+        DataType::from_i32(value - 100).unwrap_or(t)
+    } else {
+        t
+    }
+}
+
+/// Number of bytes one element of `t` takes in a dense tensor, when fixed.
+pub fn element_size(t: DataType) -> Option<u64> {
+    use DataType::*;
+    Some(match base_type(t) {
+        DT_BOOL | DT_INT8 | DT_UINT8 | DT_QINT8 | DT_QUINT8 | DT_FLOAT8_E5M2 | DT_FLOAT8_E4M3FN => {
+            1
+        }
+        DT_INT16 | DT_UINT16 | DT_HALF | DT_BFLOAT16 | DT_QINT16 | DT_QUINT16 => 2,
+        DT_INT32 | DT_UINT32 | DT_FLOAT | DT_QINT32 => 4,
+        DT_INT64 | DT_UINT64 | DT_DOUBLE | DT_COMPLEX64 => 8,
+        DT_COMPLEX128 => 16,
+        _ => return None,
+    })
+}
+
+/// Whether tensors of `t` are plain data that can be shipped between processes.
+pub fn is_plain(t: DataType) -> bool {
+    !matches!(
+        base_type(t),
+        DataType::DT_RESOURCE | DataType::DT_VARIANT | DataType::DT_INVALID
+    ) && (t as i32) < 100
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tf::attr_value::AttrValue;
+
+    fn node(op: &str, attrs: &[(&str, AttrValue)]) -> NodeDef {
+        let mut n = NodeDef::new();
+        n.name = "n".into();
+        n.op = op.into();
+        for (k, v) in attrs {
+            n.attr.insert((*k).into(), v.clone());
+        }
+        n
+    }
+
+    fn ty(t: DataType) -> AttrValue {
+        let mut v = AttrValue::new();
+        v.set_type(t);
+        v
+    }
+
+    #[test]
+    fn registry_has_tensorflow_ops() {
+        let r = OpRegistry::tensorflow();
+        assert!(r.len() > 1500, "{}", r.len());
+        assert!(r.get("ParseExampleV2").is_some());
+        assert!(r.is_stateful("VarHandleOp"));
+        assert!(!r.is_stateful("AddV2"));
+    }
+
+    #[test]
+    fn infers_output_types_from_signatures() {
+        let r = OpRegistry::tensorflow();
+        let lib = HashMap::new();
+        let unique = node("Unique", &[("T", ty(DataType::DT_INT64))]);
+        // out_idx has a default (int32) in the registry.
+        assert_eq!(
+            r.output_types(&unique, &lib).expect("types"),
+            vec![DataType::DT_INT64, DataType::DT_INT32]
+        );
+        let var = node("VariableV2", &[("dtype", ty(DataType::DT_FLOAT))]);
+        assert_eq!(
+            r.output_types(&var, &lib).expect("types"),
+            vec![DataType::DT_FLOAT_REF]
+        );
+        let mut types = AttrValue::new();
+        types.mut_list().type_ = vec![
+            EnumOrUnknown::new(DataType::DT_STRING),
+            EnumOrUnknown::new(DataType::DT_VARIANT),
+        ];
+        let get_next = node("IteratorGetNext", &[("output_types", types)]);
+        assert_eq!(
+            r.output_types(&get_next, &lib).expect("types"),
+            vec![DataType::DT_STRING, DataType::DT_VARIANT]
+        );
+        let unknown = node("NoSuchOp", &[]);
+        assert!(r.output_types(&unknown, &lib).is_err());
+    }
+}

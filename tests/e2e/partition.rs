@@ -1,0 +1,322 @@
+//! `lode partition` on the fixtures: the plan directory, the cover, where the wide & deep
+//! feature transformations land, CPU and GPU stages, and the errors.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+use lode_proto::io::{load, LoadOptions};
+use serde_json::Value;
+
+use crate::support::{fixtures, lode, ok, stderr};
+
+fn partition(model: &Path, dir: &Path, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "partition",
+        model.to_str().expect("path"),
+        "-o",
+        dir.to_str().expect("path"),
+        "--format",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    let out = ok(&lode(&args));
+    for file in ["training.pb", "plan.json", "report.txt", "partition.dot"] {
+        assert!(
+            dir.join(file).is_file(),
+            "{file} missing in {}",
+            dir.display()
+        );
+    }
+    let plan: Value = serde_json::from_str(&out).expect("plan JSON on stdout");
+    let on_disk: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).expect("plan.json"))
+            .expect("JSON");
+    assert_eq!(plan, on_disk, "stdout and plan.json differ");
+    plan
+}
+
+fn names(plan: &Value, key: &str) -> Vec<String> {
+    plan[key]
+        .as_array()
+        .expect(key)
+        .iter()
+        .map(|v| v.as_str().expect("string").to_owned())
+        .collect()
+}
+
+/// The cover, checked from the files alone.
+fn check_cover(model: &Path, tags: Option<&str>, dir: &Path, plan: &Value) {
+    let original = load(
+        model,
+        &LoadOptions {
+            tags: tags.map(|t| vec![t.to_owned()]),
+        },
+    )
+    .expect("original loads");
+    let training =
+        load(&dir.join("training.pb"), &LoadOptions::default()).expect("training.pb loads");
+    let training_names: HashSet<String> =
+        training.graph.node.iter().map(|n| n.name.clone()).collect();
+    let stubs: HashSet<String> = plan["stubs"]
+        .as_object()
+        .expect("stubs")
+        .keys()
+        .cloned()
+        .collect();
+    let copied: HashSet<String> = names(plan, "copied").into_iter().collect();
+    let mut stage_of: HashMap<String, u64> = HashMap::new();
+    for stage in plan["stages"].as_array().expect("stages") {
+        let graph = dir.join(stage["graph"].as_str().expect("graph"));
+        let stage_graph = load(&graph, &LoadOptions::default()).expect("stage graph loads");
+        assert!(
+            stage_graph
+                .graph
+                .node
+                .iter()
+                .all(|n| !["VariableV2", "VarHandleOp", "Variable"].contains(&n.op.as_str())),
+            "a variable in {}",
+            graph.display()
+        );
+        assert!(
+            stage_graph
+                .graph
+                .node
+                .iter()
+                .filter(|n| n.op == "DWSend")
+                .count()
+                <= 1
+        );
+        for n in stage["nodes"].as_array().expect("nodes") {
+            let name = n.as_str().expect("name").to_owned();
+            assert!(
+                stage_of
+                    .insert(name.clone(), stage["index"].as_u64().expect("index"))
+                    .is_none(),
+                "{name} in two stages"
+            );
+        }
+    }
+    for node in &original.graph.node {
+        let in_stage = stage_of.contains_key(&node.name);
+        let in_training = training_names.contains(&node.name) && !stubs.contains(&node.name);
+        if copied.contains(&node.name) {
+            assert!(!in_stage, "{} copied and listed by a stage", node.name);
+        } else {
+            assert_eq!(
+                usize::from(in_stage) + usize::from(in_training),
+                1,
+                "{} ({}) placed wrongly",
+                node.name,
+                node.op
+            );
+        }
+    }
+    // Every DWRecv in training names tensors that its producer stage sends, in the same order.
+    for recv in plan["training"]["recv"].as_array().expect("recv") {
+        let from = usize::try_from(recv["from_stage"].as_u64().expect("stage")).expect("small");
+        let stage = &plan["stages"][from];
+        let sent: Vec<&Value> = stage["send"]["tensors"]
+            .as_array()
+            .expect("send")
+            .iter()
+            .map(|t| &t["tensor"])
+            .collect();
+        let got: Vec<&Value> = recv["tensors"]
+            .as_array()
+            .expect("tensors")
+            .iter()
+            .collect();
+        assert_eq!(got, sent);
+    }
+}
+
+#[test]
+fn every_tf1_fixture_partitions_into_a_cover() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for name in ["wide_deep", "deepfm", "adam_resource", "sgd_ref"] {
+        for simple in [false, true] {
+            let model = fixtures().join(name).join("model.pb");
+            let dir = tmp.path().join(format!("{name}-{simple}"));
+            let extra: &[&str] = if simple { &["--simple"] } else { &[] };
+            let plan = partition(&model, &dir, extra);
+            check_cover(&model, None, &dir, &plan);
+            assert_eq!(plan["training"]["graph"], "training.pb");
+            assert!(
+                !plan["training"]["recv"]
+                    .as_array()
+                    .expect("recv")
+                    .is_empty(),
+                "{name}: nothing crosses"
+            );
+        }
+    }
+    let model = fixtures().join("tf1_savedmodel/saved_model");
+    let dir = tmp.path().join("tf1_savedmodel");
+    let plan = partition(&model, &dir, &["--tags", "train"]);
+    check_cover(&model, Some("train"), &dir, &plan);
+}
+
+#[test]
+fn wide_deep_feature_transformations_go_to_the_data_worker() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let model = fixtures().join("wide_deep/model.pb");
+    let dir = tmp.path().join("plan");
+    let plan = partition(&model, &dir, &[]);
+    let original = load(&model, &LoadOptions::default()).expect("loads");
+    let op_of: HashMap<&str, &str> = original
+        .graph
+        .node
+        .iter()
+        .map(|n| (n.name.as_str(), n.op.as_str()))
+        .collect();
+    let stage_ops: HashSet<&str> = plan["stages"]
+        .as_array()
+        .expect("stages")
+        .iter()
+        .flat_map(|s| s["nodes"].as_array().expect("nodes").iter())
+        .map(|n| op_of[n.as_str().expect("name")])
+        .collect();
+    for op in [
+        "StringToHashBucketFast",
+        "LookupTableFindV2",
+        "Bucketize",
+        "SparseCross",
+        "Unique",
+        "DeserializeSparse",
+    ] {
+        assert!(
+            stage_ops.contains(op),
+            "{op} is not on the data side: {stage_ops:?}"
+        );
+    }
+    let training = load(&dir.join("training.pb"), &LoadOptions::default()).expect("training.pb");
+    let training_ops: HashSet<&str> = training.graph.node.iter().map(|n| n.op.as_str()).collect();
+    assert!(
+        training_ops.contains("ResourceGather"),
+        "embedding gathers stay with their variables"
+    );
+    assert!(!training_ops.contains("StringToHashBucketFast"));
+    assert!(!training_ops.contains("IteratorV2"));
+    // The names the program runs still resolve.
+    let training_names: HashSet<&str> = training
+        .graph
+        .node
+        .iter()
+        .map(|n| n.name.as_str())
+        .collect();
+    for name in [
+        "MakeIterator",
+        "init",
+        "train_op",
+        "loss",
+        "IteratorGetNext",
+    ] {
+        assert!(
+            training_names.contains(name),
+            "{name} is gone from training.pb"
+        );
+    }
+    // The source description for the dispatcher.
+    let source = &plan["source"];
+    assert_eq!(source["reader"], "tfrecord");
+    assert_eq!(source["batch_size"], 32);
+    assert_eq!(source["drop_remainder"], true);
+    assert_eq!(source["batching"], "before_map");
+    assert_eq!(source["repeat"], -1);
+    assert_eq!(source["files"], serde_json::json!(["data/train.tfrecord"]));
+}
+
+#[test]
+fn deepfm_yields_a_cpu_stage_and_a_gpu_stage() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let plan = partition(
+        &fixtures().join("deepfm/model.pb"),
+        &tmp.path().join("plan"),
+        &[],
+    );
+    let devices: Vec<&str> = plan["stages"]
+        .as_array()
+        .expect("stages")
+        .iter()
+        .map(|s| s["device"].as_str().expect("device"))
+        .collect();
+    assert_eq!(devices[0], "CPU");
+    assert!(devices.contains(&"GPU"), "{devices:?}");
+    let gpu = plan["stages"]
+        .as_array()
+        .expect("stages")
+        .iter()
+        .find(|s| s["device"] == "GPU")
+        .expect("GPU stage");
+    assert!(
+        gpu["nodes"]
+            .as_array()
+            .expect("nodes")
+            .iter()
+            .any(|n| n == "unique_ids"),
+        "{gpu}"
+    );
+    // The GPU stage receives from the CPU stage.
+    assert_eq!(gpu["recv"][0]["from_stage"], 0);
+}
+
+fn expect_failure(model: &Path, dir: &Path, extra: &[&str], problem: &str) {
+    let mut args = vec![
+        "partition",
+        model.to_str().expect("path"),
+        "-o",
+        dir.to_str().expect("path"),
+    ];
+    args.extend_from_slice(extra);
+    let out = lode(&args);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains(problem), "{}", stderr(&out));
+    assert!(!dir.exists(), "a failed run left {}", dir.display());
+    let parent = dir.parent().expect("parent");
+    let leftovers: Vec<_> = std::fs::read_dir(parent)
+        .expect("list")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains("lode-tmp"))
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "temporary directories left: {leftovers:?}"
+    );
+}
+
+#[test]
+fn graphs_that_cannot_be_partitioned_are_refused_cleanly() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // A TF2 SavedModel whose train_step takes tensors: nothing to move.
+    expect_failure(
+        &fixtures().join("tf2_module/saved_model"),
+        &tmp.path().join("a"),
+        &[],
+        "no input pipeline",
+    );
+    // No variables.
+    let no_vars = tmp.path().join("no_vars.pbtxt");
+    std::fs::write(&no_vars, "node { name: \"c\" op: \"Const\" attr { key: \"dtype\" value { type: DT_FLOAT } } attr { key: \"value\" value { tensor { dtype: DT_FLOAT float_val: 1 } } } }\n").expect("write");
+    expect_failure(&no_vars, &tmp.path().join("b"), &[], "no model state");
+    // An op TensorFlow does not know.
+    let unknown = tmp.path().join("unknown.pbtxt");
+    std::fs::write(&unknown, "node { name: \"v\" op: \"VarHandleOp\" attr { key: \"dtype\" value { type: DT_FLOAT } } attr { key: \"shape\" value { shape { } } } }\nnode { name: \"x\" op: \"MysteryOp\" input: \"v\" }\n").expect("write");
+    expect_failure(&unknown, &tmp.path().join("c"), &[], "x (MysteryOp)");
+}
+
+#[test]
+fn an_existing_plan_directory_is_not_overwritten() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("plan");
+    std::fs::create_dir(&dir).expect("mkdir");
+    std::fs::write(dir.join("keep.txt"), b"mine").expect("write");
+    let out = lode(&[
+        "partition",
+        fixtures().join("sgd_ref/model.pb").to_str().expect("path"),
+        "-o",
+        dir.to_str().expect("path"),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("not empty"), "{}", stderr(&out));
+    assert_eq!(std::fs::read(dir.join("keep.txt")).expect("kept"), b"mine");
+}
