@@ -7,6 +7,7 @@
 //! - `partition`: the cut: model state, training region, data region, shared nodes, stages.
 //! - `rewrite`: stage and training GraphDefs with fused DWSend / DWRecv nodes and stand-ins.
 //! - `source`: the input pipeline's description for the dispatcher.
+//! - `source_rewrite`: the stage's reader replaced by an index-fed `DWSource`.
 //! - `plan`: plan.json, report.txt, partition.dot, and the atomic plan-directory writer.
 //!
 //! # Invariants
@@ -23,6 +24,7 @@ pub mod partition;
 pub mod plan;
 pub mod rewrite;
 pub mod source;
+pub mod source_rewrite;
 
 pub use error::{Error, Result};
 pub use partition::Options;
@@ -42,8 +44,12 @@ pub struct Decoupled {
 pub fn decouple(def: &GraphDef, options: &Options) -> Result<Decoupled> {
     let graph = graph::Graph::new(def)?;
     let part = partition::partition(&graph, options)?;
-    let rewritten = rewrite::rewrite(&graph, &part);
     let source = source::describe(&graph);
+    let reader = source
+        .as_ref()
+        .filter(|s| !s.reader.is_empty())
+        .map(|s| (s.reader.as_str(), s.compression.as_str()));
+    let rewritten = rewrite::rewrite(&graph, &part, reader);
     let plan = plan::build(&graph, &part, &rewritten, source, options.simple);
     let report = plan::report(&graph, &part, &rewritten, &plan);
     let dot = plan::dot(&graph, &part);

@@ -90,9 +90,13 @@ pub fn build(
     graph: &Graph,
     part: &Partition,
     out: &Rewritten,
-    source: Option<Source>,
+    mut source: Option<Source>,
     simple: bool,
 ) -> Plan {
+    if let (Some(source), Some(rewrite)) = (source.as_mut(), out.source_rewrite.as_ref()) {
+        source.replaced_by = Some(rewrite.node.clone());
+        source.replaced = rewrite.removed.clone();
+    }
     let stages: Vec<StagePlan> = out
         .stages
         .iter()

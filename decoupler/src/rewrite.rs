@@ -66,6 +66,8 @@ pub struct Rewritten {
     /// Training-graph names kept as stand-ins: (name, what it became).
     pub stubs: Vec<(String, &'static str)>,
     pub dropped_colocations: usize,
+    /// The index-fed source that replaced the input reader, when there was one.
+    pub source_rewrite: Option<crate::source_rewrite::SourceRewrite>,
 }
 
 /// Which graph a node lives in for the rewrite.
@@ -75,7 +77,7 @@ enum Home {
     Training,
 }
 
-pub fn rewrite(graph: &Graph, part: &Partition) -> Rewritten {
+pub fn rewrite(graph: &Graph, part: &Partition, reader: Option<(&str, &str)>) -> Rewritten {
     let n = graph.len();
     let stages = part.stage_count();
     let home_of = |id: NodeId| match part.place[id] {
@@ -334,8 +336,15 @@ pub fn rewrite(graph: &Graph, part: &Partition) -> Rewritten {
     all.sort_unstable();
     let mut dropped = 0;
     let training = finish_counting(graph, nodes, &mut dropped);
+    let mut source_rewrite = None;
     for stage in &mut stage_outs {
-        let nodes = std::mem::take(&mut stage.graph.node);
+        let mut nodes = std::mem::take(&mut stage.graph.node);
+        if let Some((reader, compression)) = reader {
+            if source_rewrite.is_none() {
+                source_rewrite =
+                    crate::source_rewrite::index_fed_source(&mut nodes, reader, compression);
+            }
+        }
         let g = finish_counting(graph, nodes, &mut dropped);
         stage.graph = g;
     }
@@ -357,6 +366,7 @@ pub fn rewrite(graph: &Graph, part: &Partition) -> Rewritten {
         copied,
         stubs,
         dropped_colocations: dropped,
+        source_rewrite,
     }
 }
 

@@ -32,6 +32,9 @@ pub struct Source {
     pub repeat: Option<i64>,
     /// The dataset ops from the source to the iterator.
     pub chain: Vec<String>,
+    /// The stage node that replaced the reader (`lode/DWSource`), and the nodes it replaced.
+    pub replaced_by: Option<String>,
+    pub replaced: Vec<String>,
 }
 
 pub fn describe(graph: &Graph) -> Option<Source> {

@@ -224,6 +224,25 @@ fn wide_deep_feature_transformations_go_to_the_data_worker() {
     assert_eq!(source["batching"], "before_map");
     assert_eq!(source["repeat"], -1);
     assert_eq!(source["files"], serde_json::json!(["data/train.tfrecord"]));
+    // The reader is replaced by an index-fed source; map and batch stay.
+    assert_eq!(source["replaced_by"], "lode/DWSource");
+    let stage0 = load(&dir.join("stage_0.pb"), &LoadOptions::default()).expect("stage_0.pb");
+    let ops: HashSet<&str> = stage0.graph.node.iter().map(|n| n.op.as_str()).collect();
+    assert!(
+        ops.contains("DWSource") && ops.contains("DWSend"),
+        "{ops:?}"
+    );
+    for gone in ["TensorSliceDataset", "FlatMapDataset", "RepeatDataset"] {
+        assert!(!ops.contains(gone), "{gone} still in stage 0");
+    }
+    for kept in [
+        "BatchDatasetV2",
+        "MapDataset",
+        "MakeIterator",
+        "IteratorGetNext",
+    ] {
+        assert!(ops.contains(kept), "{kept} missing from stage 0");
+    }
 }
 
 #[test]
