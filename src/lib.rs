@@ -84,16 +84,21 @@ fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
 }
 
 fn run_partition(args: PartitionArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
-    let model = load(&args.model)?;
-    let options = lode_decoupler::Options {
+    let options = LoadOptions {
+        tags: args.model.tags.clone(),
+    };
+    let (path, bytes) = io::load_graph_bytes(&args.model.model, &options)?;
+    let view = lode_proto::view::GraphView::parse(&bytes)
+        .with_context(|| format!("{}: not a valid binary GraphDef", path.display()))?;
+    let decouple_options = lode_decoupler::Options {
         simple: args.simple,
         stateful_ops: args.stateful_ops.clone(),
     };
-    let decoupled = lode_decoupler::decouple(&model.graph, &options)
-        .with_context(|| format!("{}: cannot partition", model.path.display()))?;
+    let decoupled = lode_decoupler::decouple(&view, &decouple_options)
+        .with_context(|| format!("{}: cannot partition", path.display()))?;
     lode_decoupler::plan::write_dir(
         &args.output,
-        &decoupled.rewritten,
+        &decoupled.graphs,
         &decoupled.plan,
         &decoupled.report,
         &decoupled.dot,

@@ -7,9 +7,9 @@ use std::collections::HashMap;
 use lode_proto::names::Input;
 use lode_proto::ops::OpRegistry;
 use lode_proto::tf::function::FunctionDef;
-use lode_proto::tf::graph::GraphDef;
-use lode_proto::tf::node_def::NodeDef;
 use lode_proto::tf::types::DataType;
+use lode_proto::view::{GraphView, NodeView};
+use rustc_hash::FxHashMap;
 
 use crate::error::{Error, Result};
 
@@ -23,27 +23,76 @@ pub struct Tensor {
     pub output: u32,
 }
 
+/// Per-node lists in one flat array (compressed sparse rows): `rows[id]` is node `id`'s slice.
+/// One allocation instead of one per node keeps million-node graphs cheap.
+#[derive(Debug, Clone, Default)]
+pub struct Rows<T> {
+    offsets: Vec<usize>,
+    items: Vec<T>,
+}
+
+impl<T> Rows<T> {
+    fn with_capacity(rows: usize, items: usize) -> Self {
+        let mut offsets = Vec::with_capacity(rows + 1);
+        offsets.push(0);
+        Rows {
+            offsets,
+            items: Vec::with_capacity(items),
+        }
+    }
+
+    fn push(&mut self, item: T) {
+        self.items.push(item);
+    }
+
+    /// Closes the current row.
+    fn end_row(&mut self) {
+        self.offsets.push(self.items.len());
+    }
+
+    pub fn len(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<T> std::ops::Index<usize> for Rows<T> {
+    type Output = [T];
+
+    fn index(&self, row: usize) -> &[T] {
+        &self.items[self.offsets[row]..self.offsets[row + 1]]
+    }
+}
+
 #[derive(Debug)]
 pub struct Graph<'a> {
-    pub def: &'a GraphDef,
-    pub index: HashMap<&'a str, NodeId>,
+    pub def: &'a GraphView<'a>,
+    pub index: FxHashMap<&'a str, NodeId>,
     /// Data inputs of each node, in input order.
-    pub inputs: Vec<Vec<Tensor>>,
+    pub inputs: Rows<Tensor>,
     /// Control inputs of each node.
-    pub controls: Vec<Vec<NodeId>>,
+    pub controls: Rows<NodeId>,
     /// Every node that reads a node, through data or control edges (may repeat).
-    pub consumers: Vec<Vec<NodeId>>,
+    pub consumers: Rows<NodeId>,
     /// Output dtypes of each node.
-    pub out_types: Vec<Vec<DataType>>,
+    pub out_types: Rows<DataType>,
     pub library: HashMap<&'a str, &'a FunctionDef>,
 }
 
 impl<'a> Graph<'a> {
-    pub fn new(def: &'a GraphDef) -> Result<Self> {
-        let nodes = &def.node;
-        let mut index = HashMap::with_capacity(nodes.len());
+    pub fn new(def: &'a GraphView<'a>) -> Result<Self> {
+        let nodes = &def.nodes;
+        let mut index = FxHashMap::with_capacity_and_hasher(nodes.len(), Default::default());
         for (id, node) in nodes.iter().enumerate() {
-            if index.insert(node.name.as_str(), id).is_some() {
+            if node.name.is_empty() || node.op.is_empty() {
+                return Err(Error::InvalidGraph {
+                    reason: format!("node #{id} ('{}') has no name or no op", node.name),
+                });
+            }
+            if index.insert(node.name, id).is_some() {
                 return Err(Error::InvalidGraph {
                     reason: format!("node name '{}' appears twice", node.name),
                 });
@@ -59,11 +108,12 @@ impl<'a> Graph<'a> {
                     .collect()
             })
             .unwrap_or_default();
-        let mut inputs = vec![Vec::new(); nodes.len()];
-        let mut controls = vec![Vec::new(); nodes.len()];
-        let mut consumers = vec![Vec::new(); nodes.len()];
-        for (id, node) in nodes.iter().enumerate() {
-            for raw in &node.input {
+        let edges: usize = nodes.iter().map(|n| n.inputs.len()).sum();
+        let mut inputs = Rows::with_capacity(nodes.len(), edges);
+        let mut controls = Rows::with_capacity(nodes.len(), 0);
+        let mut sources: Vec<NodeId> = Vec::with_capacity(edges);
+        for node in nodes {
+            for raw in &node.inputs {
                 let input = Input::parse(raw).map_err(|e| Error::InvalidGraph {
                     reason: format!("node '{}' ({}): {e}", node.name, node.op),
                 })?;
@@ -76,27 +126,52 @@ impl<'a> Graph<'a> {
                     ),
                 })?;
                 match input {
-                    Input::Data(t) => inputs[id].push(Tensor {
+                    Input::Data(t) => inputs.push(Tensor {
                         node: src,
                         output: t.index,
                     }),
-                    Input::Control(_) => controls[id].push(src),
+                    Input::Control(_) => controls.push(src),
                 }
-                consumers[src].push(id);
+                sources.push(src);
+            }
+            inputs.end_row();
+            controls.end_row();
+        }
+        // Consumers: count per source, then fill (a transpose of the edge list).
+        let mut counts = vec![0usize; nodes.len() + 1];
+        for &src in &sources {
+            counts[src + 1] += 1;
+        }
+        for i in 1..counts.len() {
+            counts[i] += counts[i - 1];
+        }
+        let mut fill = counts.clone();
+        let mut flat = vec![0; sources.len()];
+        let mut k = 0;
+        for (id, node) in nodes.iter().enumerate() {
+            for _ in 0..node.inputs.len() {
+                let src = sources[k];
+                flat[fill[src]] = id;
+                fill[src] += 1;
+                k += 1;
             }
         }
+        let consumers = Rows {
+            offsets: counts,
+            items: flat,
+        };
         let registry = OpRegistry::tensorflow();
-        let mut out_types = Vec::with_capacity(nodes.len());
+        let mut out_types = Rows::with_capacity(nodes.len(), nodes.len());
         let mut unknown = Vec::new();
         for node in nodes {
             match registry.output_types(node, &library) {
-                Ok(types) => out_types.push(types),
+                Ok(types) => types.into_iter().for_each(|t| out_types.push(t)),
                 Err(lode_proto::Error::UnknownOp { node, op }) => {
                     unknown.push(format!("{node} ({op})"));
-                    out_types.push(Vec::new());
                 }
                 Err(source) => return Err(Error::Proto(source)),
             }
+            out_types.end_row();
         }
         if !unknown.is_empty() {
             return Err(Error::UnknownOps { nodes: unknown });
@@ -115,8 +190,8 @@ impl<'a> Graph<'a> {
     }
 
     fn check_output_indices(&self) -> Result<()> {
-        for (id, inputs) in self.inputs.iter().enumerate() {
-            for t in inputs {
+        for id in 0..self.len() {
+            for t in &self.inputs[id] {
                 if usize::try_from(t.output).map_or(true, |o| o >= self.out_types[t.node].len()) {
                     return Err(Error::InvalidGraph {
                         reason: format!(
@@ -135,15 +210,15 @@ impl<'a> Graph<'a> {
     }
 
     pub fn len(&self) -> usize {
-        self.def.node.len()
+        self.def.nodes.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.def.node.is_empty()
+        self.def.nodes.is_empty()
     }
 
-    pub fn node(&self, id: NodeId) -> &'a NodeDef {
-        &self.def.node[id]
+    pub fn node(&self, id: NodeId) -> &'a NodeView<'a> {
+        &self.def.nodes[id]
     }
 
     pub fn dtype(&self, t: Tensor) -> DataType {

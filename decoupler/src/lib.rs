@@ -29,32 +29,37 @@ pub mod source_rewrite;
 pub use error::{Error, Result};
 pub use partition::Options;
 
-use lode_proto::tf::graph::GraphDef;
+use lode_proto::view::GraphView;
 
-/// Everything `lode partition` produces, in memory.
+/// Everything `lode partition` produces, in memory: the encoded graphs and the texts.
 #[derive(Debug)]
 pub struct Decoupled {
-    pub rewritten: rewrite::Rewritten,
+    /// `training.pb` then `stage_<i>.pb`, as (file name, binary GraphDef).
+    pub graphs: Vec<(String, Vec<u8>)>,
     pub plan: plan::Plan,
     pub report: String,
     pub dot: String,
 }
 
-/// Partitions `def` and builds the plan (no I/O).
-pub fn decouple(def: &GraphDef, options: &Options) -> Result<Decoupled> {
+/// Partitions a graph and builds the plan (no I/O).
+pub fn decouple(def: &GraphView, options: &Options) -> Result<Decoupled> {
     let graph = graph::Graph::new(def)?;
     let part = partition::partition(&graph, options)?;
     let source = source::describe(&graph);
-    let reader = source
+    let source_plan = source
         .as_ref()
         .filter(|s| !s.reader.is_empty())
-        .map(|s| (s.reader.as_str(), s.compression.as_str()));
-    let rewritten = rewrite::rewrite(&graph, &part, reader);
+        .and_then(|s| source_rewrite::plan(&graph, &part, &s.reader, &s.compression));
+    let rewritten = rewrite::rewrite(&graph, &part, source_plan)?;
     let plan = plan::build(&graph, &part, &rewritten, source, options.simple);
     let report = plan::report(&graph, &part, &rewritten, &plan);
     let dot = plan::dot(&graph, &part);
+    let mut graphs = vec![("training.pb".to_owned(), rewritten.training.encode(&graph)?)];
+    for (i, stage) in rewritten.stages.iter().enumerate() {
+        graphs.push((format!("stage_{i}.pb"), stage.graph.encode(&graph)?));
+    }
     Ok(Decoupled {
-        rewritten,
+        graphs,
         plan,
         report,
         dot,

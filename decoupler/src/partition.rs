@@ -131,7 +131,7 @@ pub fn partition(graph: &Graph, options: &Options) -> Result<Partition> {
     let n = graph.len();
     let state: Vec<NodeId> = (0..n)
         .filter(|&i| {
-            let op = graph.node(i).op.as_str();
+            let op = graph.node(i).op;
             VARIABLE_OPS.contains(&op) || options.stateful_ops.iter().any(|s| s == op)
         })
         .collect();
@@ -141,7 +141,7 @@ pub fn partition(graph: &Graph, options: &Options) -> Result<Partition> {
     let training = forward_closure(graph, &state, |_| true);
 
     let pipeline: Vec<NodeId> = (0..n)
-        .filter(|&i| is_pipeline_op(&graph.node(i).op) && !training[i])
+        .filter(|&i| is_pipeline_op(graph.node(i).op) && !training[i])
         .collect();
     if pipeline.is_empty() {
         return Err(Error::NoPipeline);
@@ -181,7 +181,7 @@ pub fn partition(graph: &Graph, options: &Options) -> Result<Partition> {
                         output: 0,
                     });
                 return Err(Error::Unplaceable {
-                    nodes: vec![graph.node(consumer).name.clone()],
+                    nodes: vec![graph.node(consumer).name.to_owned()],
                     reason: format!(
                         "it is downstream of model state but reads {} ({:?}) from the input pipeline; only plain tensors can be sent to training",
                         graph.tensor_name(t),
@@ -203,7 +203,7 @@ pub fn partition(graph: &Graph, options: &Options) -> Result<Partition> {
     let mut table_inits = BTreeSet::new();
     for (i, &in_training) in training.iter().enumerate() {
         let node = graph.node(i);
-        if TABLE_INIT_OPS.contains(&node.op.as_str()) && !in_training {
+        if TABLE_INIT_OPS.contains(&node.op) && !in_training {
             if let Some(table) = graph.inputs[i].first() {
                 if data_side_needs[table.node] {
                     table_inits.insert(i);
@@ -220,11 +220,9 @@ pub fn partition(graph: &Graph, options: &Options) -> Result<Partition> {
         for t in &graph.inputs[consumer] {
             if dependent[t.node] {
                 let (a, b) = (graph.node(t.node), graph.node(consumer));
-                if CONTROL_FLOW_OPS.contains(&a.op.as_str())
-                    || CONTROL_FLOW_OPS.contains(&b.op.as_str())
-                {
+                if CONTROL_FLOW_OPS.contains(&a.op) || CONTROL_FLOW_OPS.contains(&b.op) {
                     return Err(Error::Unplaceable {
-                        nodes: vec![a.name.clone(), b.name.clone()],
+                        nodes: vec![a.name.to_owned(), b.name.to_owned()],
                         reason: "the cut would pass through a TF1 control-flow frame (Enter/Exit/Switch/Merge/NextIteration)".into(),
                     });
                 }
@@ -243,13 +241,13 @@ pub fn partition(graph: &Graph, options: &Options) -> Result<Partition> {
     let mut level_kind: Vec<DeviceKind> = Vec::new();
     let source_kind = pipeline
         .first()
-        .map(|&p| DeviceKind::of(&graph.node(p).device))
+        .map(|&p| DeviceKind::of(graph.node(p).device))
         .unwrap_or(DeviceKind::Cpu);
     for &id in &order {
         if !dependent[id] {
             continue;
         }
-        let kind = DeviceKind::of(&graph.node(id).device);
+        let kind = DeviceKind::of(graph.node(id).device);
         let mut lvl = 0usize;
         let mut any_input = false;
         for src in graph.inputs[id]
@@ -321,7 +319,7 @@ pub fn partition(graph: &Graph, options: &Options) -> Result<Partition> {
     for &s in &state {
         if place[s] != Place::Training {
             return Err(Error::Unplaceable {
-                nodes: vec![graph.node(s).name.clone()],
+                nodes: vec![graph.node(s).name.to_owned()],
                 reason: "a model variable ended up on the data side".into(),
             });
         }

@@ -4,7 +4,6 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use protobuf::Message;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
@@ -147,7 +146,7 @@ pub fn build(
             nodes: graph.len(),
             state: part.state.len(),
             training_region: part.training_region,
-            training_graph_nodes: out.training.node.len(),
+            training_graph_nodes: out.training.len(),
             data_nodes,
             shared_nodes,
             crossing_tensors: stages.iter().map(|s| s.send.tensors.len()).sum(),
@@ -157,7 +156,7 @@ pub fn build(
         copied: out
             .copied
             .iter()
-            .map(|&i| graph.node(i).name.clone())
+            .map(|&i| graph.node(i).name.to_owned())
             .collect(),
         stubs: out
             .stubs
@@ -216,7 +215,7 @@ pub fn report(graph: &Graph, part: &Partition, out: &Rewritten, plan: &Plan) -> 
             stage.index,
             stage.device,
             stage.nodes.len(),
-            st.graph.node.len()
+            st.graph.len()
         );
         for (op, count) in rewrite::op_histogram(graph, &st.nodes) {
             let _ = writeln!(r, "  {count:>5}  {op}");
@@ -230,7 +229,15 @@ pub fn report(graph: &Graph, part: &Partition, out: &Rewritten, plan: &Plan) -> 
                 .map(|b| format!(", {b} bytes per step"))
                 .unwrap_or_else(|| ", bytes per step unknown (some shapes are dynamic)".into())
         );
-        for t in &stage.send.tensors {
+        const LISTED: usize = 200;
+        if stage.send.tensors.len() > LISTED {
+            let _ = writeln!(
+                r,
+                "    (the first {LISTED}; plan.json lists all {})",
+                stage.send.tensors.len()
+            );
+        }
+        for t in stage.send.tensors.iter().take(LISTED) {
             let shape = t
                 .shape
                 .as_ref()
@@ -256,7 +263,14 @@ pub fn report(graph: &Graph, part: &Partition, out: &Rewritten, plan: &Plan) -> 
     r
 }
 
+/// Graphs above this many nodes get a region-level DOT: a drawing of a million nodes helps
+/// no one, and writing it costs more than the partition itself.
+pub const DOT_NODE_LIMIT: usize = 20_000;
+
 pub fn dot(graph: &Graph, part: &Partition) -> String {
+    if graph.len() > DOT_NODE_LIMIT {
+        return summary_dot(graph, part);
+    }
     let mut d = String::from(
         "digraph partition {\n  rankdir=LR;\n  node [shape=box, style=filled, fontsize=9];\n",
     );
@@ -271,8 +285,8 @@ pub fn dot(graph: &Graph, part: &Partition) -> String {
             let _ = writeln!(
                 d,
                 "    \"{}\" [fillcolor=\"#9ecae1\", label=\"{}\\n{}\"];",
-                quote(&graph.node(i).name),
-                quote(&graph.node(i).name),
+                quote(graph.node(i).name),
+                quote(graph.node(i).name),
                 graph.node(i).op
             );
         }
@@ -289,8 +303,8 @@ pub fn dot(graph: &Graph, part: &Partition) -> String {
         let _ = writeln!(
             d,
             "  \"{}\" [fillcolor=\"{color}\", label=\"{}\\n{}\"];",
-            quote(&graph.node(i).name),
-            quote(&graph.node(i).name),
+            quote(graph.node(i).name),
+            quote(graph.node(i).name),
             graph.node(i).op
         );
     }
@@ -299,17 +313,72 @@ pub fn dot(graph: &Graph, part: &Partition) -> String {
             let _ = writeln!(
                 d,
                 "  \"{}\" -> \"{}\";",
-                quote(&graph.node(t.node).name),
-                quote(&graph.node(i).name)
+                quote(graph.node(t.node).name),
+                quote(graph.node(i).name)
             );
         }
         for &c in &graph.controls[i] {
             let _ = writeln!(
                 d,
                 "  \"{}\" -> \"{}\" [style=dashed];",
-                quote(&graph.node(c).name),
-                quote(&graph.node(i).name)
+                quote(graph.node(c).name),
+                quote(graph.node(i).name)
             );
+        }
+    }
+    d.push_str("}\n");
+    d
+}
+
+/// One box per region (shared, each stage, training) with node counts, and edges labelled
+/// with the number of edges between regions.
+fn summary_dot(graph: &Graph, part: &Partition) -> String {
+    // Regions: 0 shared, 1 training, 2 + s stage s.
+    let region = |p: Place| match p {
+        Place::Shared => 0,
+        Place::Training => 1,
+        Place::Stage(s) => 2 + s,
+    };
+    let label = |r: usize| match r {
+        0 => "shared (copied)".to_owned(),
+        1 => "training".to_owned(),
+        s => format!("stage {} ({})", s - 2, part.stage_devices[s - 2].name()),
+    };
+    let regions = 2 + part.stage_count();
+    let mut counts = vec![0usize; regions];
+    let mut edges = vec![0usize; regions * regions];
+    for i in 0..graph.len() {
+        let to = region(part.place[i]);
+        counts[to] += 1;
+        for t in &graph.inputs[i] {
+            let from = region(part.place[t.node]);
+            if from != to {
+                edges[from * regions + to] += 1;
+            }
+        }
+    }
+    let mut d = format!(
+        "digraph partition {{\n  label=\"{} nodes: more than {DOT_NODE_LIMIT}, so regions only\";\n  node [shape=box, style=filled];\n",
+        graph.len()
+    );
+    for (r, &n) in counts.iter().enumerate().filter(|(_, &n)| n > 0) {
+        let color = match r {
+            0 => "#c7e9c0",
+            1 => "#fdd0a2",
+            _ => "#9ecae1",
+        };
+        let _ = writeln!(
+            d,
+            "  r{r} [fillcolor=\"{color}\", label=\"{}\\n{n} nodes\"];",
+            label(r)
+        );
+    }
+    for from in 0..regions {
+        for to in 0..regions {
+            let n = edges[from * regions + to];
+            if n > 0 {
+                let _ = writeln!(d, "  r{from} -> r{to} [label=\"{n} edges\"];");
+            }
         }
     }
     d.push_str("}\n");
@@ -318,7 +387,13 @@ pub fn dot(graph: &Graph, part: &Partition) -> String {
 
 /// Writes the plan directory: everything goes to a temporary sibling first, which is renamed
 /// into place only when complete, so a failed run leaves no partial directory.
-pub fn write_dir(dir: &Path, out: &Rewritten, plan: &Plan, report: &str, dot: &str) -> Result<()> {
+pub fn write_dir(
+    dir: &Path,
+    graphs: &[(String, Vec<u8>)],
+    plan: &Plan,
+    report: &str,
+    dot: &str,
+) -> Result<()> {
     let err = |path: &Path, source| Error::Io {
         path: path.to_owned(),
         source,
@@ -354,17 +429,8 @@ pub fn write_dir(dir: &Path, out: &Rewritten, plan: &Plan, report: &str, dot: &s
             let path = tmp.join(file);
             std::fs::write(&path, bytes).map_err(|e| err(&path, e))
         };
-        let encode = |g: &lode_proto::tf::graph::GraphDef| {
-            g.write_to_bytes().map_err(|source| {
-                Error::Proto(lode_proto::Error::Encode {
-                    what: "GraphDef",
-                    source,
-                })
-            })
-        };
-        write("training.pb", &encode(&out.training)?)?;
-        for (i, stage) in out.stages.iter().enumerate() {
-            write(&format!("stage_{i}.pb"), &encode(&stage.graph)?)?;
+        for (file, bytes) in graphs {
+            write(file, bytes)?;
         }
         let json = serde_json::to_vec_pretty(plan).map_err(|e| Error::Output {
             path: tmp.join("plan.json"),

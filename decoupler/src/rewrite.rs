@@ -15,19 +15,23 @@
 //! - Colocation constraints (`_class: loc:@x`) that point at a node not in the same graph are
 //!   dropped from that graph's copy, and counted in the report.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use lode_proto::ops::is_plain;
 use lode_proto::tf::attr_value::{attr_value, AttrValue};
 use lode_proto::tf::function::FunctionDefLibrary;
-use lode_proto::tf::graph::GraphDef;
 use lode_proto::tf::node_def::NodeDef;
 use lode_proto::tf::tensor_shape::TensorShapeProto;
 use lode_proto::tf::types::DataType;
-use protobuf::{EnumOrUnknown, MessageField};
+use lode_proto::view::{self, OutNode};
+use protobuf::EnumOrUnknown;
+use rustc_hash::{FxHashMap, FxHashSet};
 
+use crate::error::{Error, Result};
 use crate::graph::{Graph, NodeId, Tensor};
 use crate::partition::{Partition, Place};
+use crate::source_rewrite::SourcePlan;
 
 /// Name prefix of the nodes Lode adds.
 pub const LODE_SCOPE: &str = "lode";
@@ -46,9 +50,42 @@ pub struct RecvSpec {
     pub tensors: Vec<String>,
 }
 
+/// An output graph: unchanged original nodes as their original bytes, the rest as NodeDefs.
 #[derive(Debug)]
-pub struct StageOut {
-    pub graph: GraphDef,
+pub struct OutGraph<'a> {
+    pub names: Vec<Cow<'a, str>>,
+    pub nodes: Vec<OutNode<'a>>,
+    pub library: Option<FunctionDefLibrary>,
+}
+
+impl OutGraph<'_> {
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// The binary GraphDef.
+    pub fn encode(&self, graph: &Graph) -> Result<Vec<u8>> {
+        view::encode_graph(
+            &self.nodes,
+            self.library.as_ref(),
+            graph.def.versions.as_ref(),
+        )
+        .map_err(|source| {
+            Error::Proto(lode_proto::Error::Encode {
+                what: "GraphDef",
+                source,
+            })
+        })
+    }
+}
+
+#[derive(Debug)]
+pub struct StageOut<'a> {
+    pub graph: OutGraph<'a>,
     /// Original nodes in this stage's graph and in no other graph.
     pub nodes: Vec<NodeId>,
     pub send_node: String,
@@ -57,10 +94,10 @@ pub struct StageOut {
 }
 
 #[derive(Debug)]
-pub struct Rewritten {
-    pub training: GraphDef,
+pub struct Rewritten<'a> {
+    pub training: OutGraph<'a>,
     pub training_recv: Vec<RecvSpec>,
-    pub stages: Vec<StageOut>,
+    pub stages: Vec<StageOut<'a>>,
     /// Shared nodes that landed in more than one graph.
     pub copied: Vec<NodeId>,
     /// Training-graph names kept as stand-ins: (name, what it became).
@@ -77,7 +114,104 @@ enum Home {
     Training,
 }
 
-pub fn rewrite(graph: &Graph, part: &Partition, reader: Option<(&str, &str)>) -> Rewritten {
+fn recv_name(s: usize) -> String {
+    format!("{LODE_SCOPE}/DWRecv_stage_{s}")
+}
+
+fn send_name(s: usize) -> String {
+    format!("{LODE_SCOPE}/DWSend_stage_{s}")
+}
+
+struct Ctx<'g, 'a> {
+    graph: &'g Graph<'a>,
+    part: &'g Partition,
+    send_index: Vec<FxHashMap<Tensor, usize>>,
+    source: Option<SourcePlan>,
+}
+
+impl<'a> Ctx<'_, 'a> {
+    fn stub_kind(&self, id: NodeId) -> Option<&'static str> {
+        let op = self.graph.node(id).op;
+        if self.part.table_inits.contains(&id) || op == "MakeIterator" {
+            Some("NoOp")
+        } else if op.starts_with("IteratorGetNext") {
+            Some("IdentityN")
+        } else {
+            None
+        }
+    }
+
+    /// One original node as it goes into `home`: its own bytes when nothing changes; else a
+    /// NodeDef with inputs from other stages rewired to DWRecv outputs.
+    fn place_node(
+        &self,
+        id: NodeId,
+        home: Home,
+        needed: &mut BTreeSet<usize>,
+    ) -> Result<OutNode<'a>> {
+        let graph = self.graph;
+        let view = graph.node(id);
+        let foreign = |src: NodeId| match self.part.place[src] {
+            Place::Stage(s) if Home::Stage(s) != home => Some(s),
+            _ => None,
+        };
+        let source_input = self.source.as_ref().and_then(|p| p.rewire.get(&id));
+        let changes = source_input.is_some()
+            || graph.inputs[id].iter().any(|t| foreign(t.node).is_some())
+            || graph.controls[id].iter().any(|&c| foreign(c).is_some());
+        if !changes {
+            return Ok(OutNode::Raw(view.raw));
+        }
+        let mut inputs: Vec<String> = Vec::with_capacity(view.inputs.len());
+        let mut data = graph.inputs[id].iter();
+        let mut controls = BTreeSet::new();
+        for (k, raw) in view.inputs.iter().enumerate() {
+            if raw.starts_with('^') {
+                continue;
+            }
+            let Some(&t) = data.next() else { break };
+            if k == 0 {
+                if let Some(input) = source_input {
+                    inputs.push(input.clone());
+                    continue;
+                }
+            }
+            match foreign(t.node) {
+                Some(s) => {
+                    needed.insert(s);
+                    let index = self.send_index[s].get(&t).copied().unwrap_or_default();
+                    inputs.push(format!("{}:{index}", recv_name(s)));
+                }
+                None => inputs.push((*raw).to_owned()),
+            }
+        }
+        for &c in &graph.controls[id] {
+            let name = match foreign(c) {
+                Some(_) if home == Home::Training && self.stub_kind(c).is_some() => {
+                    graph.node(c).name.to_owned()
+                }
+                Some(s) => {
+                    needed.insert(s);
+                    recv_name(s)
+                }
+                None => graph.node(c).name.to_owned(),
+            };
+            if controls.insert(name.clone()) {
+                inputs.push(format!("^{name}"));
+            }
+        }
+        let bytes = view::with_inputs(view.raw, &inputs).map_err(|e| Error::InvalidGraph {
+            reason: format!("node '{}': {e}", view.name),
+        })?;
+        Ok(OutNode::Encoded(bytes))
+    }
+}
+
+pub fn rewrite<'a>(
+    graph: &Graph<'a>,
+    part: &Partition,
+    source: Option<SourcePlan>,
+) -> Result<Rewritten<'a>> {
     let n = graph.len();
     let stages = part.stage_count();
     let home_of = |id: NodeId| match part.place[id] {
@@ -85,46 +219,41 @@ pub fn rewrite(graph: &Graph, part: &Partition, reader: Option<(&str, &str)>) ->
         Place::Training => Some(Home::Training),
         Place::Shared => None,
     };
-    let stub_kind = |id: NodeId| -> Option<&'static str> {
-        let op = graph.node(id).op.as_str();
-        if part.table_inits.contains(&id) || op == "MakeIterator" {
-            Some("NoOp")
-        } else if op.starts_with("IteratorGetNext") {
-            Some("IdentityN")
-        } else {
-            None
-        }
+    let mut ctx = Ctx {
+        graph,
+        part,
+        send_index: Vec::new(),
+        source,
     };
+    let removed: HashSet<NodeId> = ctx
+        .source
+        .as_ref()
+        .map(|p| p.removed.clone())
+        .unwrap_or_default();
 
-    // Crossing tensors per producing stage, and which consumer homes read them.
+    // Crossing tensors per producing stage.
     let mut crossing: Vec<BTreeSet<Tensor>> = vec![BTreeSet::new(); stages];
-    let mut readers: Vec<BTreeSet<Home>> = vec![BTreeSet::new(); stages];
-    let mut control_readers: Vec<BTreeSet<Home>> = vec![BTreeSet::new(); stages];
+    let mut control_readers: Vec<bool> = vec![false; stages];
     for consumer in 0..n {
         let Some(home) = home_of(consumer) else {
             continue;
         };
-        if home == Home::Training && stub_kind(consumer).is_some() && !part.is_stage(consumer) {
-            // Stubs of shared initializers read nothing.
-            continue;
-        }
         for &t in &graph.inputs[consumer] {
             if let Place::Stage(s) = part.place[t.node] {
                 if Home::Stage(s) != home {
                     crossing[s].insert(t);
-                    readers[s].insert(home);
                 }
             }
         }
         for &c in &graph.controls[consumer] {
             if let Place::Stage(s) = part.place[c] {
-                if Home::Stage(s) != home && stub_kind(c).is_none() {
-                    control_readers[s].insert(home);
+                if Home::Stage(s) != home && ctx.stub_kind(c).is_none() {
+                    control_readers[s] = true;
                 }
             }
         }
     }
-    // IteratorGetNext stand-ins in training read every plain output of the real one.
+    // IteratorGetNext stand-ins in training read every output of the real one when all are plain.
     let mut get_next_identity: HashSet<NodeId> = HashSet::new();
     for id in 0..n {
         if let Place::Stage(s) = part.place[id] {
@@ -137,7 +266,6 @@ pub fn rewrite(graph: &Graph, part: &Partition, reader: Option<(&str, &str)>) ->
                     let output = u32::try_from(output).unwrap_or(u32::MAX);
                     crossing[s].insert(Tensor { node: id, output });
                 }
-                readers[s].insert(Home::Training);
             }
         }
     }
@@ -149,118 +277,89 @@ pub fn rewrite(graph: &Graph, part: &Partition, reader: Option<(&str, &str)>) ->
             v
         })
         .collect();
-    let send_index: Vec<HashMap<Tensor, usize>> = sends
+    ctx.send_index = sends
         .iter()
         .map(|v| v.iter().enumerate().map(|(i, &t)| (t, i)).collect())
         .collect();
-    let recv_name = |s: usize| format!("{LODE_SCOPE}/DWRecv_stage_{s}");
-    let send_name = |s: usize| format!("{LODE_SCOPE}/DWSend_stage_{s}");
 
-    // Rewrites one original node for `home`: inputs from other stages go through DWRecv.
-    let remap = |id: NodeId, home: Home, needed_recv: &mut BTreeSet<usize>| -> NodeDef {
-        let original = graph.node(id);
-        let mut node = original.clone();
-        node.input.clear();
-        for &t in &graph.inputs[id] {
-            match part.place[t.node] {
-                Place::Stage(s) if Home::Stage(s) != home => {
-                    needed_recv.insert(s);
-                    let k = send_index[s].get(&t).copied().unwrap_or_default();
-                    node.input.push(format!("{}:{k}", recv_name(s)));
+    // The shared nodes a graph needs: ancestors of its members (never through a stubbed
+    // initializer in training); a stage also takes the initializers of the tables it holds.
+    let shared_for = |home: Home, members: &[NodeId]| -> BTreeSet<NodeId> {
+        let member_set: FxHashSet<NodeId> = members.iter().copied().collect();
+        let mut shared: BTreeSet<NodeId> = BTreeSet::new();
+        let mut stack: Vec<NodeId> = members.to_vec();
+        let push_sources = |id: NodeId, shared: &mut BTreeSet<NodeId>, stack: &mut Vec<NodeId>| {
+            let sources = graph.inputs[id]
+                .iter()
+                .map(|t| t.node)
+                .chain(graph.controls[id].iter().copied());
+            for s in sources {
+                if part.place[s] == Place::Shared
+                    && !removed.contains(&s)
+                    && !(home == Home::Training && part.table_inits.contains(&s))
+                    && shared.insert(s)
+                {
+                    stack.push(s);
                 }
-                _ => node.input.push(graph.tensor_name(t)),
             }
+        };
+        while let Some(id) = stack.pop() {
+            if removed.contains(&id) {
+                continue;
+            }
+            if home == Home::Training && ctx.stub_kind(id).is_some() && !member_set.contains(&id) {
+                continue;
+            }
+            push_sources(id, &mut shared, &mut stack);
         }
-        let mut controls = BTreeSet::new();
-        for &c in &graph.controls[id] {
-            let name = match part.place[c] {
-                Place::Stage(s) if Home::Stage(s) != home => {
-                    if home == Home::Training && stub_kind(c).is_some() {
-                        graph.node(c).name.clone()
-                    } else {
-                        needed_recv.insert(s);
-                        recv_name(s)
-                    }
-                }
-                _ => graph.node(c).name.clone(),
-            };
-            if controls.insert(name.clone()) {
-                node.input.push(format!("^{name}"));
-            }
-        }
-        node
-    };
-
-    let mut copied_into: HashMap<NodeId, usize> = HashMap::new();
-    let mut build =
-        |home: Home, members: &[NodeId]| -> (Vec<NodeDef>, BTreeSet<usize>, Vec<NodeId>) {
-            let member_set: HashSet<NodeId> = members.iter().copied().collect();
-            // Shared ancestors this graph needs (never through a stubbed initializer in training).
-            let mut shared: BTreeSet<NodeId> = BTreeSet::new();
-            let mut stack: Vec<NodeId> = members.to_vec();
-            while let Some(id) = stack.pop() {
-                if home == Home::Training && stub_kind(id).is_some() && !member_set.contains(&id) {
-                    continue;
-                }
-                let sources = graph.inputs[id]
-                    .iter()
-                    .map(|t| t.node)
-                    .chain(graph.controls[id].iter().copied());
-                for s in sources {
-                    if part.place[s] == Place::Shared
-                        && !(home == Home::Training && part.table_inits.contains(&s))
-                        && shared.insert(s)
-                    {
-                        stack.push(s);
-                    }
-                }
-            }
-            // Tables used by a stage come with their initializers.
-            if let Home::Stage(_) = home {
-                let mut added = true;
-                while added {
-                    added = false;
-                    for &init in &part.table_inits {
-                        let table = graph.inputs[init].first().map(|t| t.node);
-                        if table.is_some_and(|t| shared.contains(&t)) && shared.insert(init) {
-                            added = true;
-                            let mut stack = vec![init];
-                            while let Some(id) = stack.pop() {
-                                for s in graph.inputs[id]
-                                    .iter()
-                                    .map(|t| t.node)
-                                    .chain(graph.controls[id].iter().copied())
-                                {
-                                    if part.place[s] == Place::Shared && shared.insert(s) {
-                                        stack.push(s);
-                                    }
-                                }
-                            }
+        if let Home::Stage(_) = home {
+            let mut added = true;
+            while added {
+                added = false;
+                for &init in &part.table_inits {
+                    let table = graph.inputs[init].first().map(|t| t.node);
+                    if table.is_some_and(|t| shared.contains(&t)) && shared.insert(init) {
+                        added = true;
+                        let mut stack = vec![init];
+                        while let Some(id) = stack.pop() {
+                            push_sources(id, &mut shared, &mut stack);
                         }
                     }
                 }
             }
-            for &s in &shared {
-                *copied_into.entry(s).or_insert(0) += 1;
-            }
-            let mut all: Vec<NodeId> = members
-                .iter()
-                .copied()
-                .chain(shared.iter().copied())
-                .collect();
-            all.sort_unstable();
-            let mut needed = BTreeSet::new();
-            let nodes = all.iter().map(|&id| remap(id, home, &mut needed)).collect();
-            (nodes, needed, all)
-        };
+        }
+        shared
+    };
 
+    let mut copied_into: FxHashMap<NodeId, usize> = FxHashMap::default();
     let mut stage_outs: Vec<StageOut> = Vec::new();
+    let mut dropped = 0;
     for s in 0..stages {
         let members: Vec<NodeId> = (0..n)
-            .filter(|&i| part.place[i] == Place::Stage(s))
+            .filter(|&i| part.place[i] == Place::Stage(s) && !removed.contains(&i))
             .collect();
-        let (mut nodes, needed, all) = build(Home::Stage(s), &members);
-        let recv = add_recvs(&mut nodes, &needed, &sends, graph, &recv_name);
+        let shared = shared_for(Home::Stage(s), &members);
+        for &id in &shared {
+            *copied_into.entry(id).or_insert(0) += 1;
+        }
+        let mut all: Vec<NodeId> = members
+            .iter()
+            .copied()
+            .chain(shared.iter().copied())
+            .collect();
+        all.sort_unstable();
+        let mut needed = BTreeSet::new();
+        let mut out = Vec::with_capacity(all.len() + 3);
+        let mut names = Vec::with_capacity(all.len() + 3);
+        for &id in &all {
+            out.push(ctx.place_node(id, Home::Stage(s), &mut needed)?);
+            names.push(Cow::Borrowed(graph.node(id).name));
+        }
+        if let Some(plan) = ctx.source.as_ref().filter(|p| p.stage == s) {
+            names.push(Cow::Owned(plan.node.name.clone()));
+            out.push(OutNode::Owned(plan.node.clone()));
+        }
+        let recv = add_recvs(&mut out, &mut names, &needed, &sends, graph);
         let crossings: Vec<Crossing> = sends[s]
             .iter()
             .map(|&t| Crossing {
@@ -269,43 +368,75 @@ pub fn rewrite(graph: &Graph, part: &Partition, reader: Option<(&str, &str)>) ->
                 shape: output_shape(graph, t),
             })
             .collect();
-        if !crossings.is_empty() || !control_readers[s].is_empty() {
-            nodes.push(send_node(&send_name(s), s, &crossings, graph));
+        if !crossings.is_empty() || control_readers[s] {
+            names.push(Cow::Owned(send_name(s)));
+            out.push(OutNode::Owned(send_node(
+                &send_name(s),
+                s,
+                &crossings,
+                graph,
+            )));
         }
-        let mut stage_graph = GraphDef::new();
-        stage_graph.node = nodes;
-        let _ = members;
+        let library = library_for(graph, &all);
+        let mut g = OutGraph {
+            names,
+            nodes: out,
+            library,
+        };
+        dropped += strip_colocations(graph, &mut g, &all)?;
+        let mut listed = all;
+        if let Some(plan) = ctx.source.as_ref().filter(|p| p.stage == s) {
+            listed.extend(plan.removed.iter().copied());
+            listed.sort_unstable();
+        }
         stage_outs.push(StageOut {
-            graph: stage_graph,
-            nodes: all,
+            graph: g,
+            nodes: listed,
             send_node: send_name(s),
             sends: crossings,
             recv,
         });
     }
 
+    // The training graph.
     let members: Vec<NodeId> = (0..n)
         .filter(|&i| part.place[i] == Place::Training)
         .collect();
-    let (mut nodes, mut needed, mut all) = build(Home::Training, &members);
-    // Stand-ins for data-side names the program runs or fetches, and for control targets.
-    let mut stubs = Vec::new();
+    let shared = shared_for(Home::Training, &members);
+    for &id in &shared {
+        *copied_into.entry(id).or_insert(0) += 1;
+    }
+    let mut all: Vec<NodeId> = members
+        .iter()
+        .copied()
+        .chain(shared.iter().copied())
+        .collect();
+    all.sort_unstable();
+    let mut needed = BTreeSet::new();
+    let mut out = Vec::with_capacity(all.len() + 8);
+    let mut names = Vec::with_capacity(all.len() + 8);
+    for &id in &all {
+        out.push(ctx.place_node(id, Home::Training, &mut needed)?);
+        names.push(Cow::Borrowed(graph.node(id).name));
+    }
     let referenced: BTreeSet<NodeId> = members
         .iter()
         .flat_map(|&id| graph.controls[id].iter().copied())
-        .filter(|&c| part.place[c] != Place::Training && stub_kind(c).is_some())
+        .filter(|&c| part.place[c] != Place::Training && ctx.stub_kind(c).is_some())
         .collect();
+    let mut stubs = Vec::new();
     for id in 0..n {
         if part.place[id] == Place::Training {
             continue;
         }
-        let Some(kind) = stub_kind(id) else { continue };
+        let Some(kind) = ctx.stub_kind(id) else {
+            continue;
+        };
         let original = graph.node(id);
         let mut node = NodeDef::new();
-        node.name = original.name.clone();
-        node.device = original.device.clone();
-        let is_identity = kind == "IdentityN" && get_next_identity.contains(&id);
-        if is_identity {
+        node.name = original.name.to_owned();
+        node.device = original.device.to_owned();
+        if kind == "IdentityN" && get_next_identity.contains(&id) {
             let Place::Stage(s) = part.place[id] else {
                 continue;
             };
@@ -313,7 +444,7 @@ pub fn rewrite(graph: &Graph, part: &Partition, reader: Option<(&str, &str)>) ->
             let mut types = Vec::new();
             for (output, &t) in graph.out_types[id].iter().enumerate() {
                 let output = u32::try_from(output).unwrap_or(u32::MAX);
-                let k = send_index[s]
+                let k = ctx.send_index[s]
                     .get(&Tensor { node: id, output })
                     .copied()
                     .unwrap_or_default();
@@ -329,25 +460,18 @@ pub fn rewrite(graph: &Graph, part: &Partition, reader: Option<(&str, &str)>) ->
         } else {
             continue;
         }
-        all.push(id);
-        nodes.push(node);
+        names.push(Cow::Owned(node.name.clone()));
+        out.push(OutNode::Owned(node));
     }
-    let training_recv = add_recvs(&mut nodes, &needed, &sends, graph, &recv_name);
-    all.sort_unstable();
-    let mut dropped = 0;
-    let training = finish_counting(graph, nodes, &mut dropped);
-    let mut source_rewrite = None;
-    for stage in &mut stage_outs {
-        let mut nodes = std::mem::take(&mut stage.graph.node);
-        if let Some((reader, compression)) = reader {
-            if source_rewrite.is_none() {
-                source_rewrite =
-                    crate::source_rewrite::index_fed_source(&mut nodes, reader, compression);
-            }
-        }
-        let g = finish_counting(graph, nodes, &mut dropped);
-        stage.graph = g;
-    }
+    let training_recv = add_recvs(&mut out, &mut names, &needed, &sends, graph);
+    let library = library_for(graph, &all);
+    let mut training = OutGraph {
+        names,
+        nodes: out,
+        library,
+    };
+    dropped += strip_colocations(graph, &mut training, &all)?;
+
     let mut copied: Vec<NodeId> = copied_into
         .into_iter()
         .filter(|&(_, count)| count > 1)
@@ -359,7 +483,19 @@ pub fn rewrite(graph: &Graph, part: &Partition, reader: Option<(&str, &str)>) ->
     for stage in &mut stage_outs {
         stage.nodes.retain(|id| !copied_set.contains(id));
     }
-    Rewritten {
+    let source_rewrite = ctx.source.map(|p| crate::source_rewrite::SourceRewrite {
+        node: p.node.name.clone(),
+        removed: {
+            let mut names: Vec<String> = p
+                .removed
+                .iter()
+                .map(|&id| graph.node(id).name.to_owned())
+                .collect();
+            names.sort();
+            names
+        },
+    });
+    Ok(Rewritten {
         training,
         training_recv,
         stages: stage_outs,
@@ -367,15 +503,15 @@ pub fn rewrite(graph: &Graph, part: &Partition, reader: Option<(&str, &str)>) ->
         stubs,
         dropped_colocations: dropped,
         source_rewrite,
-    }
+    })
 }
 
-fn add_recvs(
-    nodes: &mut Vec<NodeDef>,
+fn add_recvs<'a>(
+    nodes: &mut Vec<OutNode<'a>>,
+    names: &mut Vec<Cow<'a, str>>,
     needed: &BTreeSet<usize>,
     sends: &[Vec<Tensor>],
     graph: &Graph,
-    recv_name: &dyn Fn(usize) -> String,
 ) -> Vec<RecvSpec> {
     let mut specs = Vec::new();
     for &s in needed {
@@ -392,7 +528,8 @@ fn add_recvs(
             list_shapes(sends[s].iter().map(|&t| output_shape(graph, t))),
         );
         node.attr.insert("from_stage".into(), int_attr(s));
-        nodes.push(node);
+        names.push(Cow::Owned(node.name.clone()));
+        nodes.push(OutNode::Owned(node));
         specs.push(RecvSpec {
             node: recv_name(s),
             from_stage: s,
@@ -459,72 +596,110 @@ pub fn output_shape(graph: &Graph, t: Tensor) -> Option<TensorShapeProto> {
     let node = graph.node(t.node);
     let index = usize::try_from(t.output).ok()?;
     for attr in ["_output_shapes", "output_shapes"] {
-        if let Some(AttrValue {
-            value: Some(attr_value::Value::List(list)),
-            ..
-        }) = node.attr.get(attr)
-        {
-            if let Some(shape) = list.shape.get(index) {
-                return Some(shape.clone());
+        if let Some(bytes) = node.attr(attr) {
+            if let Ok(AttrValue {
+                value: Some(attr_value::Value::List(list)),
+                ..
+            }) = view::decode_attr(bytes)
+            {
+                if let Some(shape) = list.shape.get(index) {
+                    return Some(shape.clone());
+                }
             }
         }
     }
     None
 }
 
-/// Completes a graph: versions, the library functions its nodes need, and colocation
-/// constraints restricted to nodes present in it.
-fn finish_counting(graph: &Graph, nodes: Vec<NodeDef>, dropped: &mut usize) -> GraphDef {
-    let mut def = GraphDef::new();
-    let names: HashSet<String> = nodes.iter().map(|n| n.name.clone()).collect();
-    def.node = nodes;
-    for node in &mut def.node {
+/// Drops colocation constraints (`_class: loc:@x`) whose target is not in the graph; returns
+/// how many were dropped.
+fn strip_colocations(graph: &Graph, out: &mut OutGraph, originals: &[NodeId]) -> Result<usize> {
+    let present: HashSet<&str> = out.names.iter().map(|n| n.as_ref()).collect();
+    let mut fixes: Vec<(usize, NodeDef, usize)> = Vec::new();
+    // `originals` are the first entries of `out.nodes`, in order.
+    for (pos, &id) in originals.iter().enumerate() {
+        let Some(bytes) = graph.node(id).attr("_class") else {
+            continue;
+        };
+        let targets = view::attr::strings(bytes);
+        let missing = targets
+            .iter()
+            .filter(|s| {
+                std::str::from_utf8(s)
+                    .ok()
+                    .and_then(|s| s.strip_prefix("loc:@"))
+                    .is_some_and(|t| !present.contains(t))
+            })
+            .count();
+        if missing == 0 {
+            continue;
+        }
+        let decoded = match &out.nodes[pos] {
+            OutNode::Owned(n) => Ok(n.clone()),
+            OutNode::Encoded(bytes) => lode_proto::io::decode_binary(bytes),
+            OutNode::Raw(_) => graph.node(id).to_node_def(),
+        };
+        let mut node = decoded.map_err(|source| {
+            Error::Proto(lode_proto::Error::Decode {
+                path: Default::default(),
+                what: "NodeDef",
+                source,
+            })
+        })?;
         if let Some(AttrValue {
             value: Some(attr_value::Value::List(list)),
             ..
         }) = node.attr.get_mut("_class")
         {
-            let before = list.s.len();
             list.s.retain(|s| {
                 std::str::from_utf8(s)
                     .ok()
                     .and_then(|s| s.strip_prefix("loc:@"))
-                    .is_none_or(|target| names.contains(target))
+                    .is_none_or(|t| present.contains(t))
             });
-            *dropped += before - list.s.len();
             if list.s.is_empty() {
                 node.attr.remove("_class");
             }
         }
+        fixes.push((pos, node, missing));
     }
-    def.versions = graph.def.versions.clone();
-    def.library = library_for(graph, &def.node);
-    def
+    let mut dropped = 0;
+    for (pos, node, missing) in fixes {
+        out.nodes[pos] = OutNode::Owned(node);
+        dropped += missing;
+    }
+    Ok(dropped)
 }
 
-/// The functions `nodes` use, transitively, with their gradients.
-fn library_for(graph: &Graph, nodes: &[NodeDef]) -> MessageField<FunctionDefLibrary> {
+/// The functions the original nodes `ids` use, transitively, with their gradients.
+fn library_for(graph: &Graph, ids: &[NodeId]) -> Option<FunctionDefLibrary> {
     use lode_proto::attr::NodeAttrs;
-    let mut wanted: BTreeSet<String> = BTreeSet::new();
+    let original = graph.def.library.as_ref()?;
     let mut stack: Vec<String> = Vec::new();
-    let visit = |node: &NodeDef, stack: &mut Vec<String>| {
-        for (_, f) in node.referenced_functions() {
-            stack.push(f.to_owned());
+    for &id in ids {
+        let node = graph.node(id);
+        for (_, bytes) in &node.attrs {
+            stack.extend(view::attr::functions(bytes).into_iter().map(str::to_owned));
         }
-        if graph.library.contains_key(node.op.as_str()) {
-            stack.push(node.op.clone());
+        if graph.library.contains_key(node.op) {
+            stack.push(node.op.to_owned());
         }
-    };
-    for node in nodes {
-        visit(node, &mut stack);
     }
+    let mut wanted: BTreeSet<String> = BTreeSet::new();
     while let Some(name) = stack.pop() {
         if !wanted.insert(name.clone()) {
             continue;
         }
         if let Some(f) = graph.library.get(name.as_str()) {
             for node in &f.node_def {
-                visit(node, &mut stack);
+                stack.extend(
+                    node.referenced_functions()
+                        .into_iter()
+                        .map(|(_, f)| f.to_owned()),
+                );
+                if graph.library.contains_key(node.op.as_str()) {
+                    stack.push(node.op.clone());
+                }
             }
             for value in f.attr.values() {
                 if let Some(attr_value::Value::Func(func)) = &value.value {
@@ -533,11 +708,8 @@ fn library_for(graph: &Graph, nodes: &[NodeDef]) -> MessageField<FunctionDefLibr
             }
         }
     }
-    let Some(original) = graph.def.library.as_ref() else {
-        return MessageField::none();
-    };
     if wanted.is_empty() {
-        return MessageField::none();
+        return None;
     }
     let mut lib = FunctionDefLibrary::new();
     lib.function = original
@@ -557,7 +729,7 @@ fn library_for(graph: &Graph, nodes: &[NodeDef]) -> MessageField<FunctionDefLibr
         .cloned()
         .collect();
     lib.registered_gradients = original.registered_gradients.clone();
-    MessageField::some(lib)
+    Some(lib)
 }
 
 /// Bytes per step of a crossing tensor when its shape and dtype are fully known.
@@ -574,12 +746,12 @@ pub fn static_bytes(c: &Crossing) -> Option<u64> {
     Some(total)
 }
 
-/// Stage index → original node names, for reports.
+/// Original node names of a stage, for reports.
 pub fn stage_names(graph: &Graph, stage: &StageOut) -> Vec<String> {
     stage
         .nodes
         .iter()
-        .map(|&i| graph.node(i).name.clone())
+        .map(|&i| graph.node(i).name.to_owned())
         .collect()
 }
 
@@ -587,7 +759,7 @@ pub fn stage_names(graph: &Graph, stage: &StageOut) -> Vec<String> {
 pub fn op_histogram(graph: &Graph, nodes: &[NodeId]) -> BTreeMap<String, usize> {
     let mut h = BTreeMap::new();
     for &i in nodes {
-        *h.entry(graph.node(i).op.clone()).or_insert(0) += 1;
+        *h.entry(graph.node(i).op.to_owned()).or_insert(0) += 1;
     }
     h
 }

@@ -42,8 +42,7 @@ pub fn describe(graph: &Graph) -> Option<Source> {
     let mut chain = Vec::new();
     let mut current = graph.inputs[make].first().map(|t| t.node);
     while let Some(id) = current {
-        let node = graph.node(id);
-        if !node.op.contains("Dataset") {
+        if !graph.node(id).op.contains("Dataset") {
             break;
         }
         chain.push(id);
@@ -56,7 +55,9 @@ pub fn describe(graph: &Graph) -> Option<Source> {
     };
     let mut mapped = false;
     for &id in &chain {
-        let node = graph.node(id);
+        let Ok(node) = graph.node(id).to_node_def() else {
+            continue;
+        };
         let arg = |k: usize| {
             graph.inputs[id]
                 .get(k)
@@ -66,23 +67,23 @@ pub fn describe(graph: &Graph) -> Option<Source> {
         match node.op.as_str() {
             "TFRecordDataset" | "TFRecordDatasetV2" => {
                 source.reader = "tfrecord".into();
-                source.files = arg(0).map(strings).unwrap_or_default();
+                source.files = arg(0).map(|t| strings(&t)).unwrap_or_default();
                 source.compression = arg(1)
-                    .map(strings)
+                    .map(|t| strings(&t))
                     .and_then(|s| s.into_iter().next())
                     .unwrap_or_default();
             }
             "TextLineDataset" | "TextLineDatasetV2" => {
                 source.reader = "text_lines".into();
-                source.files = arg(0).map(strings).unwrap_or_default();
+                source.files = arg(0).map(|t| strings(&t)).unwrap_or_default();
                 source.compression = arg(1)
-                    .map(strings)
+                    .map(|t| strings(&t))
                     .and_then(|s| s.into_iter().next())
                     .unwrap_or_default();
             }
             "TensorSliceDataset" => {
                 source.reader = "tensor_slices".into();
-                source.files = arg(0).map(strings).unwrap_or_default();
+                source.files = arg(0).map(|t| strings(&t)).unwrap_or_default();
             }
             "FlatMapDataset" | "InterleaveDataset" | "ParallelInterleaveDatasetV4" => {
                 if let Ok(f) = node.attr_func("f") {
@@ -94,18 +95,20 @@ pub fn describe(graph: &Graph) -> Option<Source> {
                     }
                 }
             }
-            "SkipDataset" => source.skip = arg(1).and_then(first_int),
-            "TakeDataset" => source.take = arg(1).and_then(first_int),
-            "RepeatDataset" => source.repeat = arg(1).and_then(first_int),
+            "SkipDataset" => source.skip = arg(1).and_then(|t| first_int(&t)),
+            "TakeDataset" => source.take = arg(1).and_then(|t| first_int(&t)),
+            "RepeatDataset" => source.repeat = arg(1).and_then(|t| first_int(&t)),
             "ShuffleDataset"
             | "ShuffleDatasetV2"
             | "ShuffleDatasetV3"
             | "ShuffleAndRepeatDatasetV2" => {
-                source.shuffle_buffer = arg(1).and_then(first_int);
-                source.shuffle_seed = arg(2).and_then(first_int).zip(arg(3).and_then(first_int));
+                source.shuffle_buffer = arg(1).and_then(|t| first_int(&t));
+                source.shuffle_seed = arg(2)
+                    .and_then(|t| first_int(&t))
+                    .zip(arg(3).and_then(|t| first_int(&t)));
             }
             "BatchDataset" | "BatchDatasetV2" | "PaddedBatchDatasetV2" => {
-                source.batch_size = arg(1).and_then(first_int);
+                source.batch_size = arg(1).and_then(|t| first_int(&t));
                 source.drop_remainder = node
                     .op
                     .ends_with("V2")
@@ -151,11 +154,11 @@ fn reader_in(body: &FunctionDef) -> Option<(String, String)> {
 }
 
 /// The constant a node holds, looking through Identity and Reshape.
-fn const_tensor<'a>(graph: &Graph<'a>, mut id: usize) -> Option<&'a TensorProto> {
+fn const_tensor(graph: &Graph, mut id: usize) -> Option<TensorProto> {
     for _ in 0..8 {
         let node = graph.node(id);
-        match node.op.as_str() {
-            "Const" => return node.attr_tensor("value").ok(),
+        match node.op {
+            "Const" => return node.to_node_def().ok()?.attr_tensor("value").ok().cloned(),
             "Identity" | "Reshape" => id = graph.inputs[id].first()?.node,
             _ => return None,
         }

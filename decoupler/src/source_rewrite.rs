@@ -13,6 +13,8 @@ use std::collections::{HashMap, HashSet};
 use lode_proto::tf::attr_value::AttrValue;
 use lode_proto::tf::node_def::NodeDef;
 
+use crate::graph::{Graph, NodeId};
+use crate::partition::{Partition, Place};
 use crate::rewrite::LODE_SCOPE;
 
 /// Ops the dispatcher's index batches stand for.
@@ -48,112 +50,110 @@ pub struct SourceRewrite {
     pub removed: Vec<String>,
 }
 
-fn base(input: &str) -> &str {
-    input
-        .trim_start_matches('^')
-        .split(':')
-        .next()
-        .unwrap_or(input)
+/// How the stage that holds `MakeIterator` changes.
+#[derive(Debug, Clone)]
+pub struct SourcePlan {
+    pub stage: usize,
+    /// The `DWSource` node to add.
+    pub node: NodeDef,
+    /// Original nodes that leave the stage graph.
+    pub removed: HashSet<NodeId>,
+    /// New first input of the chain ops (and MakeIterator) whose upstream was removed.
+    pub rewire: HashMap<NodeId, String>,
 }
 
-/// Rewrites `nodes` in place when they hold a `MakeIterator` and its dataset chain.
-pub fn index_fed_source(
-    nodes: &mut Vec<NodeDef>,
+/// Plans the replacement for the graph's first `MakeIterator`, when it sits in a stage.
+pub fn plan(
+    graph: &Graph,
+    part: &Partition,
     reader: &str,
     compression: &str,
-) -> Option<SourceRewrite> {
-    let by_name: HashMap<String, usize> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (n.name.clone(), i))
-        .collect();
-    let make = nodes.iter().position(|n| n.op == "MakeIterator")?;
-    // The chain, from the iterator back to the source.
+) -> Option<SourcePlan> {
+    let make = (0..graph.len()).find(|&i| graph.node(i).op == "MakeIterator")?;
+    let Place::Stage(stage) = part.place[make] else {
+        return None;
+    };
     let mut chain = Vec::new();
-    let mut current = nodes[make].input.first().map(|i| base(i).to_owned());
-    while let Some(name) = current {
-        let &id = by_name.get(&name)?;
-        if !nodes[id].op.contains("Dataset") {
+    let mut current = graph.inputs[make].first().map(|t| t.node);
+    while let Some(id) = current {
+        if !graph.node(id).op.contains("Dataset") {
             break;
         }
         chain.push(id);
-        current = nodes[id].input.first().map(|i| base(i).to_owned());
+        current = graph.inputs[id].first().map(|t| t.node);
     }
     chain.reverse(); // source first
     let last_reader = chain
         .iter()
-        .rposition(|&id| READER_OPS.contains(&nodes[id].op.as_str()))?;
-    let mut removed: HashSet<usize> = chain[..=last_reader].iter().copied().collect();
+        .rposition(|&id| READER_OPS.contains(&graph.node(id).op))?;
+    let mut removed: HashSet<NodeId> = chain[..=last_reader].iter().copied().collect();
     removed.extend(
         chain
             .iter()
             .copied()
-            .filter(|&id| INDEX_OPS.contains(&nodes[id].op.as_str())),
+            .filter(|&id| INDEX_OPS.contains(&graph.node(id).op)),
     );
 
-    let record_node = &nodes[chain[last_reader]];
-    let mut source = NodeDef::new();
-    source.name = format!("{LODE_SCOPE}/DWSource");
-    source.op = "DWSource".into();
-    source.device = record_node.device.clone();
+    let record_node = graph.node(chain[last_reader]);
+    let mut node = NodeDef::new();
+    node.name = format!("{LODE_SCOPE}/DWSource");
+    node.op = "DWSource".into();
+    node.device = record_node.device.to_owned();
     for key in ["output_types", "output_shapes"] {
-        if let Some(v) = record_node.attr.get(key) {
-            source.attr.insert(key.into(), v.clone());
+        if let Some(bytes) = record_node.attr(key) {
+            if let Ok(value) = lode_proto::view::decode_attr(bytes) {
+                node.attr.insert(key.into(), value);
+            }
         }
     }
-    let mut text = |key: &str, value: &str| {
+    for (key, value) in [("reader", reader), ("compression", compression)] {
         let mut a = AttrValue::new();
         a.set_s(value.as_bytes().to_vec());
-        source.attr.insert(key.into(), a);
-    };
-    text("reader", reader);
-    text("compression", compression);
+        node.attr.insert(key.into(), a);
+    }
 
-    // Rewire each kept chain op (and MakeIterator) to the nearest kept op upstream.
-    let mut upstream = source.name.clone();
+    // Each kept chain op (and MakeIterator) reads the nearest kept op upstream.
+    let mut rewire = HashMap::new();
+    let mut upstream = node.name.clone();
+    let mut upstream_changed = true;
     for &id in &chain {
         if removed.contains(&id) {
+            upstream_changed = true;
             continue;
         }
-        if let Some(first) = nodes[id].input.first_mut() {
-            *first = upstream.clone();
+        if upstream_changed {
+            rewire.insert(id, upstream.clone());
         }
-        upstream = nodes[id].name.clone();
+        upstream = graph.node(id).name.to_owned();
+        upstream_changed = false;
     }
-    if let Some(first) = nodes[make].input.first_mut() {
-        *first = upstream;
+    if upstream_changed {
+        rewire.insert(make, upstream);
     }
 
-    // Drop the removed ops, then whatever only they used (their constants), transitively.
-    let mut dead: HashSet<String> = removed.iter().map(|&id| nodes[id].name.clone()).collect();
+    // Whatever fed only removed nodes goes too (file-name constants, counts), transitively.
     loop {
-        let mut used: HashSet<&str> = HashSet::new();
-        for n in nodes.iter().filter(|n| !dead.contains(&n.name)) {
-            used.extend(n.input.iter().map(|i| base(i)));
-        }
-        let more: Vec<String> = nodes
+        let more: Vec<NodeId> = removed
             .iter()
-            .filter(|n| !dead.contains(&n.name) && !used.contains(n.name.as_str()))
-            .filter(|n| {
-                // Only nodes that fed the removed ops, never a stage's real outputs.
-                matches!(n.op.as_str(), "Const" | "Identity" | "Reshape")
-                    && nodes.iter().any(|m| {
-                        dead.contains(&m.name) && m.input.iter().any(|i| base(i) == n.name)
-                    })
+            .flat_map(|&r| {
+                graph.inputs[r]
+                    .iter()
+                    .map(|t| t.node)
+                    .chain(graph.controls[r].iter().copied())
             })
-            .map(|n| n.name.clone())
+            .filter(|src| !removed.contains(src))
+            .filter(|&src| matches!(graph.node(src).op, "Const" | "Identity" | "Reshape"))
+            .filter(|&src| graph.consumers[src].iter().all(|c| removed.contains(c)))
             .collect();
         if more.is_empty() {
             break;
         }
-        dead.extend(more);
+        removed.extend(more);
     }
-    let mut removed_names: Vec<String> = dead.iter().cloned().collect();
-    removed_names.sort();
-    nodes.retain(|n| !dead.contains(&n.name));
-    nodes.push(source);
-    Some(SourceRewrite {
-        node: format!("{LODE_SCOPE}/DWSource"),
-        removed: removed_names,
+    Some(SourcePlan {
+        stage,
+        node,
+        removed,
+        rewire,
     })
 }

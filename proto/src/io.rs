@@ -156,6 +156,29 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<Model> {
     }
 }
 
+/// The binary GraphDef of a model, for work on large graphs through
+/// [`crate::view::GraphView`]: a binary GraphDef file is returned as read (no decoding), any
+/// other form is loaded and its selected GraphDef encoded.
+pub fn load_graph_bytes(path: &Path, options: &LoadOptions) -> Result<(PathBuf, Vec<u8>)> {
+    let is_file = fs::metadata(path)
+        .map_err(|source| Error::Io {
+            path: path.to_owned(),
+            source,
+        })?
+        .is_file();
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let is_meta = path.extension().is_some_and(|e| e == "meta");
+    if is_file && !is_meta && name != "saved_model.pb" && name != "saved_model.pbtxt" {
+        let bytes = read_model_file(path)?;
+        if as_text(&bytes).is_none() {
+            return Ok((path.to_owned(), bytes));
+        }
+    }
+    let model = load(path, options)?;
+    let bytes = encode_graph(&model.graph, GraphEncoding::Binary)?;
+    Ok((model.path, bytes))
+}
+
 fn load_saved_model(file: &Path, options: &LoadOptions) -> Result<Model> {
     let bytes = read_model_file(file)?;
     let textual = as_text(&bytes).is_some();

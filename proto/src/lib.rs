@@ -11,6 +11,8 @@
 //! - [`names`]: `node:idx` tensor names and `^node` control inputs.
 //! - [`attr`]: typed NodeDef attribute access whose errors name the node and op.
 //! - [`ops`]: TensorFlow's op registry (embedded) and dtype inference for node outputs.
+//! - [`view`]: a zero-copy GraphDef view for large graphs; unchanged nodes are written back
+//!   byte for byte.
 //!
 //! # Invariants
 //! - Binary → Lode → binary keeps every field, known or not; binary → text → binary keeps
@@ -24,6 +26,7 @@ pub mod io;
 pub mod names;
 pub mod ops;
 pub mod text;
+pub mod view;
 
 /// Generated rust-protobuf code; regenerate by building (see `build.rs`).
 #[allow(

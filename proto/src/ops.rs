@@ -6,8 +6,6 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use protobuf::EnumOrUnknown;
-
 use crate::error::{Error, Result};
 use crate::tf::attr_value::attr_value::Value;
 use crate::tf::function::FunctionDef;
@@ -54,22 +52,22 @@ impl OpRegistry {
 
     /// The dtypes of `node`'s outputs, in output order. Ops not in the registry are looked up
     /// as functions of `library` (a node whose op names a function calls it).
-    pub fn output_types(
+    pub fn output_types<N: AttrSource + ?Sized>(
         &self,
-        node: &NodeDef,
+        node: &N,
         library: &HashMap<&str, &FunctionDef>,
     ) -> Result<Vec<DataType>> {
-        let signature = match self.ops.get(&node.op) {
+        let signature = match self.ops.get(node.op_name()) {
             Some(op) => op,
             None => match library
-                .get(node.op.as_str())
+                .get(node.op_name())
                 .and_then(|f| f.signature.as_ref())
             {
                 Some(signature) => signature,
                 None => {
                     return Err(Error::UnknownOp {
-                        node: node.name.clone(),
-                        op: node.op.clone(),
+                        node: node.node_name().to_owned(),
+                        op: node.op_name().to_owned(),
                     })
                 }
             },
@@ -87,76 +85,137 @@ impl OpRegistry {
     }
 }
 
-fn attr_or_default<'a>(
-    node: &'a NodeDef,
-    op: &'a OpDef,
-    name: &str,
-) -> Result<&'a crate::tf::attr_value::AttrValue> {
-    if let Some(v) = node.attr.get(name) {
-        return Ok(v);
+/// What type inference needs of a node's attributes, whatever holds them.
+pub trait AttrSource {
+    fn node_name(&self) -> &str;
+    fn op_name(&self) -> &str;
+    /// None when the node has no such attribute; Err(number) for an unknown type number;
+    /// Some(Err(-1)) when the attribute holds something other than a type.
+    fn type_attr(&self, name: &str) -> Option<std::result::Result<DataType, i32>>;
+    fn int_attr(&self, name: &str) -> Option<Option<i64>>;
+    fn types_attr(&self, name: &str) -> Option<Option<Vec<std::result::Result<DataType, i32>>>>;
+}
+
+impl AttrSource for NodeDef {
+    fn node_name(&self) -> &str {
+        &self.name
     }
+    fn op_name(&self) -> &str {
+        &self.op
+    }
+    fn type_attr(&self, name: &str) -> Option<std::result::Result<DataType, i32>> {
+        Some(match &self.attr.get(name)?.value {
+            Some(Value::Type(t)) => t.enum_value(),
+            _ => Err(-1),
+        })
+    }
+    fn int_attr(&self, name: &str) -> Option<Option<i64>> {
+        Some(match &self.attr.get(name)?.value {
+            Some(Value::I(i)) => Some(*i),
+            _ => None,
+        })
+    }
+    fn types_attr(&self, name: &str) -> Option<Option<Vec<std::result::Result<DataType, i32>>>> {
+        Some(match &self.attr.get(name)?.value {
+            Some(Value::List(list)) => Some(list.type_.iter().map(|t| t.enum_value()).collect()),
+            _ => None,
+        })
+    }
+}
+
+impl AttrSource for crate::view::NodeView<'_> {
+    fn node_name(&self) -> &str {
+        self.name
+    }
+    fn op_name(&self) -> &str {
+        self.op
+    }
+    fn type_attr(&self, name: &str) -> Option<std::result::Result<DataType, i32>> {
+        let bytes = self.attr(name)?;
+        Some(crate::view::attr::type_(bytes).unwrap_or(Err(-1)))
+    }
+    fn int_attr(&self, name: &str) -> Option<Option<i64>> {
+        Some(crate::view::attr::int(self.attr(name)?))
+    }
+    fn types_attr(&self, name: &str) -> Option<Option<Vec<std::result::Result<DataType, i32>>>> {
+        Some(crate::view::attr::types(self.attr(name)?))
+    }
+}
+
+fn default_of<'a>(op: &'a OpDef, name: &str) -> Option<&'a crate::tf::attr_value::AttrValue> {
     op.attr
         .iter()
         .find(|a| a.name == name)
         .and_then(|a| a.default_value.as_ref())
-        .ok_or_else(|| Error::MissingAttr {
-            node: node.name.clone(),
-            op: node.op.clone(),
-            attr: name.to_owned(),
-        })
 }
 
-fn known(node: &NodeDef, attr: &str, t: EnumOrUnknown<DataType>) -> Result<DataType> {
-    t.enum_value().map_err(|_| Error::AttrType {
-        node: node.name.clone(),
-        op: node.op.clone(),
-        attr: attr.to_owned(),
-        expected: "a known type",
-        found: "an unknown type number",
-    })
-}
-
-fn arg_types(
-    node: &NodeDef,
+fn arg_types<N: AttrSource + ?Sized>(
+    node: &N,
     op: &OpDef,
     arg: &op_def::ArgDef,
     out: &mut Vec<DataType>,
 ) -> Result<()> {
+    let missing = |attr: &str| Error::MissingAttr {
+        node: node.node_name().to_owned(),
+        op: node.op_name().to_owned(),
+        attr: attr.to_owned(),
+    };
     let wrong = |attr: &str, expected: &'static str| Error::AttrType {
-        node: node.name.clone(),
-        op: node.op.clone(),
+        node: node.node_name().to_owned(),
+        op: node.op_name().to_owned(),
         attr: attr.to_owned(),
         expected,
         found: "something else",
     };
+    let known = |attr: &str, t: std::result::Result<DataType, i32>| {
+        t.map_err(|n| {
+            if n == -1 {
+                wrong(attr, "a type")
+            } else {
+                wrong(attr, "a known type")
+            }
+        })
+    };
     let mut types = Vec::new();
     if !arg.type_list_attr.is_empty() {
-        match &attr_or_default(node, op, &arg.type_list_attr)?.value {
-            Some(Value::List(list)) => {
-                for t in &list.type_ {
-                    types.push(known(node, &arg.type_list_attr, *t)?);
-                }
-            }
-            _ => return Err(wrong(&arg.type_list_attr, "a list of types")),
+        let name = arg.type_list_attr.as_str();
+        let list = match node.types_attr(name) {
+            Some(Some(list)) => list,
+            Some(None) => return Err(wrong(name, "a list of types")),
+            None => match default_of(op, name).map(|d| &d.value) {
+                Some(Some(Value::List(l))) => l.type_.iter().map(|t| t.enum_value()).collect(),
+                _ => return Err(missing(name)),
+            },
+        };
+        for t in list {
+            types.push(known(name, t)?);
         }
     } else {
         let single = if !arg.type_attr.is_empty() {
-            match &attr_or_default(node, op, &arg.type_attr)?.value {
-                Some(Value::Type(t)) => known(node, &arg.type_attr, *t)?,
-                _ => return Err(wrong(&arg.type_attr, "a type")),
+            let name = arg.type_attr.as_str();
+            match node.type_attr(name) {
+                Some(t) => known(name, t)?,
+                None => match default_of(op, name).map(|d| &d.value) {
+                    Some(Some(Value::Type(t))) => known(name, t.enum_value())?,
+                    _ => return Err(missing(name)),
+                },
             }
         } else {
-            known(node, &arg.name, arg.type_)?
+            known(&arg.name, arg.type_.enum_value())?
         };
         let count = if arg.number_attr.is_empty() {
             1
         } else {
-            match &attr_or_default(node, op, &arg.number_attr)?.value {
-                Some(Value::I(n)) => {
-                    usize::try_from(*n).map_err(|_| wrong(&arg.number_attr, "a count ≥ 0"))?
-                }
-                _ => return Err(wrong(&arg.number_attr, "an int")),
-            }
+            let name = arg.number_attr.as_str();
+            let n = match node.int_attr(name) {
+                Some(Some(n)) => n,
+                Some(None) => return Err(wrong(name, "an int")),
+                None => match default_of(op, name).map(|d| &d.value) {
+                    Some(Some(Value::I(n))) => *n,
+                    _ => return Err(missing(name)),
+                },
+            };
+            usize::try_from(n).map_err(|_| wrong(name, "a count >= 0"))?
         };
         types.extend(std::iter::repeat_n(single, count));
     }
@@ -214,6 +273,7 @@ pub fn is_plain(t: DataType) -> bool {
 mod tests {
     use super::*;
     use crate::tf::attr_value::AttrValue;
+    use protobuf::EnumOrUnknown;
 
     fn node(op: &str, attrs: &[(&str, AttrValue)]) -> NodeDef {
         let mut n = NodeDef::new();
