@@ -30,6 +30,8 @@ pub enum Command {
     Convert(ConvertArgs),
     /// Cut a training graph into a training-worker graph and data-worker stage graphs.
     Partition(PartitionArgs),
+    /// Simulate a GPU cluster's jobs under Lode's schedulers and the paper's baselines.
+    Simulate(crate::simulate::SimulateArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -3,6 +3,7 @@
 //! # Layout
 //! - `cli`: clap argument types, nothing else.
 //! - `inspect`: `lode inspect`, a report of what a model holds.
+//! - `simulate`: `lode simulate`, the cluster simulator of lode-scheduler.
 //! - [`run`]: dispatches a parsed command; `main` only parses, sets up logging and exits.
 //!
 //! # Invariants
@@ -13,6 +14,7 @@
 
 pub mod cli;
 pub mod inspect;
+pub mod simulate;
 
 use anyhow::{bail, Context as _};
 use lode_proto::io::{self, GraphEncoding, LoadOptions};
@@ -27,6 +29,7 @@ pub fn run(command: Command, out: &mut dyn std::io::Write) -> anyhow::Result<()>
         Command::Inspect(args) => run_inspect(args, out),
         Command::Convert(args) => run_convert(args, out),
         Command::Partition(args) => run_partition(args, out),
+        Command::Simulate(args) => simulate::run_simulate(args, out),
     }
 }
 

@@ -1,3 +1,85 @@
-//! lode-scheduler: see ../shared/DESIGN.md for its place in Lode. This crate is built by issue 6;
-//! until then it only reserves its place in the workspace and its dependency direction
-//! (it may depend on lode-proto and on nothing else of Lode's).
+//! lode-scheduler: moves data workers to where they help most.
+//!
+//! GoldMiner's scheduler (SIGMOD 2023, §3.4) in two layers, both pure code with no I/O:
+//! job-level tuning decides how a job uses data workers from its queue state, and cluster-level
+//! allocation shares the cluster's CPUs among jobs under MaxTP, SRTF or Fair. Backends carry
+//! the decisions out; the discrete-event simulator is the first, reproducing the paper's
+//! cluster experiment (§5.6).
+//!
+//! # Layout
+//! - [`tuner`]: the job-level tuning state machine (`TunerState::apply(observation, now)`).
+//! - [`policy`]: `decide(policy, snapshot)`, the cluster-level allocation and placement, and
+//!   the speedup [`policy::Feedback`].
+//! - [`backend`]: the `Backend` trait and one scheduling `round`.
+//! - [`sim`]: the discrete-event simulator (a `Backend`) and the paper's baseline schedulers.
+//! - [`model`]: the simulator's ground-truth workload model (scaling curves per model type).
+//! - [`trace`]: the job trace CSV format and synthetic Philly-like traces.
+//! - [`cluster`]: cluster specs such as `8x8gpu64cpu`.
+//! - [`report`]: Table 5-like summaries, per-job CSV and the utilisation SVG.
+//! - `rng`: a seeded SplitMix64, so that every run is reproducible from its seed.
+//!
+//! # Invariants
+//! - Policies see only what a live scheduler could measure (throughput, consumption, the last
+//!   observed speedup per worker); the simulator's curves stay behind the backend.
+//! - [`policy::decide`] never plans more data-worker CPUs or memory on a machine than the
+//!   snapshot says data workers may use, never gives a worker to a job at the ideal queue
+//!   state, and its decisions applied in order turn the current placement into its target.
+//! - The simulator never over-commits a machine's GPUs, CPUs or memory, and the same trace,
+//!   configuration and seed give the same results.
+//! - No panics on untrusted input: traces, cluster specs and observations are validated with
+//!   errors that name the line, field or value.
+
+pub mod backend;
+pub mod cluster;
+pub mod ids;
+pub mod model;
+pub mod policy;
+pub mod report;
+mod rng;
+pub mod sim;
+pub mod trace;
+pub mod tuner;
+
+pub use backend::Backend;
+pub use cluster::ClusterSpec;
+pub use ids::{JobId, MachineId};
+pub use policy::{decide, DecideConfig, Decision, Policy, Snapshot};
+pub use sim::{simulate, SchedulerKind, SimConfig, SimResult};
+pub use trace::{SyntheticConfig, Trace};
+pub use tuner::{TunerConfig, TunerState};
+
+/// Errors of the scheduler crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cluster spec {spec:?}: {reason}")]
+    ClusterSpec { spec: String, reason: &'static str },
+    #[error("line {line}: {problem}")]
+    Trace {
+        line: usize,
+        #[source]
+        problem: trace::TraceProblem,
+    },
+    #[error("observation field {field} is {value}; expected a finite, non-negative number")]
+    BadObservation { field: &'static str, value: f64 },
+    #[error("observation has {got} stage rates but the job has {expected} stages")]
+    StageCount { expected: usize, got: usize },
+    #[error("time went backwards: observation at {now_s} s after one at {last_s} s")]
+    TimeWentBackwards { last_s: f64, now_s: f64 },
+    #[error("a job needs at least one data-worker stage")]
+    NoStages,
+    #[error("tuner setting {field} is out of range")]
+    TunerConfig { field: &'static str },
+    #[error("{job} needs {gpus} GPUs but no set of machines in the cluster can hold it")]
+    JobTooLarge { job: JobId, gpus: u32 },
+    #[error(
+        "unknown scheduler {name:?} (known: no-dw-tuned, no-dw-hw, fixed-dw, maxtp, srtf, fair)"
+    )]
+    UnknownScheduler { name: String },
+}
+
+impl Error {
+    /// Whether the input (a trace, a spec, a name) is at fault rather than the program.
+    pub fn is_input_error(&self) -> bool {
+        !matches!(self, Error::TimeWentBackwards { .. })
+    }
+}

@@ -5,4 +5,5 @@ mod bad_input;
 mod convert;
 mod fixtures;
 mod partition;
+mod simulate;
 mod support;
