@@ -6,6 +6,7 @@
 //!   op registry).
 //! - `partition`: the cut: model state, training region, data region, shared nodes, stages.
 //! - `rewrite`: stage and training GraphDefs with fused DWSend / DWRecv nodes and stand-ins.
+//! - `shapes`: static shapes of data-side tensors (exact rules only).
 //! - `source`: the input pipeline's description for the dispatcher.
 //! - `source_rewrite`: the stage's reader replaced by an index-fed `DWSource`.
 //! - `plan`: plan.json, report.txt, partition.dot, and the atomic plan-directory writer.
@@ -23,6 +24,7 @@ pub mod graph;
 pub mod partition;
 pub mod plan;
 pub mod rewrite;
+pub mod shapes;
 pub mod source;
 pub mod source_rewrite;
 

@@ -114,6 +114,8 @@ pub struct Partition {
     pub pulled: Vec<NodeId>,
     /// Topological position of each node (for stable orders).
     pub topo_rank: Vec<usize>,
+    /// The nodes in topological order.
+    pub order: Vec<NodeId>,
 }
 
 impl Partition {
@@ -332,6 +334,7 @@ pub fn partition(graph: &Graph, options: &Options) -> Result<Partition> {
         table_inits,
         pulled,
         topo_rank,
+        order,
     })
 }
 

@@ -31,6 +31,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, NodeId, Tensor};
 use crate::partition::{Partition, Place};
+use crate::shapes::Shape;
 use crate::source_rewrite::SourcePlan;
 
 /// Name prefix of the nodes Lode adds.
@@ -277,6 +278,8 @@ pub fn rewrite<'a>(
             v
         })
         .collect();
+    let wanted: Vec<bool> = part.place.iter().map(|p| *p != Place::Training).collect();
+    let shapes = crate::shapes::infer(graph, &part.order, &wanted);
     ctx.send_index = sends
         .iter()
         .map(|v| v.iter().enumerate().map(|(i, &t)| (t, i)).collect())
@@ -359,13 +362,13 @@ pub fn rewrite<'a>(
             names.push(Cow::Owned(plan.node.name.clone()));
             out.push(OutNode::Owned(plan.node.clone()));
         }
-        let recv = add_recvs(&mut out, &mut names, &needed, &sends, graph);
+        let recv = add_recvs(&mut out, &mut names, &needed, &sends, graph, &shapes);
         let crossings: Vec<Crossing> = sends[s]
             .iter()
             .map(|&t| Crossing {
                 tensor: t,
                 dtype: graph.dtype(t),
-                shape: output_shape(graph, t),
+                shape: output_shape(&shapes, t),
             })
             .collect();
         if !crossings.is_empty() || control_readers[s] {
@@ -463,7 +466,7 @@ pub fn rewrite<'a>(
         names.push(Cow::Owned(node.name.clone()));
         out.push(OutNode::Owned(node));
     }
-    let training_recv = add_recvs(&mut out, &mut names, &needed, &sends, graph);
+    let training_recv = add_recvs(&mut out, &mut names, &needed, &sends, graph, &shapes);
     let library = library_for(graph, &all);
     let mut training = OutGraph {
         names,
@@ -512,6 +515,7 @@ fn add_recvs<'a>(
     needed: &BTreeSet<usize>,
     sends: &[Vec<Tensor>],
     graph: &Graph,
+    shapes: &[Vec<Shape>],
 ) -> Vec<RecvSpec> {
     let mut specs = Vec::new();
     for &s in needed {
@@ -525,7 +529,7 @@ fn add_recvs<'a>(
         node.attr.insert("T".into(), list_types(types));
         node.attr.insert(
             "shapes".into(),
-            list_shapes(sends[s].iter().map(|&t| output_shape(graph, t))),
+            list_shapes(sends[s].iter().map(|&t| output_shape(shapes, t))),
         );
         node.attr.insert("from_stage".into(), int_attr(s));
         names.push(Cow::Owned(node.name.clone()));
@@ -590,25 +594,10 @@ fn list_shapes(shapes: impl Iterator<Item = Option<TensorShapeProto>>) -> AttrVa
     a
 }
 
-/// The static shape of a tensor when the graph records one (`_output_shapes`, or the
-/// `output_shapes` of an iterator op).
-pub fn output_shape(graph: &Graph, t: Tensor) -> Option<TensorShapeProto> {
-    let node = graph.node(t.node);
-    let index = usize::try_from(t.output).ok()?;
-    for attr in ["_output_shapes", "output_shapes"] {
-        if let Some(bytes) = node.attr(attr) {
-            if let Ok(AttrValue {
-                value: Some(attr_value::Value::List(list)),
-                ..
-            }) = view::decode_attr(bytes)
-            {
-                if let Some(shape) = list.shape.get(index) {
-                    return Some(shape.clone());
-                }
-            }
-        }
-    }
-    None
+/// The static shape of a data-side tensor, as [`crate::shapes`] inferred it.
+pub fn output_shape(shapes: &[Vec<Shape>], t: Tensor) -> Option<TensorShapeProto> {
+    let shape = shapes.get(t.node)?.get(usize::try_from(t.output).ok()?)?;
+    shape.as_ref().map(|_| crate::shapes::to_proto(shape))
 }
 
 /// Drops colocation constraints (`_class: loc:@x`) whose target is not in the graph; returns
