@@ -303,13 +303,19 @@ pub fn target(policy: Policy, snapshot: &Snapshot, config: &DecideConfig) -> Tar
     let mut counts = vec![0u32; snapshot.jobs.len()];
     let mut blocked = vec![false; snapshot.jobs.len()];
     let mut metrics: Vec<Vec<f64>> = vec![Vec::new(); snapshot.jobs.len()];
+    // A job's score depends only on its own count, so it is recomputed only when it changes.
+    let mut scores: Vec<Option<(f64, f64)>> = snapshot
+        .jobs
+        .iter()
+        .map(|job| score(policy, job, 0, config))
+        .collect();
     loop {
         let mut best: Option<((f64, JobId), f64, usize)> = None;
         for (j, job) in snapshot.jobs.iter().enumerate() {
             if blocked[j] {
                 continue;
             }
-            let Some((key, value)) = score(policy, job, counts[j], config) else {
+            let Some((key, value)) = scores[j] else {
                 blocked[j] = true;
                 continue;
             };
@@ -329,6 +335,7 @@ pub fn target(policy: Policy, snapshot: &Snapshot, config: &DecideConfig) -> Tar
                 *placed[j].entry(snapshot.machines[i].id).or_insert(0) += 1;
                 counts[j] += 1;
                 metrics[j].push(value);
+                scores[j] = score(policy, job, counts[j], config);
             }
             None => blocked[j] = true,
         }

@@ -406,31 +406,57 @@ impl SimCluster<'_> {
         r.frac / self.job(r).model.step_secs
     }
 
-    /// `fixed-dw`: start missing workers, oldest job first, where placement prefers.
+    /// Gives back everything a job holds: its training worker's parts and its data workers.
+    fn release(&mut self, run: &Running) {
+        for &(i, g, c, mem) in &run.tw {
+            let m = &mut self.machines[i];
+            m.gpus -= g;
+            m.tw_cpus -= c;
+            m.tw_mem -= mem;
+        }
+        if let Mode::Dw { size, workers, .. } = &run.mode {
+            let mem = self.dw_mem(*size);
+            for &w in workers {
+                let m = &mut self.machines[w];
+                m.dw_cpus -= size;
+                m.dw_mem -= mem;
+            }
+        }
+    }
+
+    /// `fixed-dw`: starts missing workers one at a time, each to the job furthest below its
+    /// fixed count (oldest first on ties), until none fits.
     fn fill_fixed(&mut self) {
-        // `running` is not in start order (completions swap-remove), so sort.
-        let mut order: Vec<usize> = (0..self.running.len()).collect();
-        order.sort_by(|&a, &b| {
-            let (a, b) = (&self.running[a], &self.running[b]);
-            a.start_s.total_cmp(&b.start_s).then(a.job.cmp(&b.job))
-        });
-        for r in order {
-            while let Mode::Dw {
-                size,
-                workers,
-                fixed_target,
-            } = &self.running[r].mode
-            {
-                if workers.len() >= *fixed_target as usize {
-                    break;
+        loop {
+            let mut best: Option<((f64, f64, usize), usize)> = None;
+            for (r, run) in self.running.iter().enumerate() {
+                if let Mode::Dw {
+                    workers,
+                    fixed_target,
+                    ..
+                } = &run.mode
+                {
+                    if workers.len() < *fixed_target as usize {
+                        #[allow(clippy::cast_precision_loss)]
+                        let share = workers.len() as f64 / f64::from(*fixed_target);
+                        let key = (share, run.start_s, run.job);
+                        if best.as_ref().is_none_or(|(k, _)| {
+                            key.0 < k.0 || (key.0 == k.0 && (key.1, key.2) < (k.1, k.2))
+                        }) {
+                            best = Some((key, r));
+                        }
+                    }
                 }
-                let size = *size;
-                let Some(i) = self.place_fixed(r, size) else {
-                    return;
-                };
-                if !self.add_worker(r, i) {
-                    return;
-                }
+            }
+            let Some((_, r)) = best else { return };
+            let Mode::Dw { size, .. } = self.running[r].mode else {
+                return;
+            };
+            let Some(i) = self.place_fixed(r, size) else {
+                return;
+            };
+            if !self.add_worker(r, i) {
+                return;
             }
         }
     }
@@ -796,19 +822,7 @@ pub fn simulate(
             let eps = 1e-9 * (job.steps as f64) + 1e-9;
             if sim.running[r].remaining <= eps && sim.now >= sim.running[r].train_from_s {
                 let run = sim.running.swap_remove(r);
-                for &(i, g, c, mem) in &run.tw {
-                    let m = &mut sim.machines[i];
-                    m.gpus -= g;
-                    m.tw_cpus -= c;
-                    m.tw_mem -= mem;
-                }
-                if let Mode::Dw { size, workers, .. } = &run.mode {
-                    for &w in workers {
-                        let m = &mut sim.machines[w];
-                        m.dw_cpus -= size;
-                        m.dw_mem -= config.dw_mem_gb_per_cpu * f64::from(*size);
-                    }
-                }
+                sim.release(&run);
                 results.push(JobResult {
                     job: job.id,
                     model: job.model.name,
@@ -1027,37 +1041,56 @@ mod ordering {
     use super::*;
     use crate::trace::SyntheticConfig;
 
-    /// What holds on every seed tried (a 2.5-hour trace at the default load, to keep the test
-    /// fast in debug builds): Lode's MaxTP and SRTF beat both no-data-worker baselines on
-    /// average JCT and queue less than `no-dw-tuned`. The finer ordering of the paper
-    /// (SRTF ≤ MaxTP, Fair ≈ fixed-dw < no-dw-hw) does not hold on every seed; see
-    /// scheduler/README.md.
+    /// The paper's Table 5 gains over `no-dw-tuned` (GoldMiner §5.6) and the ±25% band the
+    /// issue allows. These are the targets the test compares with, not inputs of the model.
+    const PAPER: [(SchedulerKind, f64); 4] = [
+        (SchedulerKind::NoDwHw, 1.1),
+        (SchedulerKind::FixedDw, 1.5),
+        (SchedulerKind::Lode(Policy::Fair), 1.5),
+        (SchedulerKind::Lode(Policy::MaxTp), 2.3),
+    ];
+
+    /// The claims that hold on the full 8-hour synthetic trace (seeds 1 to 5 with the
+    /// example; one seed here to keep the debug build fast): no-dw-hw, fixed-dw, Fair and
+    /// MaxTP within ±25% of the paper's gains, and the ordering MaxTP < Fair ≈ fixed-dw <
+    /// no-dw-hw ≤ no-dw-tuned in average JCT, with every Lode policy queuing less than the
+    /// no-data-worker baselines. SRTF's 2.5x, SRTF ≤ MaxTP and near-zero queuing for Lode
+    /// do not hold on every seed (scheduler/README.md says which and why), so they are not
+    /// asserted.
     #[test]
-    fn lode_beats_the_baselines_on_several_seeds() {
-        for seed in [1, 3, 4] {
-            let trace = Trace::synthetic(
-                seed,
-                &SyntheticConfig {
-                    hours: 2.5,
-                    ..SyntheticConfig::default()
-                },
-            );
+    fn reproduces_table5_gains_and_ordering() {
+        for seed in [3] {
+            let trace = Trace::synthetic(seed, &SyntheticConfig::default());
             let config = SimConfig {
                 seed,
                 ..SimConfig::default()
             };
             let run = |k| simulate(&trace, k, &config).expect("simulates");
             let tuned = run(SchedulerKind::NoDwTuned);
-            let hw = run(SchedulerKind::NoDwHw);
-            for p in [Policy::MaxTp, Policy::Srtf] {
-                let lode = run(SchedulerKind::Lode(p));
-                let jct = lode.avg_jct_min();
-                assert!(jct < tuned.avg_jct_min(), "seed {seed} {p:?}");
-                assert!(jct < hw.avg_jct_min(), "seed {seed} {p:?}");
+            let jct = |r: &SimResult| r.avg_jct_min();
+            let gain = |r: &SimResult| jct(&tuned) / jct(r);
+            let results: Vec<(SchedulerKind, SimResult)> =
+                PAPER.iter().map(|&(k, _)| (k, run(k))).collect();
+            for ((kind, r), (_, paper)) in results.iter().zip(PAPER) {
+                let g = gain(r);
                 assert!(
-                    lode.avg_queue_min() < tuned.avg_queue_min(),
-                    "seed {seed} {p:?}"
+                    (0.75 * paper..=1.25 * paper).contains(&g),
+                    "seed {seed} {}: gain {g:.2}, paper {paper}",
+                    kind.name()
                 );
+            }
+            let [hw, fixed, fair, maxtp] = [0, 1, 2, 3].map(|i| &results[i].1);
+            assert!(jct(maxtp) < jct(fair), "seed {seed}");
+            assert!(jct(fair) < jct(hw) && jct(fixed) < jct(hw), "seed {seed}");
+            assert!(jct(hw) <= jct(&tuned), "seed {seed}");
+            let ratio = jct(fair) / jct(fixed);
+            assert!(
+                (0.85..1.15).contains(&ratio),
+                "seed {seed}: fair/fixed {ratio:.2}"
+            );
+            for lode in [fair, maxtp] {
+                assert!(lode.avg_queue_min() < hw.avg_queue_min(), "seed {seed}");
+                assert!(lode.avg_queue_min() < tuned.avg_queue_min(), "seed {seed}");
             }
         }
     }

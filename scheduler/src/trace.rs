@@ -193,13 +193,13 @@ impl Default for SyntheticConfig {
     fn default() -> Self {
         Self {
             hours: 8.0,
-            target_load: 0.55,
+            target_load: 0.6,
             cluster_gpus: 64,
-            gpu_weights: vec![(1, 0.60), (2, 0.15), (4, 0.13), (8, 0.10), (16, 0.02)],
+            gpu_weights: vec![(1, 0.65), (2, 0.17), (4, 0.12), (8, 0.05), (16, 0.01)],
             median_minutes: 25.0,
-            sigma: 1.0,
+            sigma: 0.8,
             min_minutes: 3.0,
-            max_minutes: 300.0,
+            max_minutes: 180.0,
             cpu_intensive_fraction: 0.5,
             hardware_ratio: 8.0,
         }
