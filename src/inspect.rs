@@ -189,16 +189,7 @@ fn is_dataset_op(op: &str) -> bool {
 fn pipeline(graph: &GraphDef) -> Pipeline {
     let by_name: HashMap<&str, &NodeDef> =
         graph.node.iter().map(|n| (n.name.as_str(), n)).collect();
-    let library: HashMap<&str, &FunctionDef> = graph
-        .library
-        .as_ref()
-        .map(|l| {
-            l.function
-                .iter()
-                .filter_map(|f| f.signature.as_ref().map(|s| (s.name.as_str(), f)))
-                .collect()
-        })
-        .unwrap_or_default();
+    let library = lode_proto::ops::function_index(graph.library.as_ref());
     let mut out = Pipeline::default();
     for node in &graph.node {
         let op = node.op.as_str();

@@ -98,16 +98,7 @@ impl<'a> Graph<'a> {
                 });
             }
         }
-        let library: HashMap<&str, &FunctionDef> = def
-            .library
-            .as_ref()
-            .map(|l| {
-                l.function
-                    .iter()
-                    .filter_map(|f| f.signature.as_ref().map(|s| (s.name.as_str(), f)))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let library = lode_proto::ops::function_index(def.library.as_ref());
         let edges: usize = nodes.iter().map(|n| n.inputs.len()).sum();
         let mut inputs = Rows::with_capacity(nodes.len(), edges);
         let mut controls = Rows::with_capacity(nodes.len(), 0);

@@ -335,29 +335,39 @@ pub fn rewrite<'a>(
     };
 
     let mut copied_into: FxHashMap<NodeId, usize> = FxHashMap::default();
+    // The original nodes of one graph: its members and the shared nodes they need, placed.
+    type Gathered<'a> = (
+        Vec<NodeId>,
+        Vec<OutNode<'a>>,
+        Vec<Cow<'a, str>>,
+        BTreeSet<usize>,
+    );
+    let gather = |home: Home,
+                  members: &[NodeId],
+                  copied_into: &mut FxHashMap<NodeId, usize>|
+     -> Result<Gathered<'a>> {
+        let shared = shared_for(home, members);
+        for &id in &shared {
+            *copied_into.entry(id).or_insert(0) += 1;
+        }
+        let mut all: Vec<NodeId> = members.iter().copied().chain(shared).collect();
+        all.sort_unstable();
+        let mut needed = BTreeSet::new();
+        let mut out = Vec::with_capacity(all.len() + 8);
+        let mut names = Vec::with_capacity(all.len() + 8);
+        for &id in &all {
+            out.push(ctx.place_node(id, home, &mut needed)?);
+            names.push(Cow::Borrowed(graph.node(id).name));
+        }
+        Ok((all, out, names, needed))
+    };
     let mut stage_outs: Vec<StageOut> = Vec::new();
     let mut dropped = 0;
     for s in 0..stages {
         let members: Vec<NodeId> = (0..n)
             .filter(|&i| part.place[i] == Place::Stage(s) && !removed.contains(&i))
             .collect();
-        let shared = shared_for(Home::Stage(s), &members);
-        for &id in &shared {
-            *copied_into.entry(id).or_insert(0) += 1;
-        }
-        let mut all: Vec<NodeId> = members
-            .iter()
-            .copied()
-            .chain(shared.iter().copied())
-            .collect();
-        all.sort_unstable();
-        let mut needed = BTreeSet::new();
-        let mut out = Vec::with_capacity(all.len() + 3);
-        let mut names = Vec::with_capacity(all.len() + 3);
-        for &id in &all {
-            out.push(ctx.place_node(id, Home::Stage(s), &mut needed)?);
-            names.push(Cow::Borrowed(graph.node(id).name));
-        }
+        let (all, mut out, mut names, needed) = gather(Home::Stage(s), &members, &mut copied_into)?;
         if let Some(plan) = ctx.source.as_ref().filter(|p| p.stage == s) {
             names.push(Cow::Owned(plan.node.name.clone()));
             out.push(OutNode::Owned(plan.node.clone()));
@@ -405,23 +415,7 @@ pub fn rewrite<'a>(
     let members: Vec<NodeId> = (0..n)
         .filter(|&i| part.place[i] == Place::Training)
         .collect();
-    let shared = shared_for(Home::Training, &members);
-    for &id in &shared {
-        *copied_into.entry(id).or_insert(0) += 1;
-    }
-    let mut all: Vec<NodeId> = members
-        .iter()
-        .copied()
-        .chain(shared.iter().copied())
-        .collect();
-    all.sort_unstable();
-    let mut needed = BTreeSet::new();
-    let mut out = Vec::with_capacity(all.len() + 8);
-    let mut names = Vec::with_capacity(all.len() + 8);
-    for &id in &all {
-        out.push(ctx.place_node(id, Home::Training, &mut needed)?);
-        names.push(Cow::Borrowed(graph.node(id).name));
-    }
+    let (all, mut out, mut names, mut needed) = gather(Home::Training, &members, &mut copied_into)?;
     let referenced: BTreeSet<NodeId> = members
         .iter()
         .flat_map(|&id| graph.controls[id].iter().copied())

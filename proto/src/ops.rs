@@ -15,6 +15,20 @@ use crate::tf::types::DataType;
 
 static TENSORFLOW_OPS: &[u8] = include_bytes!("../data/tf_ops.pb");
 
+/// The functions of a library by name (the lookup every pass over function calls needs).
+pub fn function_index(
+    library: Option<&crate::tf::function::FunctionDefLibrary>,
+) -> HashMap<&str, &FunctionDef> {
+    library
+        .map(|l| {
+            l.function
+                .iter()
+                .filter_map(|f| f.signature.as_ref().map(|s| (s.name.as_str(), f)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Op signatures by op name.
 #[derive(Debug)]
 pub struct OpRegistry {
