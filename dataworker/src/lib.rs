@@ -1,3 +1,38 @@
-//! lode-dataworker: see ../shared/DESIGN.md for its place in Lode. This crate is built by issue 4;
-//! until then it only reserves its place in the workspace and its dependency direction
-//! (it may depend on lode-proto and on nothing else of Lode's).
+//! lode-dataworker: what a data worker runs for each step (see ../shared/DESIGN.md). This is
+//! the foundation of issue 4: tensors and their TensorProto form, the record readers a step
+//! reads its leased records with, and TensorFlow's string fingerprint. The stage executor and
+//! the kernels build on these.
+//!
+//! # Layout
+//! - [`tensor`]: [`Tensor`], [`DType`], [`TensorData`]: dense, row-major, strings as bytes,
+//!   float16/bfloat16 as their bits.
+//! - [`convert`]: Tensor ↔ `TensorProto` with TensorFlow's `Tensor::FromProto` rules
+//!   (`tensor_content`, typed fields, the fill-with-last rule) and `tf.io.serialize_tensor`'s
+//!   bytes.
+//! - [`records`]: TFRecord (both CRC32C checks) and text-line readers, with "" / "ZLIB" /
+//!   "GZIP" compression, offset indexes for random access to uncompressed files, and an
+//!   `ignore_errors`-style policy that skips and counts corrupt records.
+//! - [`hash`]: `Fingerprint64` (FarmHash `farmhashna::Hash64`) and `StringToHashBucketFast`.
+//! - [`error`]: the crate's [`Error`].
+//!
+//! # Invariants
+//! - A tensor's value count equals the product of its shape ([`Tensor::new`] checks it).
+//! - Tensor → TensorProto → Tensor is the identity for every dtype, bit for bit (NaN payloads
+//!   included), through `tensor_content` and through the typed fields.
+//! - A TensorProto is read as TensorFlow 2.18 reads it; what TensorFlow refuses is an error
+//!   here, and nothing is allocated past [`tensor::MAX_TENSOR_BYTES`].
+//! - A record reader never returns data whose CRCs do not match; every corruption error names
+//!   the file, the record index and the byte offset.
+//! - Lines and hashes are those TensorFlow produces (golden values from TensorFlow 2.18.1).
+//! - Nothing read from outside (protos, record files) panics.
+//!
+//! This crate depends on lode-proto and on nothing else of Lode's.
+
+pub mod convert;
+pub mod error;
+pub mod hash;
+pub mod records;
+pub mod tensor;
+
+pub use error::{Error, Result};
+pub use tensor::{DType, Tensor, TensorData};
