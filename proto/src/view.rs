@@ -13,7 +13,6 @@ use protobuf::Message;
 use crate::tf::attr_value::AttrValue;
 use crate::tf::function::FunctionDefLibrary;
 use crate::tf::node_def::NodeDef;
-use crate::tf::types::DataType;
 use crate::tf::versions::VersionDef;
 
 /// A wire-format problem, with the byte offset where it was found.
@@ -455,14 +454,9 @@ pub fn encode_graph(
     Ok(out)
 }
 
-/// Helper for tests and small graphs: the AttrValue of an encoded attribute.
+/// The AttrValue of an encoded attribute (for the few attributes that need full decoding).
 pub fn decode_attr(bytes: &[u8]) -> protobuf::Result<AttrValue> {
     crate::io::decode_binary(bytes)
-}
-
-/// The dtype list `T` of a node built by Lode (for reports).
-pub fn dtype_name(t: DataType) -> String {
-    format!("{t:?}")
 }
 
 #[cfg(test)]
