@@ -463,6 +463,7 @@ pub fn decode_attr(bytes: &[u8]) -> protobuf::Result<AttrValue> {
 mod tests {
     use super::*;
     use crate::tf::graph::GraphDef;
+    use crate::tf::types::DataType;
 
     #[test]
     fn a_view_reads_what_the_generated_code_writes() {
