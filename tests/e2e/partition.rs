@@ -246,6 +246,50 @@ fn wide_deep_feature_transformations_go_to_the_data_worker() {
 }
 
 #[test]
+fn the_simple_cut_moves_past_deserialize_sparse() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let plan = partition(
+        &fixtures().join("wide_deep/model.pb"),
+        &tmp.path().join("plan"),
+        &["--simple"],
+    );
+    let stage = &plan["stages"][0];
+    let nodes: Vec<&str> = stage["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| n.as_str().expect("name"))
+        .collect();
+    assert!(
+        nodes.iter().any(|n| n.starts_with("DeserializeSparse")),
+        "{nodes:?}"
+    );
+    for t in stage["send"]["tensors"].as_array().expect("send") {
+        let dtype = t["dtype"].as_str().expect("dtype");
+        assert!(
+            !dtype.contains("VARIANT") && !dtype.contains("RESOURCE"),
+            "{t}"
+        );
+    }
+    // Nothing past the sparse tensors' reconstruction moved: no hashing on the data side.
+    let original = load(
+        &fixtures().join("wide_deep/model.pb"),
+        &LoadOptions::default(),
+    )
+    .expect("loads");
+    let op_of: HashMap<&str, &str> = original
+        .graph
+        .node
+        .iter()
+        .map(|n| (n.name.as_str(), n.op.as_str()))
+        .collect();
+    assert!(
+        nodes.iter().all(|n| op_of[n] != "StringToHashBucketFast"),
+        "the simple cut went too far"
+    );
+}
+
+#[test]
 fn deepfm_yields_a_cpu_stage_and_a_gpu_stage() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let plan = partition(
