@@ -1,3 +1,121 @@
-//! lode-dispatcher: see ../shared/DESIGN.md for its place in Lode. This crate is built by issue 5;
-//! until then it only reserves its place in the workspace and its dependency direction
-//! (it may depend on lode-proto and on nothing else of Lode's).
+//! lode-dispatcher: owns one job's data order and hands it out to data workers.
+//!
+//! The core is pure code with no I/O: a deterministic map from `(epoch, step)` to an index
+//! batch, and a lease table written as a synchronous state machine with time passed in
+//! (`DispatcherState::apply(command, now) -> Result<Vec<Event>>`). The gRPC service, the journal
+//! files and the command line wrap it; they decode a request, apply it, journal the returned
+//! events and answer.
+//!
+//! # Layout
+//! - [`ids`]: newtype ids (`JobId`, `WorkerId`, `StageId`, `Epoch`, `Step`, `StepId`) and `Time`.
+//! - [`config`]: [`DispatcherConfig`], validated with errors that name the field.
+//! - [`batch`]: [`index_batch`], the records of a step, with a seeded per-epoch permutation.
+//! - [`state`]: [`DispatcherState`], its [`Command`]s and [`Event`]s, and journal replay.
+//!
+//! # Invariants
+//! - `index_batch(config, step)` depends on the config and the step alone: the batches of an
+//!   epoch partition its records (each record once, less a dropped remainder), and a re-leased
+//!   or replayed step gets the identical batch on every run and machine.
+//! - Each `(stage, epoch, step)` completes at most once, and only from the worker that holds
+//!   its lease; a report of a step the worker does not hold is rejected.
+//! - A step at or below the consumed watermark is never leased again; steps are first leased in
+//!   order; a returned (expired or revoked) step is leased again before any new one.
+//! - Stage `k > 0` leases a step only after stage `k - 1` completed it.
+//! - A draining worker gets no new lease and is removed once it holds none.
+//! - A rejected command changes nothing; an accepted one changes exactly what its events say,
+//!   so [`DispatcherState::replay`] of the journal equals the live state.
+//! - No command sequence panics: commands come from the network.
+
+pub mod batch;
+pub mod config;
+pub mod ids;
+pub mod state;
+
+#[cfg(test)]
+mod tests;
+
+pub use batch::index_batch;
+pub use config::{DispatcherConfig, Shuffle};
+pub use ids::{Epoch, JobId, StageId, Step, StepId, Time, WorkerId};
+pub use state::{
+    Command, DispatcherState, Event, Lease, WorkerInfo, WorkerStatus, PROTOCOL_VERSION,
+};
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Errors of the dispatcher core.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error("invalid dispatcher config: {field}: {reason}")]
+    InvalidConfig { field: &'static str, reason: String },
+    #[error("{worker} speaks protocol version {got}, the dispatcher {expected}")]
+    ProtocolMismatch {
+        worker: WorkerId,
+        expected: u32,
+        got: u32,
+    },
+    #[error("{worker} is already registered")]
+    WorkerExists { worker: WorkerId },
+    #[error("{worker} was drained or lost; register under a new id")]
+    WorkerRetired { worker: WorkerId },
+    #[error("{worker} is not registered")]
+    UnknownWorker { worker: WorkerId },
+    #[error("{stage} does not exist; the plan has {stages} stage(s)")]
+    UnknownStage { stage: StageId, stages: u32 },
+    #[error("{worker} is registered for {registered}, not {stage}")]
+    WrongStage {
+        worker: WorkerId,
+        stage: StageId,
+        registered: StageId,
+    },
+    #[error("{step} is outside the job")]
+    StepOutOfRange { step: StepId },
+    #[error("{worker} does not hold {step} of {stage}")]
+    NotHeld {
+        worker: WorkerId,
+        stage: StageId,
+        step: StepId,
+    },
+    #[error("{worker} is draining and gets no new lease")]
+    Draining { worker: WorkerId },
+    #[error("{worker} already holds {limit} lease(s)")]
+    LeaseLimit { worker: WorkerId, limit: u32 },
+    #[error("no step of {stage} is ready to lease yet")]
+    NoStepReady { stage: StageId },
+    #[error("every step of {stage} is done")]
+    StageFinished { stage: StageId },
+    #[error("watermark {watermark} is ahead of every step leased to the last stage")]
+    WatermarkAhead { watermark: StepId },
+    #[error("journal event {index}: {reason}")]
+    Journal { index: usize, reason: &'static str },
+    /// A bug in this crate: `apply` emitted an event that its own checks refuse. The events
+    /// before it in the same command were applied but are not returned; tests pin that this
+    /// never happens.
+    #[error("internal invariant broken (a bug in lode-dispatcher): {reason}")]
+    Invariant { reason: &'static str },
+}
+
+impl Error {
+    /// The same request may succeed later (after a completion, a tick or an upstream stage).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::LeaseLimit { .. } | Self::NoStepReady { .. })
+    }
+
+    /// The request itself is refused (wrong, stale or hostile); the state is unchanged and
+    /// repeating it will not help.
+    pub fn is_rejection(&self) -> bool {
+        matches!(
+            self,
+            Self::ProtocolMismatch { .. }
+                | Self::WorkerExists { .. }
+                | Self::WorkerRetired { .. }
+                | Self::UnknownWorker { .. }
+                | Self::UnknownStage { .. }
+                | Self::WrongStage { .. }
+                | Self::StepOutOfRange { .. }
+                | Self::NotHeld { .. }
+                | Self::Draining { .. }
+                | Self::WatermarkAhead { .. }
+        )
+    }
+}

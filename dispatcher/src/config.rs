@@ -1,0 +1,178 @@
+//! The dispatcher's settings, validated once so that the state machine can rely on them.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// Whether and how the records of an epoch are permuted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Shuffle {
+    /// Records in file order, every epoch.
+    Off,
+    /// A permutation per epoch derived from `seed` and the epoch number alone.
+    Seeded { seed: u64 },
+}
+
+/// The settings of one job's dispatcher. Build it with struct syntax, then hand it to
+/// [`crate::DispatcherState::new`], which calls [`DispatcherConfig::validate`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DispatcherConfig {
+    /// Records in the dataset (the index's length); record ids are `0..records`.
+    pub records: u64,
+    /// Records per step.
+    pub batch_size: u64,
+    /// Drop a short last batch of an epoch instead of emitting it.
+    pub drop_remainder: bool,
+    pub shuffle: Shuffle,
+    /// Passes over the data; `None` repeats forever.
+    pub epochs: Option<u64>,
+    /// How long a worker may hold a leased step before it is leased to another worker.
+    pub lease_duration: Duration,
+    /// Leases one worker may hold at once (its pipeline depth).
+    pub max_leases_per_worker: u32,
+    /// Data-worker stages in the plan.
+    pub stages: u32,
+}
+
+impl DispatcherConfig {
+    /// Checks every field; the error names the first field that is wrong.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |field: &'static str, reason: String| Error::InvalidConfig { field, reason };
+        if self.records == 0 {
+            return Err(invalid("records", "the dataset has no records".into()));
+        }
+        if self.batch_size == 0 {
+            return Err(invalid("batch_size", "must be at least 1".into()));
+        }
+        if self.drop_remainder && self.batch_size > self.records {
+            return Err(invalid(
+                "batch_size",
+                format!(
+                    "{} exceeds the {} records and drop_remainder is set: an epoch would have no step",
+                    self.batch_size, self.records
+                ),
+            ));
+        }
+        match self.epochs {
+            Some(0) => {
+                return Err(invalid(
+                    "epochs",
+                    "must be at least 1 (or unset for forever)".into(),
+                ))
+            }
+            Some(e) if e.checked_mul(self.steps_per_epoch()).is_none() => {
+                return Err(invalid(
+                    "epochs",
+                    format!("{e} epochs overflow the step count"),
+                ));
+            }
+            _ => {}
+        }
+        let lease_ms = self.lease_duration.as_millis();
+        if lease_ms == 0 {
+            return Err(invalid("lease_duration", "must be at least 1 ms".into()));
+        }
+        if u64::try_from(lease_ms).is_err() {
+            return Err(invalid("lease_duration", "too long".into()));
+        }
+        if self.max_leases_per_worker == 0 {
+            return Err(invalid(
+                "max_leases_per_worker",
+                "must be at least 1".into(),
+            ));
+        }
+        if self.stages == 0 {
+            return Err(invalid("stages", "must be at least 1".into()));
+        }
+        Ok(())
+    }
+
+    /// Steps in every epoch (all epochs have the same number).
+    pub fn steps_per_epoch(&self) -> u64 {
+        if self.batch_size == 0 {
+            return 0;
+        }
+        let full = self.records / self.batch_size;
+        if self.drop_remainder || self.records.is_multiple_of(self.batch_size) {
+            full
+        } else {
+            full + 1
+        }
+    }
+
+    /// Steps in the whole job, `None` when it repeats forever.
+    pub fn total_steps(&self) -> Option<u64> {
+        self.epochs
+            .map(|e| e.saturating_mul(self.steps_per_epoch()))
+    }
+
+    pub(crate) fn lease_millis(&self) -> u64 {
+        u64::try_from(self.lease_duration.as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> DispatcherConfig {
+        DispatcherConfig {
+            records: 10,
+            batch_size: 3,
+            drop_remainder: false,
+            shuffle: Shuffle::Off,
+            epochs: Some(2),
+            lease_duration: Duration::from_secs(5),
+            max_leases_per_worker: 2,
+            stages: 1,
+        }
+    }
+
+    fn field_of(config: &DispatcherConfig) -> Option<&'static str> {
+        match config.validate() {
+            Err(Error::InvalidConfig { field, .. }) => Some(field),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        assert_eq!(field_of(&sample()), None);
+        type Edit = fn(&mut DispatcherConfig);
+        let cases: [(&str, Edit); 8] = [
+            ("records", |c| c.records = 0),
+            ("batch_size", |c| c.batch_size = 0),
+            ("batch_size", |c| {
+                c.batch_size = 11;
+                c.drop_remainder = true;
+            }),
+            ("epochs", |c| c.epochs = Some(0)),
+            ("epochs", |c| c.epochs = Some(u64::MAX)),
+            ("lease_duration", |c| {
+                c.lease_duration = Duration::from_micros(10)
+            }),
+            ("max_leases_per_worker", |c| c.max_leases_per_worker = 0),
+            ("stages", |c| c.stages = 0),
+        ];
+        for (field, edit) in cases {
+            let mut config = sample();
+            edit(&mut config);
+            assert_eq!(field_of(&config), Some(field), "{config:?}");
+        }
+    }
+
+    #[test]
+    fn steps_per_epoch_counts_the_short_batch_unless_dropped() {
+        let mut config = sample();
+        assert_eq!(config.steps_per_epoch(), 4);
+        assert_eq!(config.total_steps(), Some(8));
+        config.drop_remainder = true;
+        assert_eq!(config.steps_per_epoch(), 3);
+        config.records = 9;
+        assert_eq!(config.steps_per_epoch(), 3);
+        config.epochs = None;
+        assert_eq!(config.total_steps(), None);
+    }
+}

@@ -1,0 +1,716 @@
+//! The lease table: a synchronous state machine with time passed in.
+//!
+//! [`DispatcherState::apply`] checks a [`Command`] against the state without changing it, then
+//! emits the [`Event`]s that describe its effect, applying each as it is emitted. Every change
+//! of state goes through [`DispatcherState::apply_event`], so the list of applied events (the
+//! journal) rebuilds the state exactly ([`DispatcherState::replay`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::batch::index_batch;
+use crate::config::DispatcherConfig;
+use crate::ids::{Epoch, StageId, Step, StepId, Time, WorkerId};
+use crate::{Error, Result};
+
+/// The protocol version a data worker must speak to register.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// A request to the dispatcher, from a data worker, the training side or the service layer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    RegisterWorker {
+        worker: WorkerId,
+        stage: StageId,
+        protocol_version: u32,
+    },
+    /// Liveness only: it does not extend leases, so that a slow worker's steps still go to
+    /// another worker at their deadline. Deciding that a silent worker is lost is the service
+    /// layer's (it then sends [`Command::WorkerLost`]).
+    Heartbeat { worker: WorkerId },
+    /// Lease the next step for the worker's stage: a returned (expired or revoked) step first,
+    /// lowest first, otherwise the next step in order. Lease expiry happens on [`Command::Tick`]
+    /// only, so the service layer ticks before serving lease requests.
+    RequestLease { worker: WorkerId },
+    /// The worker has delivered `step` of `stage`.
+    Complete {
+        worker: WorkerId,
+        stage: StageId,
+        step: StepId,
+    },
+    /// The training side has consumed every step up to and including `watermark`.
+    Consumed { watermark: StepId },
+    /// Scale-in: no new leases for the worker; it finishes what it holds, then it may go.
+    Drain { worker: WorkerId },
+    /// The worker is gone (its connection dropped, or it stopped heartbeating); what it held is
+    /// leased again.
+    WorkerLost { worker: WorkerId },
+    /// Expire the leases whose deadline is at or before `now`.
+    Tick,
+}
+
+/// A change of state; the journal is the list of applied events.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Event {
+    WorkerRegistered {
+        worker: WorkerId,
+        stage: StageId,
+        at: Time,
+    },
+    WorkerHeartbeat {
+        worker: WorkerId,
+        at: Time,
+    },
+    LeaseGranted {
+        worker: WorkerId,
+        stage: StageId,
+        step: StepId,
+        deadline: Time,
+        records: Vec<u64>,
+    },
+    /// The deadline passed; the step goes back to be leased again.
+    LeaseExpired {
+        worker: WorkerId,
+        stage: StageId,
+        step: StepId,
+    },
+    /// The worker was lost; the step goes back to be leased again.
+    LeaseRevoked {
+        worker: WorkerId,
+        stage: StageId,
+        step: StepId,
+    },
+    /// The training side consumed the step while it was still leased; it is done.
+    LeaseRetired {
+        worker: WorkerId,
+        stage: StageId,
+        step: StepId,
+    },
+    StepCompleted {
+        worker: WorkerId,
+        stage: StageId,
+        step: StepId,
+    },
+    WatermarkAdvanced {
+        watermark: StepId,
+    },
+    WorkerDraining {
+        worker: WorkerId,
+    },
+    /// A draining worker holds nothing more; it is removed and may exit.
+    WorkerDrained {
+        worker: WorkerId,
+    },
+    /// A lost worker is removed (after its leases were revoked).
+    WorkerLost {
+        worker: WorkerId,
+    },
+    /// The last step of the last epoch has been consumed.
+    EndOfData {
+        last: StepId,
+    },
+}
+
+/// One leased step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    pub worker: WorkerId,
+    pub deadline: Time,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerStatus {
+    Active,
+    Draining,
+}
+
+/// A registered data worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerInfo {
+    pub stage: StageId,
+    pub status: WorkerStatus,
+    pub last_seen: Time,
+    /// The steps it holds, as sequence numbers of its stage.
+    leases: BTreeSet<u64>,
+}
+
+impl WorkerInfo {
+    pub fn lease_count(&self) -> usize {
+        self.leases.len()
+    }
+}
+
+/// The lease table of one stage. Steps are numbered by a sequence number
+/// `epoch · steps_per_epoch + step`, so that "in order" is integer order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct StageState {
+    /// The next step never leased before.
+    next: u64,
+    /// Steps that were leased and came back (expired or revoked), to be leased again first.
+    pending: BTreeSet<u64>,
+    leases: BTreeMap<u64, Lease>,
+    /// Steps completed and not yet consumed.
+    completed: BTreeSet<u64>,
+}
+
+/// The dispatcher's state: workers, leases per stage, the consumed watermark.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DispatcherState {
+    config: DispatcherConfig,
+    per_epoch: u64,
+    total: Option<u64>,
+    lease_ms: u64,
+    stages: Vec<StageState>,
+    workers: BTreeMap<WorkerId, WorkerInfo>,
+    /// Workers that drained or were lost; their ids are never accepted again, so that a late
+    /// message from a worker given up for dead cannot be mistaken for a live one.
+    retired: BTreeSet<WorkerId>,
+    /// Sequence number of the last consumed step.
+    watermark: Option<u64>,
+    end_of_data: bool,
+}
+
+impl DispatcherState {
+    /// A fresh dispatcher: no workers, nothing leased, nothing consumed.
+    pub fn new(config: DispatcherConfig) -> Result<Self> {
+        config.validate()?;
+        let stages = usize::try_from(config.stages).map_err(|_| Error::InvalidConfig {
+            field: "stages",
+            reason: "too many".into(),
+        })?;
+        Ok(Self {
+            per_epoch: config.steps_per_epoch(),
+            total: config.total_steps(),
+            lease_ms: config.lease_millis(),
+            stages: vec![StageState::default(); stages],
+            workers: BTreeMap::new(),
+            retired: BTreeSet::new(),
+            watermark: None,
+            end_of_data: false,
+            config,
+        })
+    }
+
+    /// Rebuilds the state from a journal. Every event is checked against the state it applies
+    /// to, and every granted batch against the config, so that a corrupt journal, or one written
+    /// under another dataset or seed, is an error rather than a silently different data order.
+    pub fn replay<'a>(
+        config: DispatcherConfig,
+        events: impl IntoIterator<Item = &'a Event>,
+    ) -> Result<Self> {
+        let mut state = Self::new(config)?;
+        for (index, event) in events.into_iter().enumerate() {
+            if let Event::LeaseGranted { step, records, .. } = event {
+                if index_batch(&state.config, *step).ok().as_ref() != Some(records) {
+                    return Err(Error::Journal {
+                        index,
+                        reason: "the granted batch differs from the config's batch for that step",
+                    });
+                }
+            }
+            state
+                .apply_event(event)
+                .map_err(|reason| Error::Journal { index, reason })?;
+        }
+        Ok(state)
+    }
+
+    pub fn config(&self) -> &DispatcherConfig {
+        &self.config
+    }
+
+    /// The last step the training side consumed.
+    pub fn watermark(&self) -> Option<StepId> {
+        self.watermark.map(|s| self.step_of(s))
+    }
+
+    pub fn is_end_of_data(&self) -> bool {
+        self.end_of_data
+    }
+
+    pub fn worker(&self, worker: WorkerId) -> Option<&WorkerInfo> {
+        self.workers.get(&worker)
+    }
+
+    pub fn workers(&self) -> impl Iterator<Item = (WorkerId, &WorkerInfo)> {
+        self.workers.iter().map(|(w, info)| (*w, info))
+    }
+
+    /// The steps `worker` holds, in order.
+    pub fn leases_of(&self, worker: WorkerId) -> Vec<StepId> {
+        self.workers
+            .get(&worker)
+            .map(|info| info.leases.iter().map(|s| self.step_of(*s)).collect())
+            .unwrap_or_default()
+    }
+
+    /// Every lease, by stage then step.
+    pub fn leases(&self) -> Vec<(StageId, StepId, Lease)> {
+        let mut out = Vec::new();
+        for (i, stage) in self.stages.iter().enumerate() {
+            let id = StageId(u32::try_from(i).unwrap_or(u32::MAX));
+            out.extend(stage.leases.iter().map(|(s, l)| (id, self.step_of(*s), *l)));
+        }
+        out
+    }
+
+    /// Whether `stage` completed `step` and the training side has not consumed it yet.
+    pub fn is_completed(&self, stage: StageId, step: StepId) -> bool {
+        match (self.stage(stage), self.seq_of(step)) {
+            (Some(st), Some(seq)) => st.completed.contains(&seq),
+            _ => false,
+        }
+    }
+
+    /// Applies one command at time `now`. On error nothing changed; on success the returned
+    /// events, in order, are what changed (possibly nothing, e.g. a repeated report).
+    pub fn apply(&mut self, command: Command, now: Time) -> Result<Vec<Event>> {
+        let mut out = Vec::new();
+        match command {
+            Command::RegisterWorker {
+                worker,
+                stage,
+                protocol_version,
+            } => {
+                if protocol_version != PROTOCOL_VERSION {
+                    return Err(Error::ProtocolMismatch {
+                        worker,
+                        expected: PROTOCOL_VERSION,
+                        got: protocol_version,
+                    });
+                }
+                if self.workers.contains_key(&worker) {
+                    return Err(Error::WorkerExists { worker });
+                }
+                if self.retired.contains(&worker) {
+                    return Err(Error::WorkerRetired { worker });
+                }
+                if self.stage(stage).is_none() {
+                    return Err(Error::UnknownStage {
+                        stage,
+                        stages: self.config.stages,
+                    });
+                }
+                self.emit(
+                    &mut out,
+                    Event::WorkerRegistered {
+                        worker,
+                        stage,
+                        at: now,
+                    },
+                )?;
+            }
+            Command::Heartbeat { worker } => {
+                self.known(worker)?;
+                self.emit(&mut out, Event::WorkerHeartbeat { worker, at: now })?;
+            }
+            Command::RequestLease { worker } => {
+                let info = self.known(worker)?;
+                let stage = info.stage;
+                if info.status == WorkerStatus::Draining {
+                    return Err(Error::Draining { worker });
+                }
+                let limit = self.config.max_leases_per_worker;
+                if u32::try_from(info.leases.len()).map_or(true, |n| n >= limit) {
+                    return Err(Error::LeaseLimit { worker, limit });
+                }
+                let seq = self.next_leasable(stage)?;
+                let step = self.step_of(seq);
+                let records = index_batch(&self.config, step)?;
+                let deadline = now.saturating_add_millis(self.lease_ms);
+                self.emit(
+                    &mut out,
+                    Event::LeaseGranted {
+                        worker,
+                        stage,
+                        step,
+                        deadline,
+                        records,
+                    },
+                )?;
+            }
+            Command::Complete {
+                worker,
+                stage,
+                step,
+            } => {
+                let info = self.known(worker)?;
+                if info.stage != stage {
+                    return Err(Error::WrongStage {
+                        worker,
+                        stage,
+                        registered: info.stage,
+                    });
+                }
+                let seq = self.seq_of(step).ok_or(Error::StepOutOfRange { step })?;
+                if !info.leases.contains(&seq) {
+                    return Err(Error::NotHeld {
+                        worker,
+                        stage,
+                        step,
+                    });
+                }
+                self.emit(
+                    &mut out,
+                    Event::StepCompleted {
+                        worker,
+                        stage,
+                        step,
+                    },
+                )?;
+                self.finish_drained(&mut out, [worker])?;
+            }
+            Command::Consumed { watermark } => {
+                let seq = self
+                    .seq_of(watermark)
+                    .ok_or(Error::StepOutOfRange { step: watermark })?;
+                if self.watermark.is_some_and(|w| w >= seq) {
+                    // A late or repeated report: the training side only moves forward.
+                    return Ok(out);
+                }
+                if self.stages.last().is_none_or(|last| seq >= last.next) {
+                    return Err(Error::WatermarkAhead { watermark });
+                }
+                self.emit(&mut out, Event::WatermarkAdvanced { watermark })?;
+                let mut touched = Vec::new();
+                for (stage, step, lease) in self.leases() {
+                    if step <= watermark {
+                        touched.push(lease.worker);
+                        self.emit(
+                            &mut out,
+                            Event::LeaseRetired {
+                                worker: lease.worker,
+                                stage,
+                                step,
+                            },
+                        )?;
+                    }
+                }
+                self.finish_drained(&mut out, touched)?;
+                if self.total == seq.checked_add(1) {
+                    self.emit(&mut out, Event::EndOfData { last: watermark })?;
+                }
+            }
+            Command::Drain { worker } => {
+                if self.known(worker)?.status == WorkerStatus::Draining {
+                    return Ok(out);
+                }
+                self.emit(&mut out, Event::WorkerDraining { worker })?;
+                self.finish_drained(&mut out, [worker])?;
+            }
+            Command::WorkerLost { worker } => {
+                let info = self.known(worker)?;
+                let stage = info.stage;
+                let held: Vec<u64> = info.leases.iter().copied().collect();
+                for seq in held {
+                    let step = self.step_of(seq);
+                    self.emit(
+                        &mut out,
+                        Event::LeaseRevoked {
+                            worker,
+                            stage,
+                            step,
+                        },
+                    )?;
+                }
+                self.emit(&mut out, Event::WorkerLost { worker })?;
+            }
+            Command::Tick => {
+                let mut touched = Vec::new();
+                for (stage, step, lease) in self.leases() {
+                    if lease.deadline <= now {
+                        touched.push(lease.worker);
+                        self.emit(
+                            &mut out,
+                            Event::LeaseExpired {
+                                worker: lease.worker,
+                                stage,
+                                step,
+                            },
+                        )?;
+                    }
+                }
+                self.finish_drained(&mut out, touched)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Applies one event: checks that it fits the current state, then changes the state.
+    /// An event that does not fit changes nothing and returns why.
+    pub fn apply_event(&mut self, event: &Event) -> Result<(), &'static str> {
+        match event {
+            Event::WorkerRegistered { worker, stage, at } => {
+                if self.workers.contains_key(worker) || self.retired.contains(worker) {
+                    return Err("worker registered twice");
+                }
+                if self.stage(*stage).is_none() {
+                    return Err("worker registered for an unknown stage");
+                }
+                self.workers.insert(
+                    *worker,
+                    WorkerInfo {
+                        stage: *stage,
+                        status: WorkerStatus::Active,
+                        last_seen: *at,
+                        leases: BTreeSet::new(),
+                    },
+                );
+            }
+            Event::WorkerHeartbeat { worker, at } => {
+                let info = self
+                    .workers
+                    .get_mut(worker)
+                    .ok_or("heartbeat of an unknown worker")?;
+                info.last_seen = *at;
+            }
+            Event::LeaseGranted {
+                worker,
+                stage,
+                step,
+                deadline,
+                ..
+            } => {
+                let seq = self
+                    .seq_of(*step)
+                    .ok_or("lease of a step outside the job")?;
+                let info = self
+                    .workers
+                    .get(worker)
+                    .ok_or("lease to an unknown worker")?;
+                if info.stage != *stage || info.status != WorkerStatus::Active {
+                    return Err("lease to a worker of another stage or draining");
+                }
+                if u32::try_from(info.leases.len())
+                    .map_or(true, |n| n >= self.config.max_leases_per_worker)
+                {
+                    return Err("lease beyond the worker's limit");
+                }
+                let fresh = self.fresh_leasable(*stage) == Some(seq);
+                let st = self.stage_mut(*stage).ok_or("lease of an unknown stage")?;
+                if st.pending.remove(&seq) {
+                    // a re-lease
+                } else if fresh {
+                    st.next = seq.saturating_add(1);
+                } else {
+                    return Err("lease of a step that is neither returned nor next in order");
+                }
+                st.leases.insert(
+                    seq,
+                    Lease {
+                        worker: *worker,
+                        deadline: *deadline,
+                    },
+                );
+                if let Some(info) = self.workers.get_mut(worker) {
+                    info.leases.insert(seq);
+                }
+            }
+            Event::LeaseExpired {
+                worker,
+                stage,
+                step,
+            }
+            | Event::LeaseRevoked {
+                worker,
+                stage,
+                step,
+            } => {
+                let seq = self.release(*worker, *stage, *step)?;
+                if let Some(st) = self.stage_mut(*stage) {
+                    st.pending.insert(seq);
+                }
+            }
+            Event::LeaseRetired {
+                worker,
+                stage,
+                step,
+            } => {
+                let seq = self.seq_of(*step).ok_or("retired step outside the job")?;
+                if self.watermark.is_none_or(|w| seq > w) {
+                    return Err("retired a step the training side has not consumed");
+                }
+                self.release(*worker, *stage, *step)?;
+            }
+            Event::StepCompleted {
+                worker,
+                stage,
+                step,
+            } => {
+                let seq = self.release(*worker, *stage, *step)?;
+                if let Some(st) = self.stage_mut(*stage) {
+                    st.completed.insert(seq);
+                }
+            }
+            Event::WatermarkAdvanced { watermark } => {
+                let seq = self.seq_of(*watermark).ok_or("watermark outside the job")?;
+                if self.watermark.is_some_and(|w| w >= seq) {
+                    return Err("watermark moved backwards");
+                }
+                if self.stages.last().is_none_or(|last| seq >= last.next) {
+                    return Err("watermark ahead of every lease of the last stage");
+                }
+                self.watermark = Some(seq);
+                let after = seq.saturating_add(1);
+                for st in &mut self.stages {
+                    st.pending = st.pending.split_off(&after);
+                    st.completed = st.completed.split_off(&after);
+                    st.next = st.next.max(after);
+                }
+            }
+            Event::WorkerDraining { worker } => {
+                let info = self
+                    .workers
+                    .get_mut(worker)
+                    .ok_or("drain of an unknown worker")?;
+                if info.status != WorkerStatus::Active {
+                    return Err("drain of a draining worker");
+                }
+                info.status = WorkerStatus::Draining;
+            }
+            Event::WorkerDrained { worker } => {
+                let info = self
+                    .workers
+                    .get(worker)
+                    .ok_or("drained an unknown worker")?;
+                if info.status != WorkerStatus::Draining || !info.leases.is_empty() {
+                    return Err("drained a worker that is not draining or still holds leases");
+                }
+                self.workers.remove(worker);
+                self.retired.insert(*worker);
+            }
+            Event::WorkerLost { worker } => {
+                let info = self.workers.get(worker).ok_or("lost an unknown worker")?;
+                if !info.leases.is_empty() {
+                    return Err("lost a worker whose leases were not revoked");
+                }
+                self.workers.remove(worker);
+                self.retired.insert(*worker);
+            }
+            Event::EndOfData { last } => {
+                let seq = self.seq_of(*last).ok_or("end of data outside the job")?;
+                if self.total != seq.checked_add(1) || self.watermark != Some(seq) {
+                    return Err("end of data before the last step was consumed");
+                }
+                self.end_of_data = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies `event` and records it; a refusal here is a bug in [`Self::apply`]'s checks.
+    fn emit(&mut self, out: &mut Vec<Event>, event: Event) -> Result<()> {
+        self.apply_event(&event)
+            .map_err(|reason| Error::Invariant { reason })?;
+        out.push(event);
+        Ok(())
+    }
+
+    /// Emits `WorkerDrained` for each draining worker among `workers` that holds nothing more.
+    fn finish_drained(
+        &mut self,
+        out: &mut Vec<Event>,
+        workers: impl IntoIterator<Item = WorkerId>,
+    ) -> Result<()> {
+        let done: BTreeSet<WorkerId> = workers
+            .into_iter()
+            .filter(|w| {
+                self.workers.get(w).is_some_and(|info| {
+                    info.status == WorkerStatus::Draining && info.leases.is_empty()
+                })
+            })
+            .collect();
+        for worker in done {
+            self.emit(out, Event::WorkerDrained { worker })?;
+        }
+        Ok(())
+    }
+
+    /// Removes `worker`'s lease of `step` in `stage`, returning its sequence number.
+    fn release(
+        &mut self,
+        worker: WorkerId,
+        stage: StageId,
+        step: StepId,
+    ) -> Result<u64, &'static str> {
+        let seq = self.seq_of(step).ok_or("step outside the job")?;
+        let st = self.stage_mut(stage).ok_or("unknown stage")?;
+        if st.leases.get(&seq).map(|l| l.worker) != Some(worker) {
+            return Err("the worker does not hold that step");
+        }
+        st.leases.remove(&seq);
+        if let Some(info) = self.workers.get_mut(&worker) {
+            info.leases.remove(&seq);
+        }
+        Ok(seq)
+    }
+
+    fn known(&self, worker: WorkerId) -> Result<&WorkerInfo> {
+        self.workers
+            .get(&worker)
+            .ok_or(Error::UnknownWorker { worker })
+    }
+
+    /// The step to lease next for `stage`: a returned step first, else the next in order.
+    fn next_leasable(&self, stage: StageId) -> Result<u64> {
+        let st = self.stage(stage).ok_or(Error::UnknownStage {
+            stage,
+            stages: self.config.stages,
+        })?;
+        if let Some(seq) = st.pending.first() {
+            return Ok(*seq);
+        }
+        if let Some(seq) = self.fresh_leasable(stage) {
+            return Ok(seq);
+        }
+        let exhausted = self.total.is_some_and(|t| st.next >= t);
+        if exhausted && st.leases.is_empty() {
+            Err(Error::StageFinished { stage })
+        } else {
+            Err(Error::NoStepReady { stage })
+        }
+    }
+
+    /// The next never-leased step of `stage`, if it exists and, for a later stage, the stage
+    /// before it has completed it (its input exists).
+    fn fresh_leasable(&self, stage: StageId) -> Option<u64> {
+        let st = self.stage(stage)?;
+        if self.total.is_some_and(|t| st.next >= t) {
+            return None;
+        }
+        if stage.0 > 0 {
+            let before = self.stage(StageId(stage.0 - 1))?;
+            if !before.completed.contains(&st.next) {
+                return None;
+            }
+        }
+        Some(st.next)
+    }
+
+    fn stage(&self, stage: StageId) -> Option<&StageState> {
+        self.stages.get(usize::try_from(stage.0).ok()?)
+    }
+
+    fn stage_mut(&mut self, stage: StageId) -> Option<&mut StageState> {
+        self.stages.get_mut(usize::try_from(stage.0).ok()?)
+    }
+
+    /// The sequence number of `step`, `None` outside the job.
+    fn seq_of(&self, step: StepId) -> Option<u64> {
+        if step.step.0 >= self.per_epoch || self.config.epochs.is_some_and(|e| step.epoch.0 >= e) {
+            return None;
+        }
+        step.epoch
+            .0
+            .checked_mul(self.per_epoch)?
+            .checked_add(step.step.0)
+    }
+
+    fn step_of(&self, seq: u64) -> StepId {
+        StepId {
+            epoch: Epoch(seq.checked_div(self.per_epoch).unwrap_or(0)),
+            step: Step(seq.checked_rem(self.per_epoch).unwrap_or(seq)),
+        }
+    }
+}

@@ -1,0 +1,723 @@
+//! Scenario and property tests of the lease table and its journal.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use crate::*;
+
+fn config(stages: u32) -> DispatcherConfig {
+    DispatcherConfig {
+        records: 10,
+        batch_size: 3,
+        drop_remainder: false,
+        shuffle: Shuffle::Seeded { seed: 7 },
+        epochs: Some(2),
+        lease_duration: Duration::from_millis(100),
+        max_leases_per_worker: 2,
+        stages,
+    }
+}
+
+const W1: WorkerId = WorkerId(1);
+const W2: WorkerId = WorkerId(2);
+const S0: StageId = StageId(0);
+const S1: StageId = StageId(1);
+
+fn t(ms: u64) -> Time {
+    Time::from_millis(ms)
+}
+
+fn register(state: &mut DispatcherState, worker: WorkerId, stage: StageId) {
+    let command = Command::RegisterWorker {
+        worker,
+        stage,
+        protocol_version: PROTOCOL_VERSION,
+    };
+    state.apply(command, t(0)).expect("register");
+}
+
+/// Requests a lease and returns the granted step and records.
+fn lease(state: &mut DispatcherState, worker: WorkerId, now: u64) -> Result<(StepId, Vec<u64>)> {
+    let events = state.apply(Command::RequestLease { worker }, t(now))?;
+    match events.as_slice() {
+        [Event::LeaseGranted { step, records, .. }] => Ok((*step, records.clone())),
+        other => panic!("unexpected events {other:?}"),
+    }
+}
+
+fn complete(
+    state: &mut DispatcherState,
+    worker: WorkerId,
+    stage: StageId,
+    step: StepId,
+) -> Result<Vec<Event>> {
+    state.apply(
+        Command::Complete {
+            worker,
+            stage,
+            step,
+        },
+        t(0),
+    )
+}
+
+#[test]
+fn leases_in_order_and_relets_an_expired_step_first_with_the_same_batch() {
+    let mut state = DispatcherState::new(config(1)).expect("config");
+    register(&mut state, W1, S0);
+    register(&mut state, W2, S0);
+    let (a, records_a) = lease(&mut state, W1, 0).expect("lease");
+    let (b, _) = lease(&mut state, W2, 50).expect("lease");
+    assert_eq!((a, b), (StepId::new(0, 0), StepId::new(0, 1)));
+    assert_eq!(records_a, index_batch(state.config(), a).expect("batch"));
+
+    // At 100 ms W1's lease expires, W2's (deadline 150 ms) does not.
+    let events = state.apply(Command::Tick, t(100)).expect("tick");
+    assert_eq!(
+        events,
+        vec![Event::LeaseExpired {
+            worker: W1,
+            stage: S0,
+            step: a
+        }]
+    );
+    // The expired step goes out again before step 2, with the identical batch.
+    assert_eq!(
+        lease(&mut state, W2, 100).expect("re-lease"),
+        (a, records_a)
+    );
+
+    // W1 reports the step it lost: rejected, nothing changes.
+    let before = state.clone();
+    let err = complete(&mut state, W1, S0, a).expect_err("not held");
+    assert!(err.is_rejection() && !err.is_retryable(), "{err}");
+    assert_eq!(state, before);
+    // W2 holds two leases: the limit.
+    let err = lease(&mut state, W2, 100).expect_err("limit");
+    assert!(err.is_retryable(), "{err}");
+
+    complete(&mut state, W2, S0, a).expect("complete");
+    // Completing twice is a rejection: each step completes once.
+    assert!(complete(&mut state, W2, S0, a)
+        .expect_err("twice")
+        .is_rejection());
+    assert_eq!(
+        lease(&mut state, W1, 200).expect("lease").0,
+        StepId::new(0, 2)
+    );
+}
+
+#[test]
+fn a_lost_workers_leases_go_to_others_and_its_id_is_never_reused() {
+    let mut state = DispatcherState::new(config(1)).expect("config");
+    register(&mut state, W1, S0);
+    let (a, _) = lease(&mut state, W1, 0).expect("lease");
+    let (b, _) = lease(&mut state, W1, 0).expect("lease");
+    let events = state
+        .apply(Command::WorkerLost { worker: W1 }, t(10))
+        .expect("lost");
+    assert_eq!(
+        events,
+        vec![
+            Event::LeaseRevoked {
+                worker: W1,
+                stage: S0,
+                step: a
+            },
+            Event::LeaseRevoked {
+                worker: W1,
+                stage: S0,
+                step: b
+            },
+            Event::WorkerLost { worker: W1 },
+        ]
+    );
+    assert!(complete(&mut state, W1, S0, a)
+        .expect_err("gone")
+        .is_rejection());
+    let again = Command::RegisterWorker {
+        worker: W1,
+        stage: S0,
+        protocol_version: PROTOCOL_VERSION,
+    };
+    assert_eq!(
+        state.apply(again, t(10)),
+        Err(Error::WorkerRetired { worker: W1 })
+    );
+    register(&mut state, W2, S0);
+    assert_eq!(lease(&mut state, W2, 20).expect("lease").0, a);
+    assert_eq!(lease(&mut state, W2, 20).expect("lease").0, b);
+}
+
+#[test]
+fn a_draining_worker_finishes_what_it_holds_then_goes() {
+    let mut state = DispatcherState::new(config(1)).expect("config");
+    register(&mut state, W1, S0);
+    let (a, _) = lease(&mut state, W1, 0).expect("lease");
+    let events = state
+        .apply(Command::Drain { worker: W1 }, t(1))
+        .expect("drain");
+    assert_eq!(events, vec![Event::WorkerDraining { worker: W1 }]);
+    assert_eq!(state.apply(Command::Drain { worker: W1 }, t(1)), Ok(vec![]));
+    assert_eq!(
+        lease(&mut state, W1, 2),
+        Err(Error::Draining { worker: W1 })
+    );
+    let events = complete(&mut state, W1, S0, a).expect("complete");
+    assert_eq!(
+        events,
+        vec![
+            Event::StepCompleted {
+                worker: W1,
+                stage: S0,
+                step: a
+            },
+            Event::WorkerDrained { worker: W1 },
+        ]
+    );
+    assert!(state.worker(W1).is_none());
+}
+
+#[test]
+fn a_later_stage_leases_only_what_the_stage_before_completed() {
+    let mut state = DispatcherState::new(config(2)).expect("config");
+    register(&mut state, W1, S0);
+    register(&mut state, W2, S1);
+    assert_eq!(
+        lease(&mut state, W2, 0),
+        Err(Error::NoStepReady { stage: S1 })
+    );
+    let (a, records) = lease(&mut state, W1, 0).expect("lease");
+    assert_eq!(
+        lease(&mut state, W2, 0),
+        Err(Error::NoStepReady { stage: S1 })
+    );
+    complete(&mut state, W1, S0, a).expect("complete");
+    assert_eq!(lease(&mut state, W2, 0).expect("lease"), (a, records));
+    let wrong = complete(&mut state, W2, S0, a).expect_err("stage");
+    assert!(matches!(wrong, Error::WrongStage { .. }), "{wrong}");
+}
+
+#[test]
+fn consumed_steps_are_never_leased_again_and_the_end_is_signalled() {
+    let mut c = config(1);
+    c.epochs = Some(1); // 4 steps
+    let mut state = DispatcherState::new(c).expect("config");
+    register(&mut state, W1, S0);
+    register(&mut state, W2, S0);
+    let (a, _) = lease(&mut state, W1, 0).expect("lease");
+    let (b, _) = lease(&mut state, W2, 0).expect("lease");
+    state.apply(Command::Tick, t(1000)).expect("tick");
+    // Both returned; the training side nevertheless got step 1 (a slow worker delivered it
+    // before its report), so only step 0 is leased again.
+    assert_eq!(
+        state.apply(
+            Command::Consumed {
+                watermark: StepId::new(0, 3)
+            },
+            t(1000)
+        ),
+        Err(Error::WatermarkAhead {
+            watermark: StepId::new(0, 3)
+        })
+    );
+    state
+        .apply(Command::Consumed { watermark: b }, t(1000))
+        .expect("consumed");
+    assert_eq!(state.watermark(), Some(b));
+    assert_eq!(
+        state.apply(Command::Consumed { watermark: a }, t(1000)),
+        Ok(vec![])
+    );
+    let (c2, _) = lease(&mut state, W1, 1000).expect("lease");
+    assert_eq!(c2, StepId::new(0, 2));
+    let (d, _) = lease(&mut state, W2, 1000).expect("lease");
+    complete(&mut state, W1, S0, c2).expect("complete");
+    // Consuming the last step retires W2's lease of it and ends the data.
+    let events = state
+        .apply(Command::Consumed { watermark: d }, t(1001))
+        .expect("consumed");
+    assert_eq!(
+        events,
+        vec![
+            Event::WatermarkAdvanced { watermark: d },
+            Event::LeaseRetired {
+                worker: W2,
+                stage: S0,
+                step: d
+            },
+            Event::EndOfData { last: d },
+        ]
+    );
+    assert!(state.is_end_of_data());
+    let done = lease(&mut state, W1, 1002).expect_err("finished");
+    assert_eq!(done, Error::StageFinished { stage: S0 });
+    assert!(!done.is_retryable() && !done.is_rejection());
+}
+
+#[test]
+fn hostile_commands_are_rejected_without_change() {
+    let mut state = DispatcherState::new(config(2)).expect("config");
+    register(&mut state, W1, S0);
+    lease(&mut state, W1, 0).expect("lease");
+    let before = state.clone();
+    let bad = [
+        Command::RegisterWorker {
+            worker: W2,
+            stage: S0,
+            protocol_version: 99,
+        },
+        Command::RegisterWorker {
+            worker: W2,
+            stage: StageId(9),
+            protocol_version: PROTOCOL_VERSION,
+        },
+        Command::RegisterWorker {
+            worker: W1,
+            stage: S0,
+            protocol_version: PROTOCOL_VERSION,
+        },
+        Command::Heartbeat { worker: W2 },
+        Command::RequestLease { worker: W2 },
+        Command::Complete {
+            worker: W1,
+            stage: S0,
+            step: StepId::new(u64::MAX, u64::MAX),
+        },
+        Command::Complete {
+            worker: W1,
+            stage: S0,
+            step: StepId::new(1, 0),
+        },
+        Command::Complete {
+            worker: W1,
+            stage: StageId(u32::MAX),
+            step: StepId::new(0, 0),
+        },
+        Command::Consumed {
+            watermark: StepId::new(7, 0),
+        },
+        Command::Consumed {
+            watermark: StepId::new(0, 1),
+        },
+        Command::Drain { worker: W2 },
+        Command::WorkerLost { worker: W2 },
+    ];
+    for command in bad {
+        let err = state.apply(command.clone(), t(5)).expect_err("rejected");
+        assert!(err.is_rejection(), "{command:?}: {err}");
+        assert_eq!(state, before, "{command:?}");
+    }
+}
+
+#[test]
+fn replay_refuses_a_journal_of_another_seed_or_an_impossible_event() {
+    let mut state = DispatcherState::new(config(1)).expect("config");
+    let mut journal = Vec::new();
+    journal.extend(
+        state
+            .apply(
+                Command::RegisterWorker {
+                    worker: W1,
+                    stage: S0,
+                    protocol_version: PROTOCOL_VERSION,
+                },
+                t(0),
+            )
+            .expect("register"),
+    );
+    journal.extend(
+        state
+            .apply(Command::RequestLease { worker: W1 }, t(0))
+            .expect("lease"),
+    );
+    assert_eq!(
+        DispatcherState::replay(config(1), &journal).as_ref(),
+        Ok(&state)
+    );
+
+    let mut reseeded = config(1);
+    reseeded.shuffle = Shuffle::Seeded { seed: 8 };
+    assert!(matches!(
+        DispatcherState::replay(reseeded, &journal),
+        Err(Error::Journal { index: 1, .. })
+    ));
+
+    let mut bad = journal.clone();
+    bad.push(Event::StepCompleted {
+        worker: W2,
+        stage: S0,
+        step: StepId::new(0, 0),
+    });
+    assert!(matches!(
+        DispatcherState::replay(config(1), &bad),
+        Err(Error::Journal { index: 2, .. })
+    ));
+}
+
+#[test]
+fn events_round_trip_through_json() {
+    let events = vec![
+        Event::LeaseGranted {
+            worker: W1,
+            stage: S0,
+            step: StepId::new(1, 2),
+            deadline: t(5),
+            records: vec![3, 1],
+        },
+        Event::EndOfData {
+            last: StepId::new(1, 3),
+        },
+    ];
+    let text = serde_json::to_string(&events).expect("serialize");
+    let back: Vec<Event> = serde_json::from_str(&text).expect("deserialize");
+    assert_eq!(back, events);
+}
+
+// ---- property tests ----
+
+/// A random action. A `worker` below [`LIVE`] names the `worker % n`-th live worker (when any
+/// is alive); other values are raw ids, mostly of strangers or of retired workers.
+#[derive(Debug, Clone)]
+enum Op {
+    /// Register a fresh id, or (`fresh == false`) re-register `worker`'s id.
+    Register {
+        fresh: bool,
+        worker: u64,
+        stage: u32,
+    },
+    Heartbeat(u64),
+    Request(u64),
+    /// Complete the `nth` lease the worker holds (or a step it does not hold when it holds none).
+    CompleteHeld {
+        worker: u64,
+        nth: usize,
+    },
+    /// A report of an arbitrary, probably not held, step.
+    CompleteAny {
+        worker: u64,
+        stage: u32,
+        epoch: u64,
+        step: u64,
+    },
+    ConsumeAny {
+        epoch: u64,
+        step: u64,
+    },
+    /// The training side reports the step after the watermark (whether or not it completed:
+    /// a worker may deliver before it reports).
+    ConsumeNext,
+    Drain(u64),
+    Lost(u64),
+    /// Move time forward by this many milliseconds and tick.
+    Tick(u64),
+}
+
+const LIVE: u64 = 6;
+
+fn op() -> impl Strategy<Value = Op> {
+    let w = 0u64..LIVE + 2;
+    prop_oneof![
+        6 => (prop::bool::weighted(0.9), w.clone(), 0u32..5)
+            .prop_map(|(fresh, worker, stage)| Op::Register { fresh, worker, stage }),
+        1 => w.clone().prop_map(Op::Heartbeat),
+        8 => w.clone().prop_map(Op::Request),
+        8 => (w.clone(), 0usize..3).prop_map(|(worker, nth)| Op::CompleteHeld { worker, nth }),
+        1 => (w.clone(), 0u32..3, 0u64..4, 0u64..12)
+            .prop_map(|(worker, stage, epoch, step)| Op::CompleteAny { worker, stage, epoch, step }),
+        1 => (0u64..3, 0u64..12).prop_map(|(epoch, step)| Op::ConsumeAny { epoch, step }),
+        2 => Just(Op::ConsumeNext),
+        1 => w.clone().prop_map(Op::Drain),
+        1 => w.prop_map(Op::Lost),
+        2 => (0u64..150).prop_map(Op::Tick),
+    ]
+}
+
+fn job_config() -> impl Strategy<Value = DispatcherConfig> {
+    (
+        1u64..40,
+        1u64..8,
+        any::<bool>(),
+        proptest::option::of(any::<u64>()),
+        1u64..4,
+        20u64..200,
+        1u32..4,
+        1u32..4,
+    )
+        .prop_map(
+            |(records, batch_size, drop, seed, epochs, lease_ms, max_leases, stages)| {
+                DispatcherConfig {
+                    records,
+                    batch_size,
+                    drop_remainder: drop && batch_size <= records,
+                    shuffle: seed.map_or(Shuffle::Off, |seed| Shuffle::Seeded { seed }),
+                    epochs: Some(epochs),
+                    lease_duration: Duration::from_millis(lease_ms),
+                    max_leases_per_worker: max_leases,
+                    stages,
+                }
+            },
+        )
+}
+
+/// Drives random ops: resolves worker choices against the live state and hands out fresh ids.
+#[derive(Debug, Default)]
+struct Driver {
+    next_id: u64,
+    now: u64,
+}
+
+impl Driver {
+    fn pick(state: &DispatcherState, worker: u64) -> WorkerId {
+        let live: Vec<WorkerId> = state.workers().map(|(w, _)| w).collect();
+        match usize::try_from(worker) {
+            Ok(k) if worker < LIVE && !live.is_empty() => live[k % live.len()],
+            _ => WorkerId(worker),
+        }
+    }
+
+    /// The command for `op` against the current state (time moves on a `Tick`).
+    fn command(&mut self, state: &DispatcherState, op: &Op) -> Command {
+        match *op {
+            Op::Register {
+                fresh,
+                worker,
+                stage,
+            } => {
+                let worker = if fresh {
+                    self.next_id += 1;
+                    WorkerId(self.next_id - 1)
+                } else {
+                    Self::pick(state, worker)
+                };
+                Command::RegisterWorker {
+                    worker,
+                    // Mostly a stage of the plan, sometimes one that does not exist.
+                    stage: StageId(if stage == 4 {
+                        99
+                    } else {
+                        stage % state.config().stages
+                    }),
+                    protocol_version: PROTOCOL_VERSION,
+                }
+            }
+            Op::Heartbeat(w) => Command::Heartbeat {
+                worker: Self::pick(state, w),
+            },
+            Op::Request(w) => Command::RequestLease {
+                worker: Self::pick(state, w),
+            },
+            Op::CompleteHeld { worker, nth } => {
+                let worker = Self::pick(state, worker);
+                let held = state.leases_of(worker);
+                let stage = state.worker(worker).map_or(S0, |info| info.stage);
+                let step = if held.is_empty() {
+                    StepId::new(0, 0)
+                } else {
+                    held[nth % held.len()]
+                };
+                Command::Complete {
+                    worker,
+                    stage,
+                    step,
+                }
+            }
+            Op::CompleteAny {
+                worker,
+                stage,
+                epoch,
+                step,
+            } => Command::Complete {
+                worker: Self::pick(state, worker),
+                stage: StageId(stage),
+                step: StepId::new(epoch, step),
+            },
+            Op::ConsumeAny { epoch, step } => Command::Consumed {
+                watermark: StepId::new(epoch, step),
+            },
+            Op::ConsumeNext => {
+                let per_epoch = state.config().steps_per_epoch();
+                let watermark = match state.watermark() {
+                    None => StepId::new(0, 0),
+                    Some(w) if w.step.0 + 1 == per_epoch => StepId::new(w.epoch.0 + 1, 0),
+                    Some(w) => StepId::new(w.epoch.0, w.step.0 + 1),
+                };
+                Command::Consumed { watermark }
+            }
+            Op::Drain(w) => Command::Drain {
+                worker: Self::pick(state, w),
+            },
+            Op::Lost(w) => Command::WorkerLost {
+                worker: Self::pick(state, w),
+            },
+            Op::Tick(dt) => {
+                self.now += dt;
+                Command::Tick
+            }
+        }
+    }
+}
+
+/// Applies a command, checking that a refusal changes nothing and is never an internal error.
+fn apply_checked(
+    state: &mut DispatcherState,
+    command: Command,
+    now: u64,
+) -> std::result::Result<Vec<Event>, TestCaseError> {
+    let before = state.clone();
+    match state.apply(command.clone(), t(now)) {
+        Ok(events) => Ok(events),
+        Err(err) => {
+            prop_assert!(
+                !matches!(err, Error::Invariant { .. }),
+                "{command:?}: {err}"
+            );
+            prop_assert!(
+                err.is_rejection()
+                    || err.is_retryable()
+                    || matches!(err, Error::StageFinished { .. }),
+                "{err}"
+            );
+            prop_assert_eq!(
+                &*state,
+                &before,
+                "{:?} was refused but changed the state",
+                command
+            );
+            Ok(Vec::new())
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    /// The journal rebuilds the live state after any command sequence, including hostile and
+    /// stale commands; a refused command changes nothing.
+    #[test]
+    fn replay_equals_live_state(
+        config in job_config(),
+        forever: bool,
+        ops in proptest::collection::vec(op(), 0..150),
+    ) {
+        let config = DispatcherConfig { epochs: if forever { None } else { config.epochs }, ..config };
+        let mut state = DispatcherState::new(config.clone()).expect("valid config");
+        let mut journal = Vec::new();
+        let mut driver = Driver::default();
+        for op in &ops {
+            let command = driver.command(&state, op);
+            journal.extend(apply_checked(&mut state, command, driver.now)?);
+            if journal.len() % 16 == 0 {
+                prop_assert_eq!(&DispatcherState::replay(config.clone(), &journal).expect("replay"), &state);
+            }
+        }
+        let replayed = DispatcherState::replay(config, &journal).expect("replay");
+        prop_assert_eq!(replayed, state);
+    }
+
+    /// Issue 5's invariant at the state-machine level: under crashes, expiries, drains and new
+    /// workers, with a training side that consumes in order what the last stage completed,
+    /// every step of every epoch completes exactly once per stage, its batch never changes,
+    /// and the training side consumes every step in order.
+    #[test]
+    fn every_step_completes_once_and_is_consumed_in_order(
+        config in job_config(),
+        ops in proptest::collection::vec(op(), 0..150),
+    ) {
+        let mut state = DispatcherState::new(config.clone()).expect("valid config");
+        let per_epoch = config.steps_per_epoch();
+        let total = config.total_steps().expect("finite job");
+        let last_stage = StageId(config.stages - 1);
+        let mut completions: BTreeMap<(StageId, StepId), u32> = BTreeMap::new();
+        let mut batches: BTreeMap<StepId, Vec<u64>> = BTreeMap::new();
+        let mut consumed: Vec<StepId> = Vec::new();
+        let mut next_consume = 0u64;
+        let mut driver = Driver::default();
+        let mut now = 0;
+
+        let mut record = |events: Vec<Event>, completions: &mut BTreeMap<(StageId, StepId), u32>| -> std::result::Result<(), TestCaseError> {
+            for event in events {
+                match event {
+                    Event::StepCompleted { stage, step, .. } => *completions.entry((stage, step)).or_default() += 1,
+                    Event::LeaseGranted { step, records, .. } => {
+                        let first = batches.entry(step).or_insert_with(|| records.clone());
+                        prop_assert_eq!(&*first, &records, "a re-lease changed the batch of {}", step);
+                    }
+                    Event::WatermarkAdvanced { watermark } => consumed.push(watermark),
+                    _ => {}
+                }
+            }
+            Ok(())
+        };
+        // The training side: consume, in order, every step the last stage has completed.
+        let consume = |state: &mut DispatcherState, next: &mut u64, now: u64| -> std::result::Result<Vec<Event>, TestCaseError> {
+            let mut events = Vec::new();
+            while *next < total {
+                let step = StepId::new(*next / per_epoch, *next % per_epoch);
+                if !state.is_completed(last_stage, step) {
+                    break;
+                }
+                events.extend(apply_checked(state, Command::Consumed { watermark: step }, now)?);
+                *next += 1;
+            }
+            Ok(events)
+        };
+
+        // Only the modelled training side below reports consumption here.
+        let ops = ops.iter().filter(|op| !matches!(op, Op::ConsumeAny { .. } | Op::ConsumeNext));
+        for op in ops {
+            let command = driver.command(&state, op);
+            now = driver.now;
+            let events = apply_checked(&mut state, command, now)?;
+            record(events, &mut completions)?;
+            let events = consume(&mut state, &mut next_consume, now)?;
+            record(events, &mut completions)?;
+        }
+
+        // Recovery: fresh workers for every stage run the job to its end.
+        let fresh: Vec<WorkerId> = (0..config.stages).map(|s| WorkerId(1000 + u64::from(s))).collect();
+        for (s, worker) in fresh.iter().enumerate() {
+            let stage = StageId(u32::try_from(s).expect("few stages"));
+            let register = Command::RegisterWorker { worker: *worker, stage, protocol_version: PROTOCOL_VERSION };
+            record(apply_checked(&mut state, register, now)?, &mut completions)?;
+        }
+        let budget = 4 * total * u64::from(config.stages) + 100;
+        for _ in 0..budget {
+            if state.is_end_of_data() {
+                break;
+            }
+            now += 1000; // past every deadline: what stragglers hold comes back
+            record(apply_checked(&mut state, Command::Tick, now)?, &mut completions)?;
+            for worker in &fresh {
+                record(apply_checked(&mut state, Command::RequestLease { worker: *worker }, now)?, &mut completions)?;
+                let stage = state.worker(*worker).map_or(S0, |info| info.stage);
+                for step in state.leases_of(*worker) {
+                    record(apply_checked(&mut state, Command::Complete { worker: *worker, stage, step }, now)?, &mut completions)?;
+                }
+            }
+            let events = consume(&mut state, &mut next_consume, now)?;
+            record(events, &mut completions)?;
+        }
+        prop_assert!(state.is_end_of_data(), "the job did not finish");
+
+        let all: Vec<StepId> = (0..total).map(|n| StepId::new(n / per_epoch, n % per_epoch)).collect();
+        prop_assert_eq!(&consumed, &all, "consumed out of order or incompletely");
+        for stage in (0..config.stages).map(StageId) {
+            for step in &all {
+                prop_assert_eq!(completions.get(&(stage, *step)).copied(), Some(1), "{} {}", stage, step);
+            }
+        }
+        // Stage 0's batches of each epoch cover the records exactly once.
+        let kept = per_epoch.min(config.records / config.batch_size) * config.batch_size
+            + if config.drop_remainder { 0 } else { config.records % config.batch_size };
+        for epoch in 0..config.epochs.unwrap_or(0) {
+            let mut records: Vec<u64> = batches.range(StepId::new(epoch, 0)..StepId::new(epoch + 1, 0)).flat_map(|(_, r)| r.clone()).collect();
+            records.sort_unstable();
+            let distinct: BTreeSet<u64> = records.iter().copied().collect();
+            prop_assert_eq!(records.len() as u64, kept);
+            prop_assert_eq!(distinct.len() as u64, kept);
+        }
+    }
+}
