@@ -13,6 +13,8 @@
 //!   "GZIP" compression, offset indexes for random access to uncompressed files, and an
 //!   `ignore_errors`-style policy that skips and counts corrupt records.
 //! - [`hash`]: `Fingerprint64` (FarmHash `farmhashna::Hash64`) and `StringToHashBucketFast`.
+//! - [`kernels`]: TensorFlow ops as pure functions over tensors (strings, lookup tables,
+//!   array basics, `Cast`), checked against golden vectors from TensorFlow 2.18.1.
 //! - [`error`]: the crate's [`Error`].
 //!
 //! # Invariants
@@ -31,6 +33,7 @@
 pub mod convert;
 pub mod error;
 pub mod hash;
+pub mod kernels;
 pub mod records;
 pub mod tensor;
 
