@@ -14,7 +14,8 @@
 //!   `ignore_errors`-style policy that skips and counts corrupt records.
 //! - [`hash`]: `Fingerprint64` (FarmHash `farmhashna::Hash64`) and `StringToHashBucketFast`.
 //! - [`kernels`]: TensorFlow ops as pure functions over tensors (strings, lookup tables,
-//!   array basics, `Cast`), checked against golden vectors from TensorFlow 2.18.1.
+//!   array basics, `Cast`, parsing, sparse and feature-column ops, math), checked against
+//!   golden vectors from TensorFlow 2.18.1.
 //! - [`error`]: the crate's [`Error`].
 //!
 //! # Invariants

@@ -9,10 +9,18 @@
 //! - [`lookup`]: `HashTableV2` and the ops that fill and read it.
 //! - [`array`]: shape and copy ops (`Reshape`, `ConcatV2`, `Pack`, `Range` …).
 //! - [`cast`]: `Cast`, including what TensorFlow's x86-64 kernel does out of range.
+//! - [`parsing`]: `DecodeCSV`, `ParseExampleV2`, `ParseSingleExample`, `DeserializeSparse`
+//!   (errors name the record or example and the field or key).
+//! - [`sparse`]: feature-column ops: `Unique`, `Bucketize`, `SparseFillEmptyRows`,
+//!   `SparseReshape`, `SparseToDense`, `DenseBincount`, `SparseCross(Hashed)`.
+//! - [`math`]: element-wise math with broadcasting, comparisons, logic, `Select`, `Where`,
+//!   reductions and `Cumsum`. Five float reduction cases differ from TensorFlow in the last bits
+//!   (Eigen's summation order is not fully reproduced); the tests list them exactly.
 
 pub mod array;
 pub mod cast;
 pub mod lookup;
+pub mod parsing;
 pub mod strings;
 
 mod number;
@@ -183,3 +191,6 @@ pub(crate) fn broadcast_index(in_shape: &[usize], out_shape: &[usize]) -> Vec<us
     }
     idx
 }
+
+pub mod math;
+pub mod sparse;

@@ -439,3 +439,537 @@ mod robustness {
         }
     }
 }
+
+fn attr_dtype(a: &Value, k: &str) -> DType {
+    dtype(a[k].as_str().expect("dtype attr"))
+}
+
+fn attr_bool(a: &Value, k: &str) -> bool {
+    a[k].as_bool().expect("bool attr")
+}
+
+#[test]
+fn sparse_ops() {
+    use super::sparse;
+    let mut n = 0;
+    n += check("Unique", |i, a, _| {
+        sparse::unique(&i[0], attr_dtype(a, "out_idx"))
+    });
+    n += check("UniqueWithCounts", |i, a, _| {
+        sparse::unique_with_counts(&i[0], attr_dtype(a, "out_idx"))
+    });
+    n += check("Bucketize", |i, a, _| {
+        let boundaries: Vec<f32> = a["boundaries"]
+            .as_array()
+            .expect("boundaries")
+            .iter()
+            .map(|b| match b.as_f64() {
+                #[allow(clippy::cast_possible_truncation)]
+                Some(x) => x as f32,
+                // JSON has no infinities: the generator's are written as strings.
+                None => b.as_str().expect("float").parse().expect("float"),
+            })
+            .collect();
+        sparse::bucketize(&i[0], &boundaries)
+    });
+    n += check("SparseFillEmptyRows", |i, _, _| {
+        sparse::sparse_fill_empty_rows(&i[0], &i[1], &i[2], &i[3])
+    });
+    n += check("SparseReshape", |i, _, _| {
+        sparse::sparse_reshape(&i[0], &i[1], &i[2])
+    });
+    n += check("SparseToDense", |i, a, _| {
+        sparse::sparse_to_dense(&i[0], &i[1], &i[2], &i[3], attr_bool(a, "validate_indices"))
+    });
+    n += check("DenseBincount", |i, a, _| {
+        sparse::dense_bincount(&i[0], &i[1], &i[2], attr_bool(a, "binary_output"))
+    });
+    assert!(n > 100, "{n} sparse cases");
+}
+
+/// The parsing kernels return their own error type; the golden runner only needs to know that
+/// they failed, and prints the message if TensorFlow did not.
+fn parsing_result(r: super::parsing::Result<Vec<Tensor>>) -> Result<Vec<Tensor>> {
+    r.map_err(|e| super::KernelError::InvalidAttr {
+        op: "parsing",
+        attr: "-",
+        value: e.to_string(),
+        reason: "see the value",
+    })
+}
+
+fn parsing_dtypes(a: &Value, k: &str) -> Vec<DType> {
+    a[k].as_array()
+        .map(|l| {
+            l.iter()
+                .map(|x| dtype(x.as_str().expect("dtype")))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn parsing_shapes(a: &Value) -> Vec<Vec<i64>> {
+    a["dense_shapes"]
+        .as_array()
+        .expect("dense_shapes")
+        .iter()
+        .map(|s| {
+            s.as_array()
+                .expect("shape")
+                .iter()
+                .map(|d| d.as_i64().expect("dim"))
+                .collect()
+        })
+        .collect()
+}
+
+fn parsing_keys(a: &Value, k: &str) -> Vec<Vec<u8>> {
+    a[k].as_array()
+        .expect("keys")
+        .iter()
+        .map(|x| x.as_str().expect("key").as_bytes().to_vec())
+        .collect()
+}
+
+#[test]
+fn decode_csv() {
+    use super::parsing::{self, DecodeCsvAttrs};
+    let n = check("DecodeCSV", |i, a, _| {
+        let attrs = DecodeCsvAttrs {
+            field_delim: a["field_delim"]
+                .as_str()
+                .expect("delim")
+                .as_bytes()
+                .to_vec(),
+            use_quote_delim: a["use_quote_delim"].as_bool().expect("quote"),
+            na_value: a["na_value"].as_str().expect("na").as_bytes().to_vec(),
+            select_cols: attr_list(a, "select_cols"),
+        };
+        let defaults: Vec<&Tensor> = i[1..].iter().collect();
+        parsing_result(parsing::decode_csv(&i[0], &defaults, &attrs))
+    });
+    assert!(n > 100, "{n} DecodeCSV cases");
+}
+
+#[test]
+fn parse_example() {
+    use super::parsing::{self, ParseExampleAttrs, ParseSingleExampleAttrs};
+    let n = check("ParseExampleV2", |i, a, _| {
+        let attrs = ParseExampleAttrs {
+            num_sparse: attr_i64(a, "num_sparse", 0),
+            sparse_types: parsing_dtypes(a, "sparse_types"),
+            ragged_value_types: parsing_dtypes(a, "ragged_value_types"),
+            ragged_split_types: parsing_dtypes(a, "ragged_split_types"),
+            dense_shapes: parsing_shapes(a),
+        };
+        let defaults: Vec<&Tensor> = i[5..].iter().collect();
+        parsing_result(parsing::parse_example_v2(
+            &i[0], &i[1], &i[2], &i[3], &i[4], &defaults, &attrs,
+        ))
+    });
+    assert!(n > 150, "{n} ParseExampleV2 cases");
+    let n = check("ParseSingleExample", |i, a, _| {
+        let attrs = ParseSingleExampleAttrs {
+            num_sparse: attr_i64(a, "num_sparse", 0),
+            sparse_keys: parsing_keys(a, "sparse_keys"),
+            dense_keys: parsing_keys(a, "dense_keys"),
+            sparse_types: parsing_dtypes(a, "sparse_types"),
+            dense_shapes: parsing_shapes(a),
+        };
+        let defaults: Vec<&Tensor> = i[1..].iter().collect();
+        parsing_result(parsing::parse_single_example(&i[0], &defaults, &attrs))
+    });
+    assert!(n > 100, "{n} ParseSingleExample cases");
+}
+
+/// The parsing kernels return errors, never panic, on arbitrary records and Example bytes.
+mod parsing_robustness {
+    use proptest::prelude::*;
+
+    use super::super::parsing::{self, DecodeCsvAttrs, ParseExampleAttrs};
+    use crate::tensor::{DType, Tensor, TensorData};
+
+    fn strings(v: Vec<Vec<u8>>) -> Tensor {
+        let n = v.len();
+        Tensor::new(vec![n], TensorData::String(v)).expect("vector")
+    }
+
+    /// A valid Example with int64 "i", float "f" and bytes "s" features.
+    const EXAMPLE: &[u8] = b"\x0a\x2c\x0a\x0c\x0a\x01i\x12\x07\x1a\x05\x0a\x03\x01\x02\x03\
+\x0a\x10\x0a\x01f\x12\x0b\x12\x09\x0a\x07\x00\x00\x80\x3f\x00\x00\x00\
+\x0a\x0c\x0a\x01s\x12\x07\x0a\x05\x0a\x03abc";
+
+    proptest! {
+        #[test]
+        fn decode_csv_never_panics(
+            records in prop::collection::vec(
+                prop::collection::vec(prop::sample::select(b"ab1.,\"\n\r -".to_vec()), 0..10), 0..4),
+            quote in any::<bool>(),
+            select in prop::collection::vec(-1i64..5, 0..4),
+            na in prop::sample::select(vec!["", "a", "1"]),
+        ) {
+            let records = strings(records);
+            let defaults = [
+                Tensor::new(vec![1], TensorData::Int32(vec![0])).expect("d"),
+                Tensor::new(vec![0], TensorData::Float64(vec![])).expect("d"),
+                Tensor::new(vec![1], TensorData::String(vec![b"x".to_vec()])).expect("d"),
+            ];
+            let refs: Vec<&Tensor> = defaults.iter().collect();
+            for k in 1..=refs.len() {
+                let attrs = DecodeCsvAttrs {
+                    field_delim: b",".to_vec(),
+                    use_quote_delim: quote,
+                    na_value: na.as_bytes().to_vec(),
+                    select_cols: select.iter().copied().take(k).collect(),
+                };
+                let _ = parsing::decode_csv(&records, &refs[..k], &attrs);
+            }
+        }
+
+        #[test]
+        fn parse_example_never_panics(
+            garbage in prop::collection::vec(any::<u8>(), 0..40),
+            flips in prop::collection::vec((0..EXAMPLE.len(), any::<u8>()), 0..3),
+            cut in 0..=EXAMPLE.len(),
+            shape in prop::sample::select(vec![vec![], vec![1], vec![3], vec![-1], vec![-1, 2], vec![-2]]),
+        ) {
+            let mut mutated = EXAMPLE.to_vec();
+            for (i, b) in flips {
+                mutated[i] = b;
+            }
+            let serialized = strings(vec![garbage, mutated, EXAMPLE[..cut].to_vec(), EXAMPLE.to_vec()]);
+            let keys = |k: &[&[u8]]| strings(k.iter().map(|x| x.to_vec()).collect());
+            let no_names = strings(vec![]);
+            let n: i64 = shape.iter().product();
+            let default = if shape.first() == Some(&-1) {
+                Tensor::scalar(TensorData::Int64(vec![7])).expect("d")
+            } else {
+                let dims: Vec<usize> = shape.iter().map(|&d| usize::try_from(d).unwrap_or(0)).collect();
+                Tensor::new(dims, TensorData::Int64(vec![5; usize::try_from(n).unwrap_or(0)])).expect("d")
+            };
+            let attrs = ParseExampleAttrs {
+                num_sparse: 2,
+                sparse_types: vec![DType::Float32, DType::String],
+                ragged_value_types: vec![DType::Int64],
+                ragged_split_types: vec![DType::Int32],
+                dense_shapes: vec![shape],
+            };
+            let _ = parsing::parse_example_v2(
+                &serialized, &no_names, &keys(&[b"f", b"s"]), &keys(&[b"i"]), &keys(&[b"i"]),
+                &[&default], &attrs,
+            );
+            for one in [&EXAMPLE[..cut], EXAMPLE] {
+                let scalar = Tensor::scalar(TensorData::String(vec![one.to_vec()])).expect("s");
+                let _ = parsing::parse_example_v2(
+                    &scalar, &no_names, &keys(&[b"f", b"s"]), &keys(&[b"i"]), &keys(&[b"i"]),
+                    &[&default], &attrs,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn sparse_cross_ops() {
+    use super::sparse::{self, SparseCrossAttrs};
+    // The list inputs are flattened: n_sparse indices, values and shapes, then n_dense.
+    fn split(i: &[Tensor], a: &Value) -> [Vec<Tensor>; 4] {
+        let s = usize::try_from(attr_i64(a, "n_sparse", 0)).expect("n_sparse");
+        [
+            i[..s].to_vec(),
+            i[s..2 * s].to_vec(),
+            i[2 * s..3 * s].to_vec(),
+            i[3 * s..].to_vec(),
+        ]
+    }
+    fn refs(v: &[Tensor]) -> Vec<&Tensor> {
+        v.iter().collect()
+    }
+    let mut n = check("SparseCross", |i, a, _| {
+        let [ind, val, sh, dense] = split(i, a);
+        let attrs = SparseCrossAttrs {
+            hashed_output: attr_bool(a, "hashed_output"),
+            num_buckets: attr_i64(a, "num_buckets", 0),
+            hash_key: attr_i64(a, "hash_key", 0),
+        };
+        sparse::sparse_cross(&refs(&ind), &refs(&val), &refs(&sh), &refs(&dense), attrs)
+    });
+    n += check("SparseCrossHashed", |i, a, _| {
+        let [ind, val, sh, dense] = split(i, a);
+        let scalar = |d| Tensor::scalar(d).expect("scalar");
+        let salt = attr_list(a, "salt");
+        let salt = Tensor::new(vec![salt.len()], TensorData::Int64(salt)).expect("salt");
+        sparse::sparse_cross_hashed(
+            &refs(&ind),
+            &refs(&val),
+            &refs(&sh),
+            &refs(&dense),
+            &scalar(TensorData::Int64(vec![attr_i64(a, "num_buckets", 0)])),
+            &scalar(TensorData::Bool(vec![attr_bool(a, "strong_hash")])),
+            &salt,
+        )
+    });
+    assert!(n > 30, "{n} cross cases");
+}
+
+/// DeserializeSparse.json: the inputs are the (indices, values, shape) of each element.
+#[test]
+fn deserialize_sparse() {
+    use super::parsing::{self, SparseParts};
+    let n = check("DeserializeSparse", |i, a, _| {
+        let batch_shape: Vec<usize> = attr_list(a, "batch_shape")
+            .into_iter()
+            .map(|d| usize::try_from(d).expect("dim"))
+            .collect();
+        let parts: Vec<SparseParts<'_>> = i
+            .chunks_exact(3)
+            .map(|c| SparseParts {
+                indices: &c[0],
+                values: &c[1],
+                shape: &c[2],
+            })
+            .collect();
+        parsing_result(parsing::deserialize_sparse(
+            &batch_shape,
+            &parts,
+            dtype(a["dtype"].as_str().expect("dtype")),
+        ))
+    });
+    assert!(n > 25, "{n} DeserializeSparse cases");
+}
+
+/// DeserializeSparse returns errors, never panics, on inconsistent parts.
+mod deserialize_sparse_robustness {
+    use proptest::prelude::*;
+
+    use super::super::parsing::{deserialize_sparse, SparseParts};
+    use crate::tensor::{DType, Tensor, TensorData};
+
+    fn part() -> impl Strategy<Value = (Tensor, Tensor, Tensor)> {
+        (0usize..3, 0usize..3, 0usize..3, any::<bool>()).prop_map(|(rows, cols, rank, float)| {
+            let indices = Tensor::new(vec![rows, cols], TensorData::Int64(vec![9; rows * cols]))
+                .expect("indices");
+            let values = if float {
+                Tensor::new(vec![rows], TensorData::Float32(vec![1.0; rows])).expect("values")
+            } else {
+                Tensor::new(vec![rows], TensorData::Int64(vec![1; rows])).expect("values")
+            };
+            let shape = Tensor::new(vec![rank], TensorData::Int64(vec![2; rank])).expect("shape");
+            (indices, values, shape)
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics(parts in prop::collection::vec(part(), 0..4), two_d in any::<bool>()) {
+            let refs: Vec<SparseParts<'_>> = parts
+                .iter()
+                .map(|(indices, values, shape)| SparseParts { indices, values, shape })
+                .collect();
+            let n = refs.len();
+            let _ = deserialize_sparse(&[n], &refs, DType::Float32);
+            let _ = deserialize_sparse(&[], &refs, DType::Int64);
+            if two_d {
+                let _ = deserialize_sparse(&[1, n], &refs, DType::Float32);
+                let _ = deserialize_sparse(&[2, 2], &refs, DType::Float32);
+            }
+        }
+    }
+}
+
+#[test]
+fn math_ops() {
+    use super::math::{self, BinaryOp, Comparison};
+    let mut n = 0;
+    for (name, op) in [
+        ("Add", BinaryOp::Add),
+        ("AddV2", BinaryOp::AddV2),
+        ("Sub", BinaryOp::Sub),
+        ("Mul", BinaryOp::Mul),
+        ("RealDiv", BinaryOp::RealDiv),
+        ("FloorMod", BinaryOp::FloorMod),
+        ("Maximum", BinaryOp::Maximum),
+        ("Minimum", BinaryOp::Minimum),
+    ] {
+        n += check(name, |i, _, _| math::binary(op, &i[0], &i[1]));
+    }
+    for (name, op) in [
+        ("Equal", Comparison::Equal),
+        ("NotEqual", Comparison::NotEqual),
+        ("Less", Comparison::Less),
+        ("LessEqual", Comparison::LessEqual),
+        ("Greater", Comparison::Greater),
+        ("GreaterEqual", Comparison::GreaterEqual),
+    ] {
+        n += check(name, |i, _, _| math::compare(op, &i[0], &i[1]));
+    }
+    n += check("LogicalAnd", |i, _, _| math::logical_and(&i[0], &i[1]));
+    n += check("LogicalOr", |i, _, _| math::logical_or(&i[0], &i[1]));
+    n += check("LogicalNot", |i, _, _| math::logical_not(&i[0]));
+    n += check("Select", |i, _, _| math::select(&i[0], &i[1], &i[2]));
+    n += check("SelectV2", |i, _, _| math::select_v2(&i[0], &i[1], &i[2]));
+    n += check("Where", |i, _, _| math::where_(&i[0]));
+    n += float_reductions();
+    n += check("Log1p", |i, _, _| math::log1p(&i[0]));
+    n += check("Cumsum", |i, a, _| {
+        math::cumsum(
+            &i[0],
+            &i[1],
+            attr_bool(a, "exclusive"),
+            attr_bool(a, "reverse"),
+        )
+    });
+    assert!(n > 200, "{n} math cases");
+}
+
+/// Sum, Prod and Mean: every case must match TensorFlow exactly except the float
+/// reductions listed here, whose order inside Eigen's vectorized reducer is not reproduced
+/// yet (see math.rs); those must still succeed, and the list must stay exact.
+fn float_reductions() -> usize {
+    use super::math::{self, Reduction};
+    // Last-bit differences (1-2 ulps), except the 9000-element cancelling sums (tens of
+    // ulps): Eigen's order for those runs is not identified yet.
+    const INEXACT: &[&str] = &[
+        "Sum/full_9000",
+        "Sum/alternating_13",
+        "Prod/full_123",
+        "Mean/full_9000",
+        "Mean/alternating_13",
+    ];
+    let mut n = 0;
+    let mut inexact = Vec::new();
+    for (name, op) in [
+        ("Sum", Reduction::Sum),
+        ("Prod", Reduction::Prod),
+        ("Mean", Reduction::Mean),
+    ] {
+        for case in load(name) {
+            let inputs: Vec<Tensor> = case["inputs"]
+                .as_array()
+                .expect("inputs")
+                .iter()
+                .map(tensor)
+                .collect();
+            let case_name = case["name"].as_str().expect("name");
+            let got = math::reduce(
+                op,
+                &inputs[0],
+                &inputs[1],
+                attr_bool(&case["attrs"], "keep_dims"),
+            );
+            n += 1;
+            match (&case["error"], got) {
+                (Value::Null, Ok(outs)) => {
+                    let want = tensor(&case["outputs"][0]);
+                    if !outs[0].bitwise_eq(&want) {
+                        inexact.push(format!(
+                            "{name}/{case_name}: {}",
+                            first_difference(&outs[0], &want)
+                        ));
+                    }
+                }
+                (Value::Null, Err(e)) => {
+                    panic!("{name}/{case_name}: TensorFlow succeeds, Lode fails: {e}")
+                }
+                (err, Ok(_)) => {
+                    panic!("{name}/{case_name}: TensorFlow fails ({err}), Lode succeeds")
+                }
+                (_, Err(_)) => {}
+            }
+        }
+    }
+    let names: Vec<&str> = inexact
+        .iter()
+        .map(|s| s.split(':').next().unwrap_or(""))
+        .collect();
+    assert_eq!(names, INEXACT, "{inexact:#?}");
+    n
+}
+
+/// The sparse and math kernels return errors, never panic, whatever the inputs.
+mod robustness_sparse_math {
+    use proptest::prelude::*;
+
+    use super::super::math::{self, BinaryOp, Comparison, Reduction};
+    use super::super::sparse::{self, SparseCrossAttrs};
+    use crate::tensor::{DType, Tensor, TensorData};
+
+    fn i64s(shape: Vec<usize>, v: Vec<i64>) -> Tensor {
+        let n: usize = shape.iter().product();
+        let mut v = v;
+        v.resize(n, 0);
+        Tensor::new(shape, TensorData::Int64(v)).expect("sized")
+    }
+
+    fn shape() -> impl Strategy<Value = Vec<usize>> {
+        prop::collection::vec(0usize..4, 0..4)
+    }
+
+    proptest! {
+        #[test]
+        fn sparse_kernels_never_panic(
+            s1 in shape(), s2 in shape(), s3 in shape(),
+            v in prop::collection::vec(-6i64..8, 0..40),
+            flag in any::<bool>(),
+            bounds in prop::collection::vec(-3.0f32..3.0, 0..4),
+        ) {
+            let a = i64s(s1.clone(), v.clone());
+            let b = i64s(s2.clone(), v.iter().rev().copied().collect());
+            let c = i64s(s3, v.clone());
+            let f = Tensor::new(s1.clone(), TensorData::Float32(
+                v.iter().map(|&x| x as f32 / 2.0).chain(std::iter::repeat(0.0)).take(s1.iter().product()).collect(),
+            )).expect("sized");
+            let _ = sparse::unique(&a, DType::Int32);
+            let _ = sparse::unique_with_counts(&f, DType::Int64);
+            let _ = sparse::bucketize(&f, &bounds);
+            let _ = sparse::sparse_fill_empty_rows(&a, &b, &c, &i64s(vec![], vec![1]));
+            let _ = sparse::sparse_reshape(&a, &b, &c);
+            let _ = sparse::sparse_to_dense(&a, &b, &c, &i64s(vec![], vec![0]), flag);
+            let _ = sparse::sparse_to_dense(&a, &b, &i64s(vec![], vec![3]), &i64s(vec![], vec![0]), flag);
+            let _ = sparse::dense_bincount(&a, &i64s(vec![], vec![v.first().copied().unwrap_or(3)]), &f, flag);
+            let strings = Tensor::new(vec![b.num_elements()], TensorData::String(vec![b"x".to_vec(); b.num_elements()])).expect("vector");
+            let attrs = SparseCrossAttrs { hashed_output: flag, num_buckets: v.len() as i64 - 5, hash_key: 7 };
+            let _ = sparse::sparse_cross(&[&a], &[&strings], &[&c], &[&b], attrs);
+            let _ = sparse::sparse_cross(&[&a, &b], &[&b, &a], &[&c, &c], &[], attrs);
+            let _ = sparse::sparse_cross_hashed(&[&a], &[&strings], &[&c], &[&b], &i64s(vec![], vec![5]),
+                &Tensor::scalar(TensorData::Bool(vec![flag])).expect("scalar"), &b);
+        }
+
+        #[test]
+        fn math_kernels_never_panic(
+            s1 in shape(), s2 in shape(),
+            v in prop::collection::vec(-6i64..8, 0..40),
+            axes in prop::collection::vec(-5i64..5, 0..3),
+            flag in any::<bool>(),
+        ) {
+            let a = i64s(s1.clone(), v.clone());
+            let b = i64s(s2.clone(), v.iter().rev().copied().collect());
+            let fa = Tensor::new(s1.clone(), TensorData::Float64(
+                v.iter().map(|&x| x as f64 / 3.0).chain(std::iter::repeat(0.0)).take(s1.iter().product()).collect(),
+            )).expect("sized");
+            let ba = Tensor::new(s2.clone(), TensorData::Bool(
+                v.iter().map(|&x| x > 0).chain(std::iter::repeat(false)).take(s2.iter().product()).collect(),
+            )).expect("sized");
+            for op in [BinaryOp::Add, BinaryOp::AddV2, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::RealDiv,
+                       BinaryOp::FloorMod, BinaryOp::Maximum, BinaryOp::Minimum] {
+                let _ = math::binary(op, &a, &b);
+                let _ = math::binary(op, &fa, &fa);
+            }
+            for op in [Comparison::Equal, Comparison::Less] {
+                let _ = math::compare(op, &a, &b);
+            }
+            let _ = math::logical_and(&ba, &ba);
+            let _ = math::logical_not(&ba);
+            let _ = math::select(&ba, &a, &b);
+            let _ = math::select_v2(&ba, &a, &b);
+            let _ = math::where_(&a);
+            let ax = i64s(vec![axes.len()], axes.clone());
+            for op in [Reduction::Sum, Reduction::Prod, Reduction::Mean] {
+                let _ = math::reduce(op, &a, &ax, flag);
+                let _ = math::reduce(op, &fa, &ax, flag);
+            }
+            let _ = math::cumsum(&fa, &i64s(vec![], vec![axes.first().copied().unwrap_or(0)]), flag, !flag);
+            let _ = math::log1p(&fa);
+        }
+    }
+}
