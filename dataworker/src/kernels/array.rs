@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use super::{output, KernelError, Result};
+use super::{int_values, output, KernelError, Result};
 use crate::tensor::{checked_num_elements, DType, Tensor, TensorData};
 
 /// Applies `$body` to the vector inside any `TensorData`, rebuilding the same variant.
@@ -63,19 +63,6 @@ fn same_variant<'a, T: 'static>(_like: &Vec<T>, data: &'a TensorData) -> Option<
     any.downcast_ref::<Vec<T>>().map(Vec::as_slice)
 }
 
-fn scalar_ints(op: &'static str, input: &'static str, t: &Tensor) -> Result<Vec<i64>> {
-    match t.data() {
-        TensorData::Int32(v) => Ok(v.iter().map(|&x| i64::from(x)).collect()),
-        TensorData::Int64(v) => Ok(v.clone()),
-        _ => Err(KernelError::InputDtype {
-            op,
-            input,
-            expected: "int32 or int64",
-            actual: t.dtype(),
-        }),
-    }
-}
-
 /// Normalizes `axis` into `[0, rank)` (negative counts from the end).
 fn norm_axis(op: &'static str, attr: &'static str, axis: i64, rank: usize) -> Result<usize> {
     let a = if axis < 0 {
@@ -114,7 +101,7 @@ pub fn reshape(tensor: &Tensor, shape: &Tensor) -> Result<Vec<Tensor>> {
             reason: "must be a vector",
         });
     }
-    let sizes = scalar_ints(OP, "shape", shape)?;
+    let sizes = int_values(OP, "shape", shape)?;
     let mut unknown = None;
     let mut product: u128 = 1;
     let mut has_zero = false;
@@ -180,7 +167,7 @@ pub fn reshape(tensor: &Tensor, shape: &Tensor) -> Result<Vec<Tensor>> {
 /// `ExpandDims`: inserts a 1 at `axis` (one element, in `[-rank-1, rank]`).
 pub fn expand_dims(input: &Tensor, axis: &Tensor) -> Result<Vec<Tensor>> {
     const OP: &str = "ExpandDims";
-    let a = scalar_ints(OP, "axis", axis)?;
+    let a = int_values(OP, "axis", axis)?;
     let &[a] = a.as_slice() else {
         return Err(KernelError::InputShape {
             op: OP,
@@ -265,7 +252,7 @@ pub fn concat_v2(values: &[&Tensor], axis: &Tensor) -> Result<Vec<Tensor>> {
         });
     }
     same_dtype(OP, values)?;
-    let a = scalar_ints(OP, "axis", axis)?;
+    let a = int_values(OP, "axis", axis)?;
     let &[a] = a.as_slice() else {
         return Err(KernelError::InputShape {
             op: OP,
@@ -390,7 +377,7 @@ pub fn fill(dims: &Tensor, value: &Tensor) -> Result<Vec<Tensor>> {
         });
     }
     one_element(OP, "value", value)?;
-    let d = scalar_ints(OP, "dims", dims)?;
+    let d = int_values(OP, "dims", dims)?;
     let shape = d
         .iter()
         .map(|&x| usize::try_from(x))

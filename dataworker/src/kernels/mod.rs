@@ -147,6 +147,20 @@ pub(crate) fn strings_of<'a>(
     }
 }
 
+/// The values of an int32 or int64 input, widened to i64, or an error naming the input.
+pub(crate) fn int_values(op: &'static str, input: &'static str, t: &Tensor) -> Result<Vec<i64>> {
+    match t.data() {
+        crate::TensorData::Int32(v) => Ok(v.iter().map(|&x| i64::from(x)).collect()),
+        crate::TensorData::Int64(v) => Ok(v.clone()),
+        _ => Err(KernelError::InputDtype {
+            op,
+            input,
+            expected: "int32 or int64",
+            actual: t.dtype(),
+        }),
+    }
+}
+
 /// NumPy-style broadcasting of two shapes (what TensorFlow's `BCast` computes).
 pub(crate) fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     let rank = a.len().max(b.len());

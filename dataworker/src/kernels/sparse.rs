@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 
-use super::{output, KernelError, Result};
+use super::{int_values, output, KernelError, Result};
 use crate::tensor::{checked_num_elements, DType, Tensor, TensorData};
 
 /// Builds the same `TensorData` variant from two of the same dtype, or `None` if they
@@ -96,20 +96,6 @@ fn int64s<'a>(op: &'static str, input: &'static str, t: &'a Tensor) -> Result<&'
             op,
             input,
             expected: "int64",
-            actual: t.dtype(),
-        }),
-    }
-}
-
-/// The values of an int32 or int64 input, widened.
-fn index_values(op: &'static str, input: &'static str, t: &Tensor) -> Result<Vec<i64>> {
-    match t.data() {
-        TensorData::Int32(v) => Ok(v.iter().map(|&x| i64::from(x)).collect()),
-        TensorData::Int64(v) => Ok(v.clone()),
-        _ => Err(KernelError::InputDtype {
-            op,
-            input,
-            expected: "int32 or int64",
             actual: t.dtype(),
         }),
     }
@@ -697,8 +683,8 @@ pub fn sparse_to_dense(
             actual: output_shape.dtype(),
         });
     }
-    let ind = index_values(OP, "sparse_indices", sparse_indices)?;
-    let shape = index_values(OP, "output_shape", output_shape)?;
+    let ind = int_values(OP, "sparse_indices", sparse_indices)?;
+    let shape = int_values(OP, "output_shape", output_shape)?;
     let dims = dims_of(OP, "output_shape", &shape)?;
     let n = checked_num_elements(sparse_values.dtype(), &dims)
         .map_err(|source| KernelError::Output { op: OP, source })?;
@@ -825,8 +811,8 @@ pub fn dense_bincount(
     if !size.shape().is_empty() {
         return Err(shape_error(OP, "size", size, "must be a scalar"));
     }
-    let values = index_values(OP, "input", input)?;
-    let size_v = index_values(OP, "size", size)?;
+    let values = int_values(OP, "input", input)?;
+    let size_v = int_values(OP, "size", size)?;
     let size_v = size_v.first().copied().unwrap_or(0);
     let bins = usize::try_from(size_v)
         .map_err(|_| bad_value(OP, "size", size_v.to_string(), "must be non-negative"))?;
@@ -857,35 +843,23 @@ pub fn dense_bincount(
     checked_num_elements(weights.dtype(), &dims)
         .map_err(|source| KernelError::Output { op: OP, source })?;
     let w = |weighted: bool| weighted && !binary_output;
+    let w = w(weighted);
+    macro_rules! count {
+        ($variant:ident, $x:expr) => {
+            TensorData::$variant(bincount(
+                &values,
+                rows,
+                bins,
+                w.then_some($x.as_slice()),
+                binary_output,
+            ))
+        };
+    }
     let data = match weights.data() {
-        TensorData::Int32(x) => TensorData::Int32(bincount(
-            &values,
-            rows,
-            bins,
-            w(weighted).then_some(x.as_slice()),
-            binary_output,
-        )),
-        TensorData::Int64(x) => TensorData::Int64(bincount(
-            &values,
-            rows,
-            bins,
-            w(weighted).then_some(x.as_slice()),
-            binary_output,
-        )),
-        TensorData::Float32(x) => TensorData::Float32(bincount(
-            &values,
-            rows,
-            bins,
-            w(weighted).then_some(x.as_slice()),
-            binary_output,
-        )),
-        TensorData::Float64(x) => TensorData::Float64(bincount(
-            &values,
-            rows,
-            bins,
-            w(weighted).then_some(x.as_slice()),
-            binary_output,
-        )),
+        TensorData::Int32(x) => count!(Int32, x),
+        TensorData::Int64(x) => count!(Int64, x),
+        TensorData::Float32(x) => count!(Float32, x),
+        TensorData::Float64(x) => count!(Float64, x),
         _ => {
             return Err(KernelError::InputDtype {
                 op: OP,

@@ -5,7 +5,8 @@ use std::num::NonZeroU64;
 
 use super::printf::{FloatConv, Spec};
 use super::{
-    broadcast_index, broadcast_shapes, number, output, show, strings_of, KernelError, Result,
+    broadcast_index, broadcast_shapes, int_values, number, output, show, strings_of, KernelError,
+    Result,
 };
 use crate::hash::to_hash_bucket_fast;
 use crate::tensor::{checked_num_elements, DType, Tensor, TensorData};
@@ -195,19 +196,6 @@ pub fn string_join(inputs: &[&Tensor], separator: &[u8]) -> Result<Vec<Tensor>> 
         out.push(s);
     }
     Ok(vec![output(OP, shape, TensorData::String(out))?])
-}
-
-fn int_values(op: &'static str, input: &'static str, t: &Tensor) -> Result<Vec<i64>> {
-    match t.data() {
-        TensorData::Int32(v) => Ok(v.iter().map(|&x| i64::from(x)).collect()),
-        TensorData::Int64(v) => Ok(v.clone()),
-        _ => Err(KernelError::InputDtype {
-            op,
-            input,
-            expected: "int32 or int64",
-            actual: t.dtype(),
-        }),
-    }
 }
 
 /// `Substr` with `unit="BYTE"`: `len` bytes from `pos` (negative `pos` counts from the end,
