@@ -30,6 +30,9 @@ pub enum Command {
     Convert(ConvertArgs),
     /// Cut a training graph into a training-worker graph and data-worker stage graphs.
     Partition(PartitionArgs),
+    /// Run a plan's data-worker stages in-process for a number of steps, in sequential order;
+    /// dump the send tensors or report the throughput.
+    Exec(ExecArgs),
     /// Simulate a GPU cluster's jobs under Lode's schedulers and the paper's baselines.
     Simulate(crate::simulate::SimulateArgs),
 }
@@ -91,7 +94,43 @@ pub struct PartitionArgs {
     /// An op to treat as model state besides VariableV2, Variable and VarHandleOp (repeatable).
     #[arg(long = "stateful-op", value_name = "OP")]
     pub stateful_ops: Vec<String>,
+    /// The directory the graph's relative data paths (input files, vocabularies) resolve
+    /// against, recorded in plan.json; default: the directory holding the model file (for a
+    /// SavedModel directory, the directory holding it).
+    #[arg(long, value_name = "DIR")]
+    pub data_root: Option<PathBuf>,
     /// What to print: a summary (text) or plan.json (json).
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text, env = "LODE_FORMAT")]
+    pub format: OutputFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// A plan directory written by `lode partition`.
+    pub plan: PathBuf,
+    /// Run stages 0..=STAGE; STAGE's send tensors are dumped or counted.
+    #[arg(long, default_value_t = 0)]
+    pub stage: usize,
+    /// Steps to run.
+    #[arg(long, default_value_t = 10)]
+    pub steps: u64,
+    /// The first step (steps count from 0 across epochs).
+    #[arg(long, default_value_t = 0)]
+    pub start_step: u64,
+    /// Worker threads (rayon); default: one per core.
+    #[arg(long, env = "LODE_THREADS")]
+    pub threads: Option<usize>,
+    /// Write each step's send tensors as binary TensorProtos DIR/step_<s>/<k>.pb.
+    #[arg(long, value_name = "DIR")]
+    pub dump: Option<PathBuf>,
+    /// Where the graph's relative data paths resolve (default: the plan's data_root).
+    #[arg(long, value_name = "DIR")]
+    pub data_root: Option<PathBuf>,
+    /// Skip and count corrupt records and malformed lines or examples, as TensorFlow's
+    /// `ignore_errors()` does, instead of failing.
+    #[arg(long)]
+    pub ignore_errors: bool,
+    /// Report format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text, env = "LODE_FORMAT")]
     pub format: OutputFormat,
 }

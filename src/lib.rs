@@ -3,6 +3,7 @@
 //! # Layout
 //! - `cli`: clap argument types, nothing else.
 //! - `inspect`: `lode inspect`, a report of what a model holds.
+//! - `exec`: `lode exec`, a plan's stages run in-process on the bundled data.
 //! - `simulate`: `lode simulate`, the cluster simulator of lode-scheduler.
 //! - [`run`]: dispatches a parsed command; `main` only parses, sets up logging and exits.
 //!
@@ -13,6 +14,7 @@
 //!   input.
 
 pub mod cli;
+pub mod exec;
 pub mod inspect;
 pub mod simulate;
 
@@ -29,6 +31,7 @@ pub fn run(command: Command, out: &mut dyn std::io::Write) -> anyhow::Result<()>
         Command::Inspect(args) => run_inspect(args, out),
         Command::Convert(args) => run_convert(args, out),
         Command::Partition(args) => run_partition(args, out),
+        Command::Exec(args) => exec::run_exec(args, out),
         Command::Simulate(args) => simulate::run_simulate(args, out),
     }
 }
@@ -86,6 +89,44 @@ fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
     }
 }
 
+/// The absolute directory relative data paths resolve against (see `PartitionArgs::data_root`).
+fn data_root(args: &PartitionArgs) -> anyhow::Result<std::path::PathBuf> {
+    let dir = match &args.data_root {
+        Some(dir) => dir.clone(),
+        None => {
+            let model = &args.model.model;
+            // A SavedModel given as its directory, or as the file inside it, has its data
+            // beside the directory.
+            let model = if model.is_dir() {
+                model.clone()
+            } else {
+                model
+                    .parent()
+                    .map(std::path::Path::to_path_buf)
+                    .unwrap_or_default()
+            };
+            let model = if args.model.model.is_dir()
+                || model.join("saved_model.pb").is_file()
+                || model.join("saved_model.pbtxt").is_file()
+            {
+                model
+                    .parent()
+                    .map(std::path::Path::to_path_buf)
+                    .unwrap_or_default()
+            } else {
+                model
+            };
+            if model.as_os_str().is_empty() {
+                std::path::PathBuf::from(".")
+            } else {
+                model
+            }
+        }
+    };
+    std::fs::canonicalize(&dir)
+        .with_context(|| format!("{}: the data root is not a directory", dir.display()))
+}
+
 fn run_partition(args: PartitionArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
     let options = LoadOptions {
         tags: args.model.tags.clone(),
@@ -97,8 +138,9 @@ fn run_partition(args: PartitionArgs, out: &mut dyn std::io::Write) -> anyhow::R
         simple: args.simple,
         stateful_ops: args.stateful_ops.clone(),
     };
-    let decoupled = lode_decoupler::decouple(&view, &decouple_options)
+    let mut decoupled = lode_decoupler::decouple(&view, &decouple_options)
         .with_context(|| format!("{}: cannot partition", path.display()))?;
+    decoupled.plan.data_root = Some(data_root(&args)?.display().to_string());
     lode_decoupler::plan::write_dir(
         &args.output,
         &decoupled.graphs,

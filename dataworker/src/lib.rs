@@ -16,6 +16,9 @@
 //! - [`kernels`]: TensorFlow ops as pure functions over tensors (strings, lookup tables,
 //!   array basics, `Cast`, parsing, sparse and feature-column ops, math), checked against
 //!   golden vectors from TensorFlow 2.18.1.
+//! - [`exec`]: the stage executor: a stage graph compiled once, run per step on the records
+//!   of an index batch (map functions, batching, the ops after the iterator), in parallel on
+//!   rayon.
 //! - [`error`]: the crate's [`Error`].
 //!
 //! # Invariants
@@ -33,6 +36,7 @@
 
 pub mod convert;
 pub mod error;
+pub mod exec;
 pub mod hash;
 pub mod kernels;
 pub mod records;

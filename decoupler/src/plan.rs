@@ -1,10 +1,7 @@
 //! plan.json, report.txt and partition.dot, and writing a plan directory atomically.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-
-use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::graph::Graph;
@@ -12,67 +9,9 @@ use crate::partition::{Partition, Place};
 use crate::rewrite::{self, Rewritten};
 use crate::source::Source;
 
-#[derive(Debug, Serialize)]
-pub struct Plan {
-    pub version: u32,
-    pub simple: bool,
-    pub training: TrainingPlan,
-    pub stages: Vec<StagePlan>,
-    pub copied: Vec<String>,
-    pub stubs: BTreeMap<String, String>,
-    pub source: Option<Source>,
-    pub summary: Summary,
-}
-
-#[derive(Debug, Serialize)]
-pub struct TrainingPlan {
-    pub graph: String,
-    pub recv: Vec<RecvPlan>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct RecvPlan {
-    pub node: String,
-    pub from_stage: usize,
-    pub tensors: Vec<String>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct StagePlan {
-    pub index: usize,
-    pub device: String,
-    pub graph: String,
-    pub nodes: Vec<String>,
-    pub recv: Vec<RecvPlan>,
-    pub send: SendPlan,
-}
-
-#[derive(Debug, Serialize)]
-pub struct SendPlan {
-    pub node: String,
-    pub tensors: Vec<SendTensor>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct SendTensor {
-    pub tensor: String,
-    pub dtype: String,
-    /// Dimensions, -1 for unknown; None when even the rank is unknown.
-    pub shape: Option<Vec<i64>>,
-    pub bytes: Option<u64>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct Summary {
-    pub nodes: usize,
-    pub state: usize,
-    pub training_region: usize,
-    pub training_graph_nodes: usize,
-    pub data_nodes: usize,
-    pub shared_nodes: usize,
-    pub crossing_tensors: usize,
-    pub dropped_colocations: usize,
-}
+pub use lode_proto::plan::{
+    Plan, RecvPlan, SendPlan, SendTensor, StagePlan, Summary, TrainingPlan, PLAN_VERSION,
+};
 
 fn recv_plans(specs: &[rewrite::RecvSpec]) -> Vec<RecvPlan> {
     specs
@@ -136,8 +75,9 @@ pub fn build(
         .filter(|p| matches!(p, Place::Shared))
         .count();
     Plan {
-        version: 1,
+        version: PLAN_VERSION,
         simple,
+        data_root: None,
         training: TrainingPlan {
             graph: "training.pb".into(),
             recv: recv_plans(&out.training_recv),

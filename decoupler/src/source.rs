@@ -9,33 +9,10 @@ use lode_proto::tf::function::FunctionDef;
 use lode_proto::tf::node_def::NodeDef;
 use lode_proto::tf::tensor::TensorProto;
 use lode_proto::tf::types::DataType;
-use serde::Serialize;
 
 use crate::graph::Graph;
 
-#[derive(Debug, Default, Serialize)]
-pub struct Source {
-    /// `tfrecord`, `text_lines`, `fixed_length`, `tensor_slices` or the op name.
-    pub reader: String,
-    pub files: Vec<String>,
-    pub compression: String,
-    pub skip: Option<i64>,
-    pub take: Option<i64>,
-    pub map_functions: Vec<String>,
-    /// `before_map`, `after_map` or `none`.
-    pub batching: String,
-    pub batch_size: Option<i64>,
-    pub drop_remainder: Option<bool>,
-    pub shuffle_buffer: Option<i64>,
-    pub shuffle_seed: Option<(i64, i64)>,
-    /// -1 repeats forever; None when there is no repeat.
-    pub repeat: Option<i64>,
-    /// The dataset ops from the source to the iterator.
-    pub chain: Vec<String>,
-    /// The stage node that replaced the reader (`lode/DWSource`), and the nodes it replaced.
-    pub replaced_by: Option<String>,
-    pub replaced: Vec<String>,
-}
+pub use lode_proto::plan::Source;
 
 pub fn describe(graph: &Graph) -> Option<Source> {
     let make = (0..graph.len()).find(|&i| graph.node(i).op == "MakeIterator")?;

@@ -263,16 +263,21 @@ fn meta_graph_def(path: &Path, meta: &MetaGraphDef) -> Result<GraphDef> {
 }
 
 fn read_model_file(path: &Path) -> Result<Vec<u8>> {
+    read_limited(path, MAX_MODEL_BYTES)
+}
+
+/// Reads a whole non-empty file of at most `limit` bytes.
+pub fn read_limited(path: &Path, limit: u64) -> Result<Vec<u8>> {
     let io = |source| Error::Io {
         path: path.to_owned(),
         source,
     };
     let size = fs::metadata(path).map_err(io)?.len();
-    if size > MAX_MODEL_BYTES {
+    if size > limit {
         return Err(Error::TooLarge {
             path: path.to_owned(),
             size,
-            limit: MAX_MODEL_BYTES,
+            limit,
         });
     }
     let bytes = fs::read(path).map_err(io)?;

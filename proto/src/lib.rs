@@ -11,6 +11,7 @@
 //! - [`names`]: `node:idx` tensor names and `^node` control inputs.
 //! - [`attr`]: typed NodeDef attribute access whose errors name the node and op.
 //! - [`ops`]: TensorFlow's op registry (embedded) and dtype inference for node outputs.
+//! - [`plan`]: the plan directory's `plan.json`, shared by every crate that reads a plan.
 //! - [`view`]: a zero-copy GraphDef view for large graphs; unchanged nodes are written back
 //!   byte for byte.
 //!
@@ -25,6 +26,7 @@ pub mod error;
 pub mod io;
 pub mod names;
 pub mod ops;
+pub mod plan;
 pub mod text;
 pub mod view;
 

@@ -144,6 +144,26 @@ pub enum ParseError {
     },
 }
 
+impl ParseError {
+    /// The batch element (CSV record or Example) the error is about, if it is about one.
+    pub fn record(&self) -> Option<usize> {
+        match self {
+            ParseError::FieldCount { record, .. }
+            | ParseError::Quoting { record, .. }
+            | ParseError::MissingField { record, .. }
+            | ParseError::BadField { record, .. } => Some(*record),
+            ParseError::MalformedExample { example, .. }
+            | ParseError::MalformedFeature { example, .. }
+            | ParseError::UnsupportedFeature { example, .. }
+            | ParseError::FeatureType { example, .. }
+            | ParseError::FeatureSize { example, .. }
+            | ParseError::FeatureStride { example, .. }
+            | ParseError::MissingFeature { example, .. } => Some(*example),
+            ParseError::SparseElement { .. } | ParseError::Kernel(_) => None,
+        }
+    }
+}
+
 /// The parsing kernels' result type.
 pub type Result<T, E = ParseError> = std::result::Result<T, E>;
 

@@ -1,0 +1,411 @@
+//! The `tf.data` chain between the stage's `DWSource` and its iterator, run on one step's
+//! records: map functions (per element, in parallel on rayon) and batching with TensorFlow's
+//! semantics. The reader, `skip`, `take`, `shuffle` and `repeat` are gone from the stage
+//! graph: the index batch already says which records make the step.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use lode_proto::attr::NodeAttrs;
+use lode_proto::tf::function::FunctionDef;
+use lode_proto::tf::node_def::NodeDef;
+use rayon::prelude::*;
+
+use super::program::{BuildCtx, Compile, Naming, Program};
+use super::value::{Value, VariantTensor};
+use super::{ExecError, Failure, Result};
+use crate::kernels::array;
+use crate::tensor::Tensor;
+
+/// One element of a dataset: its components.
+pub type Element = Vec<Value>;
+
+enum Transform {
+    Map {
+        node: String,
+        op: String,
+        function: String,
+        program: Program,
+        captured: Vec<Value>,
+    },
+    Batch {
+        node: String,
+        size: usize,
+        drop_remainder: bool,
+    },
+}
+
+/// The compiled chain.
+pub struct Pipeline {
+    transforms: Vec<Transform>,
+    /// Records per output element (the batch size, 1 without batching).
+    records_per_element: usize,
+    drop_remainder: bool,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("transforms", &self.transforms.len())
+            .field("records_per_element", &self.records_per_element)
+            .finish()
+    }
+}
+
+/// An element-level failure: which input element (record) of the step it concerns.
+#[derive(Debug)]
+pub struct ElementError {
+    /// The step's record (position in the index batch) the error is about, when known.
+    pub record: Option<usize>,
+    pub error: ExecError,
+}
+
+fn ds_err(node: &NodeDef, reason: impl Into<String>) -> ExecError {
+    ExecError::Dataset {
+        node: node.name.clone(),
+        op: node.op.clone(),
+        reason: reason.into(),
+    }
+}
+
+/// A function body compiled as a program over its arguments.
+pub fn compile_function(f: &FunctionDef, ctx: &BuildCtx<'_>) -> Result<Program> {
+    let signature = f.signature.as_ref().ok_or_else(|| ExecError::Graph {
+        node: "(function)".into(),
+        reason: "a library function has no signature".into(),
+    })?;
+    let args: Vec<String> = signature.input_arg.iter().map(|a| a.name.clone()).collect();
+    let roots = signature
+        .output_arg
+        .iter()
+        .map(|a| {
+            f.ret.get(&a.name).cloned().ok_or_else(|| ExecError::Graph {
+                node: signature.name.clone(),
+                reason: format!("output {} has no return value", a.name),
+            })
+        })
+        .collect::<Result<Vec<String>>>()?;
+    Program::compile(
+        &Compile {
+            nodes: &f.node_def,
+            naming: Naming::Function { args: &args },
+            args: args.len(),
+            roots: &roots,
+        },
+        ctx,
+    )
+    .map_err(|e| match e {
+        ExecError::MissingKernels { .. } => e,
+        other => ExecError::Graph {
+            node: signature.name.clone(),
+            reason: format!("in function {}: {other}", signature.name),
+        },
+    })
+}
+
+impl Pipeline {
+    /// Compiles the chain from `source_name` (the DWSource node) to `dataset`, the node that
+    /// feeds `MakeIterator`. `evaluate` computes a captured input (it must not depend on
+    /// the step's data).
+    pub fn compile(
+        graph: &HashMap<&str, &NodeDef>,
+        dataset: &str,
+        source_name: &str,
+        ctx: &BuildCtx<'_>,
+        evaluate: &dyn Fn(&[String]) -> Result<Vec<Value>>,
+    ) -> Result<Pipeline> {
+        let mut chain = Vec::new();
+        let mut current = dataset.split(':').next().unwrap_or(dataset).to_owned();
+        while current != source_name {
+            let node = graph
+                .get(current.as_str())
+                .ok_or_else(|| ExecError::Graph {
+                    node: current.clone(),
+                    reason: "the dataset chain names a node that is not in the stage graph".into(),
+                })?;
+            chain.push(*node);
+            if chain.len() > 1000 {
+                return Err(ds_err(node, "the dataset chain does not reach DWSource"));
+            }
+            let input = node
+                .input
+                .iter()
+                .find(|i| !i.starts_with('^'))
+                .ok_or_else(|| ds_err(node, "the dataset has no input dataset"))?;
+            current = input.split(':').next().unwrap_or(input).to_owned();
+        }
+        chain.reverse();
+        let mut transforms = Vec::new();
+        let mut records_per_element = 1usize;
+        let mut drop_remainder = false;
+        let mut batched = false;
+        for node in chain {
+            let data_inputs: Vec<String> = node
+                .input
+                .iter()
+                .filter(|i| !i.starts_with('^'))
+                .cloned()
+                .collect();
+            match node.op.as_str() {
+                "MapDataset" | "ParallelMapDataset" | "ParallelMapDatasetV2" => {
+                    let f = node.attr_func("f")?;
+                    let body = ctx.library.get(f.name.as_str()).ok_or_else(|| {
+                        ds_err(node, format!("function {} is not in the library", f.name))
+                    })?;
+                    let program = compile_function(body, ctx)?;
+                    let ncaptured = node.attr_types("Targuments")?.len();
+                    let captured_names = data_inputs.get(1..1 + ncaptured).ok_or_else(|| {
+                        ds_err(node, "fewer captured inputs than Targuments lists")
+                    })?;
+                    let captured = evaluate(captured_names)?;
+                    transforms.push(Transform::Map {
+                        node: node.name.clone(),
+                        op: node.op.clone(),
+                        function: f.name.clone(),
+                        program,
+                        captured,
+                    });
+                }
+                "BatchDataset" | "BatchDatasetV2" => {
+                    if batched {
+                        return Err(ds_err(node, "batching twice is not supported"));
+                    }
+                    let values = evaluate(&data_inputs[1..])?;
+                    let size = values
+                        .first()
+                        .and_then(Value::as_tensor)
+                        .and_then(|t| {
+                            crate::kernels::int_values("BatchDataset", "batch_size", t).ok()
+                        })
+                        .and_then(|v| v.first().copied())
+                        .and_then(|v| usize::try_from(v).ok())
+                        .filter(|&v| v > 0)
+                        .ok_or_else(|| ds_err(node, "batch_size must be a positive constant"))?;
+                    let drop = match values.get(1).and_then(Value::as_tensor).map(Tensor::data) {
+                        Some(crate::TensorData::Bool(b)) => b.first().copied().unwrap_or(false),
+                        None => false,
+                        Some(_) => return Err(ds_err(node, "drop_remainder must be a bool")),
+                    };
+                    batched = true;
+                    records_per_element = size;
+                    drop_remainder = drop;
+                    transforms.push(Transform::Batch {
+                        node: node.name.clone(),
+                        size,
+                        drop_remainder: drop,
+                    });
+                }
+                "PrefetchDataset"
+                | "ModelDataset"
+                | "OptimizeDataset"
+                | "OptimizeDatasetV2"
+                | "MaxIntraOpParallelismDataset"
+                | "PrivateThreadPoolDataset" => {}
+                _ => {
+                    return Err(ds_err(
+                        node,
+                        "this dataset transformation cannot run on a data worker (supported: \
+                         map, batch, prefetch; filter, padded batch, unbatch and \
+                         interleave change which records make a step)",
+                    ))
+                }
+            }
+        }
+        Ok(Pipeline {
+            transforms,
+            records_per_element,
+            drop_remainder,
+        })
+    }
+
+    /// Records that make one step.
+    pub fn records_per_step(&self) -> usize {
+        self.records_per_element
+    }
+
+    pub fn drop_remainder(&self) -> bool {
+        self.drop_remainder
+    }
+
+    /// Runs the chain on the step's records (one scalar string each). Returns the elements
+    /// that come out (one for a full step), or the first element-level error with the
+    /// record it concerns. With `ignore_errors`, erroring elements are dropped instead and
+    /// counted in the second value.
+    pub fn run(
+        &self,
+        records: Vec<Vec<u8>>,
+        parallel: bool,
+        ignore_errors: bool,
+    ) -> std::result::Result<(Vec<Element>, u64), ElementError> {
+        let mut dropped = 0u64;
+        // origin[i]: the records element i was made from.
+        let mut origin: Vec<std::ops::Range<usize>> =
+            (0..records.len()).map(|i| i..i + 1).collect();
+        let mut elements: Vec<Element> = Vec::with_capacity(records.len());
+        for r in records {
+            let t = Tensor::new(Vec::new(), crate::TensorData::String(vec![r])).map_err(|e| {
+                ElementError {
+                    record: None,
+                    error: ExecError::Input {
+                        reason: e.to_string(),
+                    },
+                }
+            })?;
+            elements.push(vec![Value::tensor(t)]);
+        }
+        for transform in &self.transforms {
+            match transform {
+                Transform::Map {
+                    node,
+                    op,
+                    function,
+                    program,
+                    captured,
+                } => {
+                    let run_one = |el: Element| {
+                        let mut args = el;
+                        args.extend(captured.iter().cloned());
+                        program.run(args, false)
+                    };
+                    let results: Vec<Result<Element>> = if parallel && elements.len() > 1 {
+                        elements.into_par_iter().map(run_one).collect()
+                    } else {
+                        elements.into_iter().map(run_one).collect()
+                    };
+                    let mut kept = Vec::with_capacity(results.len());
+                    let mut kept_origin = Vec::with_capacity(results.len());
+                    for (r, o) in results.into_iter().zip(origin) {
+                        match r {
+                            Ok(el) => {
+                                kept.push(el);
+                                kept_origin.push(o);
+                            }
+                            Err(e) if ignore_errors && e.is_data_error() => dropped += 1,
+                            Err(e) => {
+                                let record = e.record_in(&o);
+                                return Err(ElementError {
+                                    record,
+                                    error: ExecError::Kernel {
+                                        node: node.clone(),
+                                        op: op.clone(),
+                                        source: Box::new(Failure::Function {
+                                            function: function.clone(),
+                                            source: Box::new(e),
+                                        }),
+                                    },
+                                });
+                            }
+                        }
+                    }
+                    elements = kept;
+                    origin = kept_origin;
+                }
+                Transform::Batch {
+                    node,
+                    size,
+                    drop_remainder,
+                } => {
+                    let mut batched = Vec::new();
+                    let mut batched_origin = Vec::new();
+                    let mut rest = elements.into_iter();
+                    let mut o = origin.into_iter();
+                    loop {
+                        let group: Vec<Element> = rest.by_ref().take(*size).collect();
+                        let spans: Vec<_> = o.by_ref().take(*size).collect();
+                        if group.is_empty() || (*drop_remainder && group.len() < *size) {
+                            break;
+                        }
+                        let span =
+                            spans.first().map_or(0, |r| r.start)..spans.last().map_or(0, |r| r.end);
+                        batched.push(stack(node, &group).map_err(|error| ElementError {
+                            record: None,
+                            error,
+                        })?);
+                        batched_origin.push(span);
+                    }
+                    elements = batched;
+                    origin = batched_origin;
+                }
+            }
+        }
+        Ok((elements, dropped))
+    }
+}
+
+impl ExecError {
+    /// The step record an error inside a map function is about: the batch element it names,
+    /// offset into the records the element was made from.
+    fn record_in(&self, origin: &std::ops::Range<usize>) -> Option<usize> {
+        if origin.len() == 1 {
+            return Some(origin.start);
+        }
+        let within = match self {
+            ExecError::Kernel { source, .. } => source.record()?,
+            _ => return None,
+        };
+        let at = origin.start + within;
+        (at < origin.end).then_some(at)
+    }
+}
+
+/// Stacks elements component by component along a new first dimension, as `batch` does:
+/// every element's component must have the same dtype and shape.
+fn stack(node: &str, group: &[Element]) -> Result<Element> {
+    let first = group.first().ok_or_else(|| ExecError::Input {
+        reason: "an empty batch".into(),
+    })?;
+    let mut out = Vec::with_capacity(first.len());
+    for (c, component) in first.iter().enumerate() {
+        let err = |reason: String| ExecError::Dataset {
+            node: node.to_owned(),
+            op: "BatchDatasetV2".into(),
+            reason,
+        };
+        match component {
+            Value::Tensor(_) => {
+                let parts: Vec<&Tensor> = group
+                    .iter()
+                    .map(|el| el.get(c).and_then(Value::as_tensor))
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| {
+                        err(format!("component {c} is not a tensor in every element"))
+                    })?;
+                let shape = parts[0].shape();
+                if let Some((i, p)) = parts.iter().enumerate().find(|(_, p)| p.shape() != shape) {
+                    return Err(err(format!(
+                        "cannot batch tensors of different shapes: component {c} has shape \
+                         {shape:?} in element 0 and {:?} in element {i}",
+                        p.shape()
+                    )));
+                }
+                let packed = array::pack(&parts, 0).map_err(|e| err(e.to_string()))?;
+                out.push(Value::tensor(
+                    packed
+                        .into_iter()
+                        .next()
+                        .ok_or_else(|| err("pack gave nothing".into()))?,
+                ));
+            }
+            Value::Variant(v0) => {
+                let mut elements = Vec::new();
+                for el in group {
+                    match el.get(c) {
+                        Some(Value::Variant(v)) if v.shape == v0.shape => {
+                            elements.extend(v.elements.iter().cloned());
+                        }
+                        _ => {
+                            return Err(err(format!(
+                                "component {c}: variant tensors of different shapes"
+                            )))
+                        }
+                    }
+                }
+                let mut shape = vec![group.len()];
+                shape.extend(&v0.shape);
+                out.push(Value::Variant(Arc::new(VariantTensor { shape, elements })));
+            }
+            Value::Table(_) => return Err(err(format!("component {c} is a table handle"))),
+        }
+    }
+    Ok(out)
+}

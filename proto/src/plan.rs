@@ -1,0 +1,174 @@
+//! The plan directory's `plan.json`: what the decoupler writes and what the data workers,
+//! the dispatcher and the training side read. Every crate shares these types so that the
+//! file has one schema.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The plan format this build writes and reads.
+pub const PLAN_VERSION: u32 = 1;
+
+/// The largest plan.json read (a plan lists node names, so it grows with the graph).
+pub const MAX_PLAN_BYTES: u64 = 1 << 30;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Plan {
+    pub version: u32,
+    pub simple: bool,
+    /// The directory the graph's relative data paths (reader files, vocabulary files) resolve
+    /// against: the partitioned model's directory unless `lode partition --data-root` said
+    /// otherwise. Absent in plans written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_root: Option<String>,
+    pub training: TrainingPlan,
+    pub stages: Vec<StagePlan>,
+    pub copied: Vec<String>,
+    pub stubs: BTreeMap<String, String>,
+    pub source: Option<Source>,
+    pub summary: Summary,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainingPlan {
+    pub graph: String,
+    pub recv: Vec<RecvPlan>,
+}
+
+/// One DWRecv node: the tensors it yields, in output order, all sent by `from_stage`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RecvPlan {
+    pub node: String,
+    pub from_stage: usize,
+    pub tensors: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StagePlan {
+    pub index: usize,
+    pub device: String,
+    pub graph: String,
+    pub nodes: Vec<String>,
+    pub recv: Vec<RecvPlan>,
+    pub send: SendPlan,
+}
+
+/// The stage's one DWSend node and its tensors in crossing order.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SendPlan {
+    pub node: String,
+    pub tensors: Vec<SendTensor>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SendTensor {
+    pub tensor: String,
+    pub dtype: String,
+    /// Dimensions, -1 for unknown; None when even the rank is unknown.
+    pub shape: Option<Vec<i64>>,
+    pub bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Summary {
+    pub nodes: usize,
+    pub state: usize,
+    pub training_region: usize,
+    pub training_graph_nodes: usize,
+    pub data_nodes: usize,
+    pub shared_nodes: usize,
+    pub crossing_tensors: usize,
+    pub dropped_colocations: usize,
+}
+
+/// The input pipeline as the dispatcher and the data workers need it: the reader and its
+/// files, and the dataset transformations between the reader and the iterator.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Source {
+    /// `tfrecord`, `text_lines`, `fixed_length`, `tensor_slices` or the op name.
+    pub reader: String,
+    pub files: Vec<String>,
+    pub compression: String,
+    pub skip: Option<i64>,
+    pub take: Option<i64>,
+    pub map_functions: Vec<String>,
+    /// `before_map`, `after_map` or `none`.
+    pub batching: String,
+    pub batch_size: Option<i64>,
+    pub drop_remainder: Option<bool>,
+    pub shuffle_buffer: Option<i64>,
+    pub shuffle_seed: Option<(i64, i64)>,
+    /// -1 repeats forever; None when there is no repeat.
+    pub repeat: Option<i64>,
+    /// The dataset ops from the source to the iterator.
+    pub chain: Vec<String>,
+    /// The stage node that replaced the reader (`lode/DWSource`), and the nodes it replaced.
+    pub replaced_by: Option<String>,
+    pub replaced: Vec<String>,
+}
+
+impl Source {
+    /// Whether `RepeatDataset` comes after the batching in the chain: then every epoch ends
+    /// with its own (possibly partial or dropped) last batch, rather than batches running
+    /// across the epoch boundary.
+    pub fn repeat_after_batch(&self) -> bool {
+        let pos = |op: &str| self.chain.iter().position(|c| c == op);
+        let batch = self
+            .chain
+            .iter()
+            .position(|c| c.starts_with("BatchDataset") || c == "PaddedBatchDatasetV2");
+        match (batch, pos("RepeatDataset")) {
+            (Some(b), Some(r)) => r > b,
+            _ => true,
+        }
+    }
+}
+
+/// A plan directory read back: `plan.json` and where it lives.
+#[derive(Debug, Clone)]
+pub struct PlanDir {
+    pub dir: PathBuf,
+    pub plan: Plan,
+}
+
+impl PlanDir {
+    /// Reads `DIR/plan.json`, checking its version.
+    pub fn open(dir: &Path) -> Result<PlanDir> {
+        let path = dir.join("plan.json");
+        let bytes = crate::io::read_limited(&path, MAX_PLAN_BYTES)?;
+        let plan: Plan = serde_json::from_slice(&bytes).map_err(|e| Error::InvalidModel {
+            path: path.clone(),
+            reason: format!("not a Lode plan: {e}"),
+        })?;
+        if plan.version != PLAN_VERSION {
+            return Err(Error::InvalidModel {
+                path,
+                reason: format!(
+                    "plan version {} is not the version this build reads ({PLAN_VERSION})",
+                    plan.version
+                ),
+            });
+        }
+        Ok(PlanDir {
+            dir: dir.to_owned(),
+            plan,
+        })
+    }
+
+    /// The path of a file the plan names (a graph), inside the plan directory.
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// The directory relative data paths resolve against: the plan's `data_root`, else the
+    /// current directory (what TensorFlow itself would use).
+    pub fn data_root(&self) -> PathBuf {
+        self.plan
+            .data_root
+            .as_ref()
+            .map_or_else(|| PathBuf::from("."), PathBuf::from)
+    }
+}
