@@ -1,5 +1,9 @@
 //! Generates the rust-protobuf code for Lode's TensorFlow schemas with the pure-Rust .proto
 //! parser, so that no system `protoc` is needed. This is the one path that regenerates them.
+//!
+//! Then generates the prost + tonic code for Lode's service protocol
+//! (`protos/lode/service/`): protox, a pure-Rust protobuf compiler, builds the descriptor set
+//! that tonic-build would otherwise ask `protoc` for.
 
 use std::path::PathBuf;
 
@@ -17,5 +21,21 @@ fn main() {
         .inputs(&inputs)
         .cargo_out_dir("tf")
         .run_from_script();
+    service();
     println!("cargo:rerun-if-changed=protos");
+}
+
+/// The service protocol, into `OUT_DIR/service/lode.v1.rs`.
+fn service() {
+    let descriptors = protox::compile(["lode/service/lode.proto"], ["protos"])
+        .unwrap_or_else(|err| panic!("protos/lode/service/lode.proto: {err}"));
+    let out =
+        PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("service");
+    std::fs::create_dir_all(&out).expect("OUT_DIR/service is writable");
+    tonic_build::configure()
+        .out_dir(&out)
+        // The stage graph is shared by every registration of its stage: no copy per answer.
+        .bytes([".lode.v1.RegisterResponse.stage_graph"])
+        .compile_fds(descriptors)
+        .expect("tonic-build writes the service code");
 }

@@ -141,6 +141,7 @@ fn run_partition(args: PartitionArgs, out: &mut dyn std::io::Write) -> anyhow::R
     let mut decoupled = lode_decoupler::decouple(&view, &decouple_options)
         .with_context(|| format!("{}: cannot partition", path.display()))?;
     decoupled.plan.data_root = Some(data_root(&args)?.display().to_string());
+    let missing = missing_kernels(&mut decoupled)?;
     lode_decoupler::plan::write_dir(
         &args.output,
         &decoupled.graphs,
@@ -158,5 +159,68 @@ fn run_partition(args: PartitionArgs, out: &mut dyn std::io::Write) -> anyhow::R
             writeln!(out, "\nwrote {}", args.output.display())?;
         }
     }
+    if missing > 0 {
+        return Err(NegativeAnswer(format!(
+            "{}: the plan was written, but {missing} op(s) of its stages have no data-worker \
+             kernel (listed in the report); data workers will refuse those stages",
+            args.output.display()
+        ))
+        .into());
+    }
     Ok(())
 }
+
+/// Checks every stage graph against the data worker's kernels; records what is missing in
+/// plan.json and the report. Returns how many distinct ops are missing.
+fn missing_kernels(decoupled: &mut lode_decoupler::Decoupled) -> anyhow::Result<usize> {
+    use std::fmt::Write as _;
+    let mut all = std::collections::BTreeSet::new();
+    let mut section = String::from("\ndata-worker kernels\n");
+    for stage in &mut decoupled.plan.stages {
+        let Some((_, bytes)) = decoupled
+            .graphs
+            .iter()
+            .find(|(name, _)| *name == stage.graph)
+        else {
+            continue;
+        };
+        let graph: lode_proto::tf::graph::GraphDef = io::decode_binary(bytes)
+            .with_context(|| format!("{}: cannot read back the stage graph", stage.graph))?;
+        stage.missing_kernels = lode_dataworker::exec::stage::unsupported_ops(&graph);
+        if stage.missing_kernels.is_empty() {
+            let _ = writeln!(section, "  stage {}: every op has a kernel", stage.index);
+        }
+        for (op, nodes) in &stage.missing_kernels {
+            all.insert(op.clone());
+            let shown: Vec<&str> = nodes.iter().take(3).map(String::as_str).collect();
+            let more = nodes.len().saturating_sub(3);
+            let _ = writeln!(
+                section,
+                "  stage {}: NO KERNEL for {op}: {}{}",
+                stage.index,
+                shown.join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
+    if !decoupled.plan.stages.is_empty() {
+        decoupled.report.push_str(&section);
+    }
+    Ok(all.len())
+}
+
+/// A command answered "no" (e.g. unsupported ops found): exit status 1, not 2.
+#[derive(Debug)]
+pub struct NegativeAnswer(pub String);
+
+impl std::fmt::Display for NegativeAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NegativeAnswer {}

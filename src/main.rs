@@ -29,6 +29,10 @@ fn main() -> ExitCode {
     match lode::run(cli.command, &mut out).and_then(|()| Ok(out.flush()?)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Err(err) if err.downcast_ref::<lode::NegativeAnswer>().is_some() => {
+            eprintln!("lode: {err}");
+            ExitCode::from(1)
+        }
         Err(err) => {
             let chain: Vec<String> = err.chain().map(ToString::to_string).collect();
             eprintln!("lode: error: {}", dedup_chain(&chain));

@@ -693,49 +693,9 @@ mod tests {
         ));
     }
 
-    fn data_strategy(dtype: DType, n: usize) -> BoxedStrategy<TensorData> {
-        use proptest::collection::vec;
-        match dtype {
-            DType::Bool => vec(any::<bool>(), n).prop_map(TensorData::Bool).boxed(),
-            DType::Int8 => vec(any::<i8>(), n).prop_map(TensorData::Int8).boxed(),
-            DType::Int16 => vec(any::<i16>(), n).prop_map(TensorData::Int16).boxed(),
-            DType::Int32 => vec(any::<i32>(), n).prop_map(TensorData::Int32).boxed(),
-            DType::Int64 => vec(any::<i64>(), n).prop_map(TensorData::Int64).boxed(),
-            DType::UInt8 => vec(any::<u8>(), n).prop_map(TensorData::UInt8).boxed(),
-            DType::UInt16 => vec(any::<u16>(), n).prop_map(TensorData::UInt16).boxed(),
-            DType::UInt32 => vec(any::<u32>(), n).prop_map(TensorData::UInt32).boxed(),
-            DType::UInt64 => vec(any::<u64>(), n).prop_map(TensorData::UInt64).boxed(),
-            DType::Float16 => vec(any::<u16>(), n).prop_map(TensorData::Float16).boxed(),
-            DType::BFloat16 => vec(any::<u16>(), n).prop_map(TensorData::BFloat16).boxed(),
-            // Arbitrary bit patterns, NaN payloads and signed zeros included.
-            DType::Float32 => vec(any::<u32>().prop_map(f32::from_bits), n)
-                .prop_map(TensorData::Float32)
-                .boxed(),
-            DType::Float64 => vec(any::<u64>().prop_map(f64::from_bits), n)
-                .prop_map(TensorData::Float64)
-                .boxed(),
-            DType::String => vec(vec(any::<u8>(), 0..20), n)
-                .prop_map(TensorData::String)
-                .boxed(),
-        }
-    }
-
-    fn tensor_strategy() -> impl Strategy<Value = Tensor> {
-        (
-            proptest::sample::select(DType::ALL.to_vec()),
-            proptest::collection::vec(0usize..4, 0..4),
-        )
-            .prop_flat_map(|(dtype, shape)| {
-                let n = shape.iter().product();
-                data_strategy(dtype, n).prop_map(move |data| {
-                    Tensor::new(shape.clone(), data).expect("strategy matches the shape")
-                })
-            })
-    }
-
     proptest! {
         #[test]
-        fn tensor_content_round_trips_for_every_dtype(tensor in tensor_strategy()) {
+        fn tensor_content_round_trips_for_every_dtype(tensor in crate::tensor::strategies::tensor_strategy(4)) {
             let proto = TensorProto::from(&tensor);
             let back = Tensor::try_from(&proto).expect("own output reads back");
             prop_assert!(back.bitwise_eq(&tensor), "{tensor:?} came back as {back:?}");
@@ -745,7 +705,7 @@ mod tests {
         }
 
         #[test]
-        fn typed_fields_round_trip_for_every_dtype(tensor in tensor_strategy()) {
+        fn typed_fields_round_trip_for_every_dtype(tensor in crate::tensor::strategies::tensor_strategy(4)) {
             let proto = to_proto_fields(&tensor);
             let back = Tensor::try_from(&proto).expect("own output reads back");
             prop_assert!(back.bitwise_eq(&tensor), "{tensor:?} came back as {back:?}");

@@ -16,6 +16,8 @@
 //! - [`kernels`]: TensorFlow ops as pure functions over tensors (strings, lookup tables,
 //!   array basics, `Cast`, parsing, sparse and feature-column ops, math), checked against
 //!   golden vectors from TensorFlow 2.18.1.
+//! - [`transfer`]: the step message codec (framed, bincode, LZ4) and the receiving side
+//!   (DWRecv): a reorder/dedup buffer with backpressure and queue metrics.
 //! - [`exec`]: the stage executor: a stage graph compiled once, run per step on the records
 //!   of an index batch (map functions, batching, the ops after the iterator), in parallel on
 //!   rayon.
@@ -41,6 +43,7 @@ pub mod hash;
 pub mod kernels;
 pub mod records;
 pub mod tensor;
+pub mod transfer;
 
 pub use error::{Error, Result};
 pub use tensor::{DType, Tensor, TensorData};

@@ -324,3 +324,53 @@ mod tests {
         }
     }
 }
+
+/// Proptest strategies for tensors of every dtype, shared by the crate's property tests.
+#[cfg(test)]
+pub(crate) mod strategies {
+    use proptest::prelude::*;
+
+    use super::{DType, Tensor, TensorData};
+
+    /// `n` values of `dtype`: floats as arbitrary bit patterns (NaN payloads, signed zeros,
+    /// subnormals), strings of arbitrary bytes up to 19 long.
+    pub(crate) fn data_strategy(dtype: DType, n: usize) -> BoxedStrategy<TensorData> {
+        use proptest::collection::vec;
+        match dtype {
+            DType::Bool => vec(any::<bool>(), n).prop_map(TensorData::Bool).boxed(),
+            DType::Int8 => vec(any::<i8>(), n).prop_map(TensorData::Int8).boxed(),
+            DType::Int16 => vec(any::<i16>(), n).prop_map(TensorData::Int16).boxed(),
+            DType::Int32 => vec(any::<i32>(), n).prop_map(TensorData::Int32).boxed(),
+            DType::Int64 => vec(any::<i64>(), n).prop_map(TensorData::Int64).boxed(),
+            DType::UInt8 => vec(any::<u8>(), n).prop_map(TensorData::UInt8).boxed(),
+            DType::UInt16 => vec(any::<u16>(), n).prop_map(TensorData::UInt16).boxed(),
+            DType::UInt32 => vec(any::<u32>(), n).prop_map(TensorData::UInt32).boxed(),
+            DType::UInt64 => vec(any::<u64>(), n).prop_map(TensorData::UInt64).boxed(),
+            DType::Float16 => vec(any::<u16>(), n).prop_map(TensorData::Float16).boxed(),
+            DType::BFloat16 => vec(any::<u16>(), n).prop_map(TensorData::BFloat16).boxed(),
+            DType::Float32 => vec(any::<u32>().prop_map(f32::from_bits), n)
+                .prop_map(TensorData::Float32)
+                .boxed(),
+            DType::Float64 => vec(any::<u64>().prop_map(f64::from_bits), n)
+                .prop_map(TensorData::Float64)
+                .boxed(),
+            DType::String => vec(vec(any::<u8>(), 0..20), n)
+                .prop_map(TensorData::String)
+                .boxed(),
+        }
+    }
+
+    /// Tensors of every dtype, rank 0 to 3, dimensions below `max_dim`.
+    pub(crate) fn tensor_strategy(max_dim: usize) -> impl Strategy<Value = Tensor> {
+        (
+            proptest::sample::select(DType::ALL.to_vec()),
+            proptest::collection::vec(0usize..max_dim, 0..4),
+        )
+            .prop_flat_map(|(dtype, shape)| {
+                let n = shape.iter().product();
+                data_strategy(dtype, n).prop_map(move |data| {
+                    Tensor::new(shape.clone(), data).expect("strategy matches the shape")
+                })
+            })
+    }
+}

@@ -2,15 +2,20 @@
 //!
 //! The core is pure code with no I/O: a deterministic map from `(epoch, step)` to an index
 //! batch, and a lease table written as a synchronous state machine with time passed in
-//! (`DispatcherState::apply(command, now) -> Result<Vec<Event>>`). The gRPC service, the journal
-//! files and the command line wrap it; they decode a request, apply it, journal the returned
-//! events and answer.
+//! (`DispatcherState::apply(command, now) -> Result<Vec<Event>>`). The gRPC service and the
+//! journal file wrap it: they decode a request, apply it, journal the returned events and
+//! answer. [`serve`] is the entry point a binary calls.
 //!
 //! # Layout
 //! - [`ids`]: newtype ids (`JobId`, `WorkerId`, `StageId`, `Epoch`, `Step`, `StepId`) and `Time`.
 //! - [`config`]: [`DispatcherConfig`], validated with errors that name the field.
 //! - [`batch`]: [`index_batch`], the records of a step, with a seeded per-epoch permutation.
 //! - [`state`]: [`DispatcherState`], its [`Command`]s and [`Event`]s, and journal replay.
+//! - [`journal`]: the append-only, CRC-checked JSON-lines file of applied events, with torn-tail
+//!   recovery.
+//! - [`service`]: the tonic service (`lode.v1.Dispatcher`, see `lode_proto::service`),
+//!   [`serve`] and [`ServiceConfig`], the injected [`Clock`], the lease-expiry ticker and the
+//!   named limits.
 //!
 //! # Invariants
 //! - `index_batch(config, step)` depends on the config and the step alone: the batches of an
@@ -25,10 +30,14 @@
 //! - A rejected command changes nothing; an accepted one changes exactly what its events say,
 //!   so [`DispatcherState::replay`] of the journal equals the live state.
 //! - No command sequence panics: commands come from the network.
+//! - The service answers a request only after the events it caused are fsync'ed in the
+//!   journal; a request with a missing or wrong token, or for another job, changes nothing.
 
 pub mod batch;
 pub mod config;
 pub mod ids;
+pub mod journal;
+pub mod service;
 pub mod state;
 
 #[cfg(test)]
@@ -37,6 +46,8 @@ mod tests;
 pub use batch::index_batch;
 pub use config::{DispatcherConfig, Shuffle};
 pub use ids::{Epoch, JobId, StageId, Step, StepId, Time, WorkerId};
+pub use journal::{Journal, JournalError};
+pub use service::{serve, Clock, ManualClock, MonotonicClock, ServeError, ServiceConfig};
 pub use state::{
     Command, DispatcherState, Event, Lease, WorkerInfo, WorkerStatus, PROTOCOL_VERSION,
 };

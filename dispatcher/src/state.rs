@@ -14,8 +14,9 @@ use crate::config::DispatcherConfig;
 use crate::ids::{Epoch, StageId, Step, StepId, Time, WorkerId};
 use crate::{Error, Result};
 
-/// The protocol version a data worker must speak to register.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The protocol version a data worker must speak to register (the service protocol's, defined
+/// beside it in `lode_proto::service` so that workers see the same number).
+pub const PROTOCOL_VERSION: u32 = lode_proto::service::PROTOCOL_VERSION;
 
 /// A request to the dispatcher, from a data worker, the training side or the service layer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

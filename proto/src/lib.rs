@@ -12,6 +12,8 @@
 //! - [`attr`]: typed NodeDef attribute access whose errors name the node and op.
 //! - [`ops`]: TensorFlow's op registry (embedded) and dtype inference for node outputs.
 //! - [`plan`]: the plan directory's `plan.json`, shared by every crate that reads a plan.
+//! - [`service`]: Lode's service protocol (`lode.v1`: dispatcher RPCs), prost + tonic code
+//!   generated from `protos/lode/service/`, with the token interceptor and shared limits.
 //! - [`view`]: a zero-copy GraphDef view for large graphs; unchanged nodes are written back
 //!   byte for byte.
 //!
@@ -27,6 +29,7 @@ pub mod io;
 pub mod names;
 pub mod ops;
 pub mod plan;
+pub mod service;
 pub mod text;
 pub mod view;
 

@@ -54,6 +54,10 @@ pub struct StagePlan {
     pub nodes: Vec<String>,
     pub recv: Vec<RecvPlan>,
     pub send: SendPlan,
+    /// Ops of the stage (and its functions) that the data worker has no kernel for: op → the
+    /// nodes using it. A data worker refuses such a stage at load.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub missing_kernels: BTreeMap<String, Vec<String>>,
 }
 
 /// The stage's one DWSend node and its tensors in crossing order.

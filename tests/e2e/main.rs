@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod convert;
+mod exec;
 mod fixtures;
 mod partition;
 mod simulate;

@@ -17,7 +17,6 @@
 
 pub mod dataset;
 pub mod ops;
-mod pending;
 pub mod program;
 pub mod source;
 pub mod stage;

@@ -9,7 +9,6 @@ use lode_proto::tf::node_def::NodeDef;
 use lode_proto::tf::types::DataType;
 use protobuf::EnumOrUnknown;
 
-use super::pending as slicing;
 use super::program::{BuildCtx, Built, KernelFn};
 use super::value::{Value, VariantTensor};
 use super::{ExecError, Failure, Result};
@@ -20,7 +19,7 @@ use crate::kernels::parsing::{
 };
 use crate::kernels::sparse::{self, SparseCrossAttrs};
 use crate::kernels::strings::{self, AsStringAttrs};
-use crate::kernels::{array, cast};
+use crate::kernels::{array, cast, slicing};
 use crate::tensor::{DType, Tensor};
 
 type KResult = std::result::Result<Vec<Value>, Failure>;
@@ -287,7 +286,7 @@ pub fn build(node: &NodeDef, ctx: &BuildCtx<'_>) -> Result<Option<Built>> {
             };
             built(1, move |a| Ok(wrap(math::binary(op, t(a, 0)?, t(a, 1)?)?)))
         }
-        "Neg" => built(1, |a| Ok(wrap(slicing::neg(t(a, 0)?)?))),
+        "Neg" => built(1, |a| Ok(wrap(math::neg(t(a, 0)?)?))),
         op @ ("Equal" | "NotEqual" | "Less" | "LessEqual" | "Greater" | "GreaterEqual") => {
             if !bool_or(node, "incompatible_shape_error", true)? {
                 return Err(attr_err(
@@ -486,7 +485,7 @@ pub fn build(node: &NodeDef, ctx: &BuildCtx<'_>) -> Result<Option<Built>> {
         "RegexReplace" => {
             let global = bool_or(node, "replace_global", true)?;
             built(1, move |a| {
-                Ok(wrap(slicing::regex_replace(
+                Ok(wrap(strings::regex_replace(
                     t(a, 0)?,
                     t(a, 1)?,
                     t(a, 2)?,
@@ -773,6 +772,27 @@ pub fn build(node: &NodeDef, ctx: &BuildCtx<'_>) -> Result<Option<Built>> {
         _ => return Ok(None),
     };
     Ok(Some(b))
+}
+
+/// TensorFlow's default graph optimizer (grappler's constant folding,
+/// `ReduceDivToReciprocalMul`) rewrites `x / c` with a constant float `c` into `x * (1 / c)`
+/// unless the division's own output is fetched; the training program runs that rewritten
+/// graph, so Lode computes the same: the reciprocal once at load, a multiplication per step.
+/// None when `c` is not a float tensor.
+pub fn real_div_by_constant(c: &Tensor) -> Option<KernelFn> {
+    let ones = match c.data() {
+        crate::TensorData::Float32(v) => crate::TensorData::Float32(vec![1.0; v.len()]),
+        crate::TensorData::Float64(v) => crate::TensorData::Float64(vec![1.0; v.len()]),
+        _ => return None,
+    };
+    let ones = Tensor::new(c.shape().to_vec(), ones).ok()?;
+    let reciprocal = math::binary(BinaryOp::RealDiv, &ones, c)
+        .ok()?
+        .into_iter()
+        .next()?;
+    let kernel: KernelFn =
+        Arc::new(move |a: &[&Value]| Ok(wrap(math::binary(BinaryOp::Mul, t(a, 0)?, &reciprocal)?)));
+    Some(kernel)
 }
 
 fn table_of<'v>(a: &[&'v Value]) -> std::result::Result<&'v Arc<super::value::TableCell>, Failure> {

@@ -210,6 +210,14 @@ impl Program {
             .map(|r| resolve("(outputs)", r))
             .collect::<Result<_>>()?;
 
+        // Nodes whose outputs are fetched (grappler preserves those as they are).
+        let root_nodes: std::collections::HashSet<usize> = roots
+            .iter()
+            .filter_map(|r| match *r {
+                Ref::Node(n, _) => Some(n),
+                Ref::Arg(_) => None,
+            })
+            .collect();
         // Topological order of the needed nodes (iterative depth-first search).
         let mut inputs_of: HashMap<usize, Vec<Ref>> = HashMap::new();
         let mut state = vec![0u8; nodes.len()]; // 0 new, 1 open, 2 done
@@ -306,6 +314,18 @@ impl Program {
                     }
                 };
                 inputs.push(slot);
+            }
+            let mut built = built;
+            if node.op == "RealDiv"
+                && !root_nodes.contains(&i)
+                && inputs.len() == 2
+                && template[inputs[0]].is_none()
+            {
+                if let Some(Value::Tensor(c)) = &template[inputs[1]] {
+                    if let Some(kernel) = ops::real_div_by_constant(c) {
+                        built.kernel = kernel;
+                    }
+                }
             }
             let out_base = template.len();
             template.extend(std::iter::repeat_n(None, built.outputs));

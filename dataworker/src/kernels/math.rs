@@ -1,6 +1,6 @@
 //! Math kernels: element-wise binary ops with NumPy broadcasting (`Add`, `AddV2`, `Sub`,
 //! `Mul`, `RealDiv`, `FloorMod`, `Maximum`, `Minimum`), comparisons, logical ops, `Select`,
-//! `SelectV2`, `Where`, the reductions `Sum`, `Prod`, `Mean`, and `Cumsum`.
+//! `SelectV2`, `Where`, the reductions `Sum`, `Prod`, `Mean`, `Cumsum`, and `Neg`.
 //!
 //! Floats follow TensorFlow 2.18.1's x86-64 CPU kernels bit for bit:
 //! - kernels run with denormals flushed to zero: a subnormal input reads as ±0 and a
@@ -1192,6 +1192,41 @@ pub fn log1p(x: &Tensor) -> Result<Vec<Tensor>> {
         ),
         TensorData::Float64(v) => TensorData::Float64(v.iter().map(|&x| x.ln_1p()).collect()),
         _ => return Err(dtype_error(OP, "x", "float or double", x)),
+    };
+    Ok(vec![output(OP, x.shape().to_vec(), data)?])
+}
+
+/// `Neg` for bfloat16, half, float, double, int8, int16, int32 and int64. Integers wrap
+/// (`-MIN` is `MIN`, as two's-complement negation in TensorFlow's kernel); floats flip the
+/// sign bit, so NaN payloads and subnormals pass through unflushed (Eigen's `pnegate` and the
+/// scalar `-x` are both an XOR, which flush-to-zero does not touch).
+pub fn neg(x: &Tensor) -> Result<Vec<Tensor>> {
+    const OP: &str = "Neg";
+    let data = match x.data() {
+        TensorData::Int8(v) => TensorData::Int8(v.iter().map(|a| a.wrapping_neg()).collect()),
+        TensorData::Int16(v) => TensorData::Int16(v.iter().map(|a| a.wrapping_neg()).collect()),
+        TensorData::Int32(v) => TensorData::Int32(v.iter().map(|a| a.wrapping_neg()).collect()),
+        TensorData::Int64(v) => TensorData::Int64(v.iter().map(|a| a.wrapping_neg()).collect()),
+        TensorData::Float16(v) => TensorData::Float16(v.iter().map(|a| a ^ 0x8000).collect()),
+        TensorData::BFloat16(v) => TensorData::BFloat16(v.iter().map(|a| a ^ 0x8000).collect()),
+        TensorData::Float32(v) => TensorData::Float32(
+            v.iter()
+                .map(|a| f32::from_bits(a.to_bits() ^ (1 << 31)))
+                .collect(),
+        ),
+        TensorData::Float64(v) => TensorData::Float64(
+            v.iter()
+                .map(|a| f64::from_bits(a.to_bits() ^ (1 << 63)))
+                .collect(),
+        ),
+        _ => {
+            return Err(dtype_error(
+                OP,
+                "x",
+                "bfloat16, half, float, double, int8, int16, int32 or int64",
+                x,
+            ))
+        }
     };
     Ok(vec![output(OP, x.shape().to_vec(), data)?])
 }

@@ -5,7 +5,7 @@
 //! the op, what was wrong and where. Outputs match TensorFlow 2.18.1 exactly; the golden
 //! vectors under `fixtures/golden/kernels/` come from `fixtures/gen/golden_kernels.py`.
 //!
-//! - [`strings`]: hashing, case, join, substr, split, number ↔ string.
+//! - [`strings`]: hashing, case, join, substr, split, number ↔ string, `RegexReplace` (RE2).
 //! - [`lookup`]: `HashTableV2` and the ops that fill and read it.
 //! - [`array`]: shape and copy ops (`Reshape`, `ConcatV2`, `Pack`, `Range` …).
 //! - [`cast`]: `Cast`, including what TensorFlow's x86-64 kernel does out of range.
@@ -14,17 +14,21 @@
 //! - [`sparse`]: feature-column ops: `Unique`, `Bucketize`, `SparseFillEmptyRows`,
 //!   `SparseReshape`, `SparseToDense`, `DenseBincount`, `SparseCross(Hashed)`.
 //! - [`math`]: element-wise math with broadcasting, comparisons, logic, `Select`, `Where`,
-//!   reductions and `Cumsum`. Five float reduction cases differ from TensorFlow in the last bits
-//!   (Eigen's summation order is not fully reproduced); the tests list them exactly.
+//!   reductions, `Cumsum` and `Neg`. Five float reduction cases differ from TensorFlow in the
+//!   last bits (Eigen's summation order is not fully reproduced); the tests list them exactly.
+//! - [`slicing`]: `Slice`, `StridedSlice` (every mask), `GatherV2`, `Tile`, `Transpose`,
+//!   `OneHot`, `IdentityN`, with TensorFlow's CPU-kernel quirks (rank > 8, uint16 `Tile`).
 
 pub mod array;
 pub mod cast;
 pub mod lookup;
 pub mod parsing;
+pub mod slicing;
 pub mod strings;
 
 mod number;
 mod printf;
+mod re2;
 
 #[cfg(test)]
 mod tests;
@@ -69,6 +73,14 @@ pub enum KernelError {
         attr: &'static str,
         value: String,
         reason: &'static str,
+    },
+
+    /// An input's values are refused (an index out of range, a bad pattern …).
+    #[error("{op}: input {input}: {reason}")]
+    InvalidInput {
+        op: &'static str,
+        input: &'static str,
+        reason: String,
     },
 
     /// An element of a string tensor is not a number of the requested type.

@@ -1,5 +1,6 @@
 //! String kernels: `StringToHashBucketFast`, `StringToHashBucketStrong`, `StringLower`,
-//! `StringUpper`, `StringJoin`, `Substr`, `StringToNumber`, `AsString`, `StringSplitV2`.
+//! `StringUpper`, `StringJoin`, `Substr`, `StringToNumber`, `AsString`, `StringSplitV2`,
+//! `RegexReplace` (RE2 semantics on the `regex` crate, see [`super::re2`]).
 
 use std::num::NonZeroU64;
 
@@ -562,4 +563,62 @@ pub fn string_split_v2(input: &Tensor, sep: &Tensor, maxsplit: i64) -> Result<Ve
             TensorData::Int64(vec![strings.len() as i64, max_entries as i64]),
         )?,
     ])
+}
+
+// ------------------------------------------------------------------------- RegexReplace
+
+/// `RegexReplace`: replaces the first match (with `replace_global`, every match) of the RE2
+/// `pattern` (a string scalar) in each string by `rewrite` (a string scalar in which `\0` …
+/// `\9` stand for the match and its groups and `\\` for a backslash; `$` is literal), with
+/// RE2's `Replace` / `GlobalReplace` semantics, quirks included:
+/// - a rewrite naming a group the pattern does not have leaves every string unchanged;
+/// - a malformed rewrite (`\` before anything but a digit or `\`) leaves the string unchanged
+///   with `Replace`, while `GlobalReplace` writes it up to the bad escape for each match;
+/// - an empty match right after the previous match is skipped, advancing one UTF-8
+///   character (one byte where the bytes are not valid UTF-8).
+///
+/// An invalid pattern (RE2's syntax, see the `re2` module) is an error naming it.
+pub fn regex_replace(
+    input: &Tensor,
+    pattern: &Tensor,
+    rewrite: &Tensor,
+    replace_global: bool,
+) -> Result<Vec<Tensor>> {
+    const OP: &str = "RegexReplace";
+    let strings = strings_of(OP, "input", input)?;
+    for (name, t) in [("pattern", pattern), ("rewrite", rewrite)] {
+        strings_of(OP, name, t)?;
+        if !t.shape().is_empty() {
+            return Err(KernelError::InputShape {
+                op: OP,
+                input: name,
+                shape: t.shape().to_vec(),
+                reason: "must be a scalar",
+            });
+        }
+    }
+    let (Some(pattern), Some(rewrite)) = (
+        strings_of(OP, "pattern", pattern)?.first(),
+        strings_of(OP, "rewrite", rewrite)?.first(),
+    ) else {
+        return Err(KernelError::InvalidInput {
+            op: OP,
+            input: "pattern",
+            reason: "pattern and rewrite must hold one string".into(),
+        });
+    };
+    let regex = super::re2::compile(pattern).map_err(|why| KernelError::InvalidInput {
+        op: OP,
+        input: "pattern",
+        reason: format!("invalid pattern {:?}: {why}", show(pattern)),
+    })?;
+    let out = strings
+        .iter()
+        .map(|s| super::re2::replace(&regex, s, rewrite, replace_global))
+        .collect();
+    Ok(vec![output(
+        OP,
+        input.shape().to_vec(),
+        TensorData::String(out),
+    )?])
 }

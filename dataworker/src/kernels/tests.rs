@@ -61,6 +61,17 @@ fn tensor(v: &Value) -> Tensor {
                 })
                 .collect(),
         ),
+        DType::Float16 | DType::BFloat16 => {
+            let bits = vals
+                .iter()
+                .map(|x| u16::from_str_radix(x.as_str().expect("hex"), 16).expect("bits"))
+                .collect();
+            if v["dtype"] == "half" {
+                TensorData::Float16(bits)
+            } else {
+                TensorData::BFloat16(bits)
+            }
+        }
         DType::Bool => TensorData::Bool(vals.iter().map(|x| x.as_bool().expect("bool")).collect()),
         DType::Int8 => TensorData::Int8(ints().map(|x| i8::try_from(x).expect("i8")).collect()),
         DType::Int16 => TensorData::Int16(ints().map(|x| i16::try_from(x).expect("i16")).collect()),
@@ -76,7 +87,6 @@ fn tensor(v: &Value) -> Tensor {
         DType::UInt64 => {
             TensorData::UInt64(vals.iter().map(|x| x.as_u64().expect("u64")).collect())
         }
-        other => panic!("no golden dtype {other}"),
     };
     Tensor::new(shape, data).expect("golden tensor")
 }
@@ -111,7 +121,14 @@ fn slice(d: &TensorData, i: usize) -> TensorData {
         TensorData::Int32(v) => TensorData::Int32(vec![v[i]]),
         TensorData::Int64(v) => TensorData::Int64(vec![v[i]]),
         TensorData::Bool(v) => TensorData::Bool(vec![v[i]]),
-        other => other.clone(),
+        TensorData::Int8(v) => TensorData::Int8(vec![v[i]]),
+        TensorData::Int16(v) => TensorData::Int16(vec![v[i]]),
+        TensorData::UInt8(v) => TensorData::UInt8(vec![v[i]]),
+        TensorData::UInt16(v) => TensorData::UInt16(vec![v[i]]),
+        TensorData::UInt32(v) => TensorData::UInt32(vec![v[i]]),
+        TensorData::UInt64(v) => TensorData::UInt64(vec![v[i]]),
+        TensorData::Float16(v) => TensorData::Float16(vec![v[i]]),
+        TensorData::BFloat16(v) => TensorData::BFloat16(vec![v[i]]),
     }
 }
 
@@ -970,6 +987,157 @@ mod robustness_sparse_math {
             }
             let _ = math::cumsum(&fa, &i64s(vec![], vec![axes.first().copied().unwrap_or(0)]), flag, !flag);
             let _ = math::log1p(&fa);
+        }
+    }
+}
+
+#[test]
+fn slicing_ops() {
+    use super::slicing::{self, StridedSliceMasks};
+    let mut n = check("Slice", |i, _, _| slicing::slice(&i[0], &i[1], &i[2]));
+    assert!(n > 100, "{n} Slice cases");
+    let strided = check("StridedSlice", |i, a, _| {
+        let masks = StridedSliceMasks {
+            begin_mask: attr_i64(a, "begin_mask", 0),
+            end_mask: attr_i64(a, "end_mask", 0),
+            ellipsis_mask: attr_i64(a, "ellipsis_mask", 0),
+            new_axis_mask: attr_i64(a, "new_axis_mask", 0),
+            shrink_axis_mask: attr_i64(a, "shrink_axis_mask", 0),
+        };
+        slicing::strided_slice(&i[0], &i[1], &i[2], &i[3], &masks)
+    });
+    assert!(strided > 300, "{strided} StridedSlice cases");
+    n += strided;
+    n += check("GatherV2", |i, a, _| {
+        slicing::gather_v2(&i[0], &i[1], &i[2], attr_i64(a, "batch_dims", 0))
+    });
+    n += check("Tile", |i, _, _| slicing::tile(&i[0], &i[1]));
+    n += check("Transpose", |i, _, _| slicing::transpose(&i[0], &i[1]));
+    n += check("OneHot", |i, a, _| {
+        slicing::one_hot(&i[0], &i[1], &i[2], &i[3], attr_i64(a, "axis", -1))
+    });
+    n += check("IdentityN", |i, _, _| {
+        slicing::identity_n(&i.iter().collect::<Vec<_>>())
+    });
+    assert!(n > 700, "{n} slicing cases");
+}
+
+#[test]
+fn neg() {
+    let n = check("Neg", |i, _, _| super::math::neg(&i[0]));
+    assert!(n > 20, "{n} Neg cases");
+}
+
+#[test]
+fn regex_replace() {
+    let n = check("RegexReplace", |i, a, _| {
+        strings::regex_replace(&i[0], &i[1], &i[2], attr_bool(a, "replace_global"))
+    });
+    assert!(n > 200, "{n} RegexReplace cases");
+}
+
+/// The slicing kernels, `Neg` and `RegexReplace` return errors, never panic, whatever the
+/// inputs and attributes.
+mod slicing_robustness {
+    use proptest::prelude::*;
+
+    use super::super::slicing::{self, StridedSliceMasks};
+    use super::super::{math, strings};
+    use crate::tensor::{Tensor, TensorData};
+
+    fn shape() -> impl Strategy<Value = Vec<usize>> {
+        prop::collection::vec(0usize..4, 0..5)
+    }
+
+    fn input(shape: &[usize], strings: bool) -> Tensor {
+        let n: usize = shape.iter().product();
+        let data = if strings {
+            TensorData::String((0..n).map(|i| vec![b'a'; i % 3]).collect())
+        } else {
+            TensorData::Int32((0..n).map(|i| i32::try_from(i).unwrap_or(0)).collect())
+        };
+        Tensor::new(shape.to_vec(), data).expect("sized")
+    }
+
+    fn vector(v: &[i64], int32: bool) -> Tensor {
+        let data = if int32 {
+            TensorData::Int32(v.iter().map(|&x| i32::try_from(x).unwrap_or(0)).collect())
+        } else {
+            TensorData::Int64(v.to_vec())
+        };
+        Tensor::new(vec![v.len()], data).expect("vector")
+    }
+
+    fn index() -> impl Strategy<Value = i64> {
+        prop_oneof![8 => -6i64..7, 1 => Just(i64::MIN), 1 => Just(i64::MAX)]
+    }
+
+    fn mask() -> impl Strategy<Value = i64> {
+        prop_oneof![8 => 0i64..64, 1 => Just(-1i64), 1 => Just(1i64 << 40)]
+    }
+
+    proptest! {
+        #[test]
+        fn slicing_kernels_never_panic(
+            s in shape(),
+            strs in any::<bool>(),
+            int32 in any::<bool>(),
+            b in prop::collection::vec(index(), 0..6),
+            e in prop::collection::vec(index(), 0..6),
+            st in prop::collection::vec(index(), 0..6),
+            masks in prop::collection::vec(mask(), 5),
+            axis in -6i64..6,
+            batch_dims in -3i64..3,
+        ) {
+            let x = input(&s, strs);
+            let n = b.len().min(e.len()).min(st.len());
+            let (bv, ev, sv) = (vector(&b[..n], int32), vector(&e[..n], int32), vector(&st[..n], int32));
+            let masks = StridedSliceMasks {
+                begin_mask: masks[0],
+                end_mask: masks[1],
+                ellipsis_mask: masks[2],
+                new_axis_mask: masks[3],
+                shrink_axis_mask: masks[4],
+            };
+            let _ = slicing::strided_slice(&x, &bv, &ev, &sv, &masks);
+            let _ = slicing::strided_slice(&x, &bv, &vector(&e, int32), &sv, &masks);
+            let _ = slicing::slice(&x, &vector(&b, int32), &vector(&e, int32));
+            let _ = slicing::slice(&x, &bv, &ev);
+            let ax = Tensor::scalar(TensorData::Int64(vec![axis])).expect("scalar");
+            let _ = slicing::gather_v2(&x, &vector(&b, int32), &ax, batch_dims);
+            let _ = slicing::gather_v2(&x, &input(&s, false), &ax, batch_dims);
+            let small: Vec<i64> = b.iter().map(|v| v.rem_euclid(4) - 1).collect();
+            let _ = slicing::tile(&x, &vector(&small, int32));
+            let _ = slicing::transpose(&x, &vector(&small, int32));
+            let _ = slicing::transpose(&x, &vector(&b, int32));
+            let depth = Tensor::scalar(TensorData::Int32(vec![i32::try_from(axis).unwrap_or(0) + 2])).expect("scalar");
+            let on = Tensor::scalar(TensorData::String(vec![b"on".to_vec()])).expect("scalar");
+            let off = Tensor::scalar(TensorData::String(vec![b"off".to_vec()])).expect("scalar");
+            let _ = slicing::one_hot(&vector(&b, int32), &depth, &on, &off, batch_dims);
+            let _ = slicing::one_hot(&input(&s, false), &depth, &on, &off, axis);
+            let _ = slicing::identity_n(&[&x, &bv]);
+            let _ = math::neg(&x);
+            let _ = math::neg(&vector(&b, int32));
+        }
+
+        #[test]
+        fn regex_replace_never_panics(
+            pattern in prop::collection::vec(prop::sample::select(vec![
+                "a", "b", "é", "(", ")", "[", "]", "{", "}", "*", "+", "?", "|", "^", "$", ".",
+                "\\", "d", "w", "s", "b", "p", "P", "Q", "E", "x", "0", "1", "7", "9", ",", "-",
+                ":", "<", ">", "=", "!", "i", "m", "U", "^", "{2}", "{1000}", "[:alpha:]", "\\p{L}",
+            ]), 0..10),
+            rewrite in prop::collection::vec(prop::sample::select(vec![
+                b'\\', b'0', b'1', b'9', b'$', b'a', b'{', b'}',
+            ]), 0..6),
+            texts in prop::collection::vec(prop::collection::vec(
+                prop::sample::select(vec![b'a', b'b', b' ', b'\n', 0xc3, 0xa9, 0xff, 0x80, 0xe6]), 0..10), 0..4),
+            global in any::<bool>(),
+        ) {
+            let n = texts.len();
+            let input = Tensor::new(vec![n], TensorData::String(texts)).expect("vector");
+            let scalar = |b: Vec<u8>| Tensor::scalar(TensorData::String(vec![b])).expect("scalar");
+            let _ = strings::regex_replace(&input, &scalar(pattern.concat().into_bytes()), &scalar(rewrite), global);
         }
     }
 }

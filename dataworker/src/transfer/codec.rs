@@ -1,0 +1,879 @@
+//! The step message and its frame: what a data worker sends for one step of one stage.
+//!
+//! # Frame
+//! ```text
+//! offset size  field
+//!      0    4  magic "LODE"
+//!      4    1  format version (FORMAT_VERSION = 1)
+//!      5    1  compression: 0 = none, 1 = LZ4 block (lz4_flex, no size prefix)
+//!      6    8  uncompressed payload length, u64 little-endian
+//!     14    4  CRC32C (Castagnoli) of bytes 0..14 followed by the payload as sent
+//!     18    …  payload: exactly `length` bytes when uncompressed; when LZ4, the rest of
+//!              the frame, decompressing to exactly `length` bytes
+//! ```
+//! The checksum is over the bytes as sent, so damage is caught before anything is
+//! decompressed; every single-bit flip of a frame is an error.
+//!
+//! # Payload (bincode 2, standard configuration: little-endian, varint integers)
+//! ```text
+//! job u64, stage u32, step u64, epoch u64, tensor count u64, then per tensor:
+//!   dtype tag u8 (see dtype_tag), rank u64, dims u64 × rank, value count u64, values:
+//!     numbers: count × width bytes, little-endian, written as one block (f16/bf16 as bits)
+//!     bool:    count bytes, each 0 or 1
+//!     string:  per element a length u64 then that many bytes (any bytes, not only UTF-8)
+//! ```
+//! The value count repeats what the shape implies so that a mismatch is detected rather than
+//! guessed around.
+//!
+//! # Limits
+//! A decoder refuses, before allocating, a payload whose declared length exceeds its
+//! `max_message_bytes` ([`DEFAULT_MAX_MESSAGE_BYTES`] unless configured), an LZ4 payload that
+//! claims more than [`MAX_LZ4_RATIO`] times its compressed size, and a message whose decoded
+//! tensors would take more than `max_message_bytes` of memory by [`decoded_size`]'s count. Each
+//! collection is grown as its elements are actually read, so a large declared count in a small
+//! payload costs nothing. The encoder applies the same limits, so whatever an encoder with a
+//! given limit produces, a decoder with the same limit accepts.
+//!
+//! # Automatic compression
+//! With [`Compression::Auto`] the encoder probes the first [`AUTO_PROBE_MESSAGES`] messages of
+//! every window of [`AUTO_RECHECK_INTERVAL`] messages: it compresses each, sends whichever of
+//! the compressed and raw payload is smaller, and adds up both sizes. At the end of the probe
+//! it chooses LZ4 for the rest of the window when LZ4 saved at least
+//! [`AUTO_MIN_SAVING_PERCENT`]% over the probed messages, and no compression otherwise.
+//! [`StepEncoder::chosen`] says what it chose.
+
+use bincode::de::read::BorrowReader;
+use bincode::de::{BorrowDecode, BorrowDecoder};
+use bincode::enc::write::Writer;
+use bincode::enc::{Encode, Encoder};
+use bincode::error::{DecodeError, EncodeError};
+
+use super::error::TransferError;
+use crate::tensor::{DType, Tensor, TensorData};
+
+/// The first four bytes of every frame.
+pub const MAGIC: [u8; 4] = *b"LODE";
+
+/// The frame format this build writes and reads.
+pub const FORMAT_VERSION: u8 = 1;
+
+/// Bytes before the payload: magic, version, compression flag, length, CRC32C.
+pub const HEADER_LEN: usize = 18;
+
+/// The default most bytes a message may take (256 MiB), both as its uncompressed payload and
+/// as decoded tensors in memory. Large enough for a batch of 256 224×224×3 float32 images;
+/// configurable per encoder and decoder.
+pub const DEFAULT_MAX_MESSAGE_BYTES: u64 = 256 << 20;
+
+/// The most an LZ4 block can expand: a match-length continuation byte stands for at most 255
+/// bytes of output, and nothing in the format stands for more per input byte.
+pub const MAX_LZ4_RATIO: u64 = 255;
+
+/// Slack on top of [`MAX_LZ4_RATIO`] for the smallest blocks.
+const LZ4_RATIO_SLACK: u64 = 64;
+
+/// What one string element counts for in memory besides its contents (a `Vec<u8>`).
+pub const STRING_OVERHEAD_BYTES: u64 = 24;
+
+/// What one tensor counts for in memory besides its values (its dtype, shape vector and
+/// bookkeeping), plus 8 bytes per dimension.
+pub const TENSOR_OVERHEAD_BYTES: u64 = 64;
+
+/// Messages compressed to measure the ratio at the start of every automatic-compression
+/// window.
+pub const AUTO_PROBE_MESSAGES: u64 = 8;
+
+/// Messages per automatic-compression window: the choice is re-checked this often.
+pub const AUTO_RECHECK_INTERVAL: u64 = 256;
+
+/// LZ4 is chosen when it makes the probed payloads at least this much smaller.
+pub const AUTO_MIN_SAVING_PERCENT: u64 = 10;
+
+/// The frame's bincode configuration: little-endian, varint integers, no bincode limit (the
+/// codec bounds every allocation itself).
+const WIRE: bincode::config::Configuration = bincode::config::standard();
+
+/// Numeric values are converted to little-endian bytes through a stack buffer of this size,
+/// then written in one call.
+const CHUNK_BYTES: usize = 8192;
+
+/// The messages of one step from one stage: every tensor the stage sends to the next one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepMessage {
+    pub job: u64,
+    pub stage: u32,
+    /// The global step number (counted across epochs), the receiver's delivery order.
+    pub step: u64,
+    pub epoch: u64,
+    pub tensors: Vec<Tensor>,
+}
+
+impl StepMessage {
+    /// Equality with floats compared by their bits (see [`Tensor::bitwise_eq`]).
+    pub fn bitwise_eq(&self, other: &StepMessage) -> bool {
+        self.job == other.job
+            && self.stage == other.stage
+            && self.step == other.step
+            && self.epoch == other.epoch
+            && self.tensors.len() == other.tensors.len()
+            && self
+                .tensors
+                .iter()
+                .zip(&other.tensors)
+                .all(|(a, b)| a.bitwise_eq(b))
+    }
+}
+
+/// A job's compression setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Compression {
+    /// Never compress (fast networks, incompressible data).
+    Off,
+    /// Compress every message with LZ4 (a message LZ4 does not shrink is sent raw).
+    Lz4,
+    /// Measure and choose; see the module documentation for the rule.
+    #[default]
+    Auto,
+}
+
+impl Compression {
+    pub fn name(self) -> &'static str {
+        match self {
+            Compression::Off => "off",
+            Compression::Lz4 => "lz4",
+            Compression::Auto => "auto",
+        }
+    }
+}
+
+impl std::fmt::Display for Compression {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Compression {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "off" | "none" => Ok(Compression::Off),
+            "lz4" => Ok(Compression::Lz4),
+            "auto" => Ok(Compression::Auto),
+            other => Err(format!(
+                "unknown compression {other:?}; expected off, lz4 or auto"
+            )),
+        }
+    }
+}
+
+/// How one frame's payload is stored (the frame's compression byte).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FrameCompression {
+    None,
+    Lz4,
+}
+
+impl FrameCompression {
+    fn flag(self) -> u8 {
+        match self {
+            FrameCompression::None => 0,
+            FrameCompression::Lz4 => 1,
+        }
+    }
+
+    fn from_flag(flag: u8) -> Result<Self, TransferError> {
+        match flag {
+            0 => Ok(FrameCompression::None),
+            1 => Ok(FrameCompression::Lz4),
+            flag => Err(TransferError::UnknownCompression { flag }),
+        }
+    }
+}
+
+/// Settings of an encoder or decoder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CodecConfig {
+    pub compression: Compression,
+    /// See the module documentation's Limits.
+    pub max_message_bytes: u64,
+}
+
+impl Default for CodecConfig {
+    fn default() -> Self {
+        CodecConfig {
+            compression: Compression::Auto,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+        }
+    }
+}
+
+/// Payload sizes measured by automatic compression in its latest probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AutoProbe {
+    pub messages: u64,
+    pub raw_bytes: u64,
+    pub lz4_bytes: u64,
+}
+
+/// Encodes a job's step messages into frames. Keeps a scratch buffer and the automatic
+/// compression state, so use one per job (per sending connection).
+#[derive(Debug)]
+pub struct StepEncoder {
+    config: CodecConfig,
+    scratch: Vec<u8>,
+    /// Messages encoded so far (drives the automatic-compression windows).
+    encoded: u64,
+    /// The probe in progress.
+    probe: AutoProbe,
+    /// The latest finished probe.
+    last_probe: Option<AutoProbe>,
+    /// What automatic compression chose at the end of the latest probe.
+    auto_choice: Option<FrameCompression>,
+}
+
+impl StepEncoder {
+    pub fn new(config: CodecConfig) -> Self {
+        StepEncoder {
+            config,
+            scratch: Vec::new(),
+            encoded: 0,
+            probe: AutoProbe::default(),
+            last_probe: None,
+            auto_choice: None,
+        }
+    }
+
+    pub fn config(&self) -> &CodecConfig {
+        &self.config
+    }
+
+    /// What the encoder compresses with outside probes: `None` only while
+    /// [`Compression::Auto`] has not finished its first probe. (With [`Compression::Lz4`], a
+    /// message that LZ4 does not shrink is still sent raw.)
+    pub fn chosen(&self) -> Option<FrameCompression> {
+        match self.config.compression {
+            Compression::Off => Some(FrameCompression::None),
+            Compression::Lz4 => Some(FrameCompression::Lz4),
+            Compression::Auto => self.auto_choice,
+        }
+    }
+
+    /// The latest finished probe of automatic compression, if any.
+    pub fn last_probe(&self) -> Option<AutoProbe> {
+        self.last_probe
+    }
+
+    /// Encodes `msg` into a new frame.
+    pub fn encode(&mut self, msg: &StepMessage) -> Result<Vec<u8>, TransferError> {
+        let mut out = Vec::new();
+        self.encode_into(msg, &mut out)?;
+        Ok(out)
+    }
+
+    /// Encodes `msg` into `out` (cleared first; reuse it to avoid reallocating) and says how
+    /// the payload was stored.
+    pub fn encode_into(
+        &mut self,
+        msg: &StepMessage,
+        out: &mut Vec<u8>,
+    ) -> Result<FrameCompression, TransferError> {
+        let limit = self.config.max_message_bytes;
+        let decoded = decoded_size(msg);
+        if decoded > limit {
+            return Err(TransferError::MessageTooLarge {
+                bytes: decoded,
+                limit,
+            });
+        }
+        let probing = self.config.compression == Compression::Auto
+            && self.encoded % AUTO_RECHECK_INTERVAL < AUTO_PROBE_MESSAGES;
+        let compress = match self.config.compression {
+            Compression::Off => false,
+            Compression::Lz4 => true,
+            Compression::Auto => probing || self.auto_choice == Some(FrameCompression::Lz4),
+        };
+        out.clear();
+        let stored = if compress {
+            self.scratch.clear();
+            self.scratch.reserve(encoded_size_hint(msg));
+            write_payload(msg, &mut self.scratch)?;
+            check_payload_len(self.scratch.len(), limit)?;
+            let raw_len = self.scratch.len();
+            let max = lz4_flex::block::get_maximum_output_size(raw_len);
+            out.resize(HEADER_LEN + max, 0);
+            let n = lz4_flex::block::compress_into(&self.scratch, &mut out[HEADER_LEN..])
+                .map_err(|source| TransferError::Compress { source })?;
+            if probing {
+                self.record_probe(raw_len, n);
+            }
+            if n < raw_len {
+                out.truncate(HEADER_LEN + n);
+                FrameCompression::Lz4
+            } else {
+                out.truncate(HEADER_LEN);
+                out.extend_from_slice(&self.scratch);
+                FrameCompression::None
+            }
+        } else {
+            out.reserve(HEADER_LEN + encoded_size_hint(msg));
+            out.resize(HEADER_LEN, 0);
+            write_payload(msg, out)?;
+            check_payload_len(out.len() - HEADER_LEN, limit)?;
+            FrameCompression::None
+        };
+        let raw_len = match stored {
+            FrameCompression::None => out.len() - HEADER_LEN,
+            FrameCompression::Lz4 => self.scratch.len(),
+        };
+        write_header(out, stored, len_u64(raw_len));
+        self.encoded += 1;
+        Ok(stored)
+    }
+
+    fn record_probe(&mut self, raw: usize, lz4: usize) {
+        self.probe.messages += 1;
+        self.probe.raw_bytes += len_u64(raw);
+        // A message LZ4 does not shrink is sent raw, so it costs its raw size.
+        self.probe.lz4_bytes += len_u64(lz4.min(raw));
+        if self.probe.messages == AUTO_PROBE_MESSAGES {
+            let saved = self.probe.raw_bytes - self.probe.lz4_bytes;
+            let worth_it = u128::from(saved) * 100
+                >= u128::from(self.probe.raw_bytes) * u128::from(AUTO_MIN_SAVING_PERCENT);
+            self.auto_choice = Some(if worth_it {
+                FrameCompression::Lz4
+            } else {
+                FrameCompression::None
+            });
+            self.last_probe = Some(self.probe);
+            self.probe = AutoProbe::default();
+        }
+    }
+}
+
+/// Decodes frames. Keeps a decompression buffer between calls.
+#[derive(Debug)]
+pub struct StepDecoder {
+    max_message_bytes: u64,
+    scratch: Vec<u8>,
+}
+
+impl StepDecoder {
+    /// A decoder refusing messages over `max_message_bytes` (see the module documentation).
+    pub fn new(max_message_bytes: u64) -> Self {
+        StepDecoder {
+            max_message_bytes,
+            scratch: Vec::new(),
+        }
+    }
+
+    pub fn max_message_bytes(&self) -> u64 {
+        self.max_message_bytes
+    }
+
+    /// Decodes one frame. Never panics and never allocates past the limits, whatever `frame`
+    /// holds.
+    pub fn decode(&mut self, frame: &[u8]) -> Result<StepMessage, TransferError> {
+        let header = FrameHeader::parse(frame, self.max_message_bytes)?;
+        let body = &frame[HEADER_LEN..];
+        let body_len = len_u64(body.len());
+        match header.compression {
+            FrameCompression::None => {
+                if body_len < header.payload_len {
+                    return Err(TransferError::Truncated {
+                        needed: header.payload_len + len_u64(HEADER_LEN),
+                        actual: len_u64(frame.len()),
+                    });
+                }
+                if body_len > header.payload_len {
+                    return Err(TransferError::TrailingBytes {
+                        extra: body_len - header.payload_len,
+                        after: "the declared payload",
+                    });
+                }
+            }
+            FrameCompression::Lz4 => {
+                let most = body_len
+                    .saturating_mul(MAX_LZ4_RATIO)
+                    .saturating_add(LZ4_RATIO_SLACK);
+                if header.payload_len > most {
+                    return Err(TransferError::ImplausibleRatio {
+                        declared: header.payload_len,
+                        compressed: body_len,
+                        max_ratio: MAX_LZ4_RATIO,
+                    });
+                }
+            }
+        }
+        let actual = crc32c::crc32c_append(crc32c::crc32c(&frame[..14]), body);
+        if actual != header.checksum {
+            return Err(TransferError::ChecksumMismatch {
+                expected: header.checksum,
+                actual,
+            });
+        }
+        let payload: &[u8] = match header.compression {
+            FrameCompression::None => body,
+            FrameCompression::Lz4 => {
+                // `payload_len` is at most the limit and at most MAX_LZ4_RATIO times the bytes
+                // received, checked above.
+                let len = usize::try_from(header.payload_len).map_err(|_| {
+                    TransferError::DeclaredTooLarge {
+                        declared: header.payload_len,
+                        limit: self.max_message_bytes,
+                    }
+                })?;
+                self.scratch.clear();
+                self.scratch.resize(len, 0);
+                let n = lz4_flex::block::decompress_into(body, &mut self.scratch).map_err(
+                    |source| TransferError::Decompress {
+                        compressed: body_len,
+                        source,
+                    },
+                )?;
+                if n != len {
+                    return Err(TransferError::DecompressedLength {
+                        declared: header.payload_len,
+                        actual: len_u64(n),
+                    });
+                }
+                &self.scratch
+            }
+        };
+        decode_payload(payload, self.max_message_bytes)
+    }
+}
+
+impl Default for StepDecoder {
+    fn default() -> Self {
+        StepDecoder::new(DEFAULT_MAX_MESSAGE_BYTES)
+    }
+}
+
+/// Decodes one frame with a fresh decoder (see [`StepDecoder::decode`]).
+pub fn decode_frame(frame: &[u8], max_message_bytes: u64) -> Result<StepMessage, TransferError> {
+    StepDecoder::new(max_message_bytes).decode(frame)
+}
+
+/// A frame's header, checked for magic, version, compression flag, length and limit (not yet
+/// for the checksum, which needs the payload).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    pub version: u8,
+    pub compression: FrameCompression,
+    /// The uncompressed payload's length.
+    pub payload_len: u64,
+    pub checksum: u32,
+}
+
+impl FrameHeader {
+    /// Reads and checks the header at the start of `frame`.
+    pub fn parse(frame: &[u8], max_message_bytes: u64) -> Result<FrameHeader, TransferError> {
+        let magic_seen = &frame[..frame.len().min(MAGIC.len())];
+        if magic_seen != &MAGIC[..magic_seen.len()] {
+            return Err(TransferError::BadMagic {
+                found: magic_seen.to_vec(),
+            });
+        }
+        let Some(header) = frame.first_chunk::<HEADER_LEN>() else {
+            return Err(TransferError::Truncated {
+                needed: len_u64(HEADER_LEN),
+                actual: len_u64(frame.len()),
+            });
+        };
+        let version = header[4];
+        if version != FORMAT_VERSION {
+            return Err(TransferError::UnsupportedVersion {
+                version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        let compression = FrameCompression::from_flag(header[5])?;
+        let mut len = [0u8; 8];
+        len.copy_from_slice(&header[6..14]);
+        let payload_len = u64::from_le_bytes(len);
+        if payload_len > max_message_bytes {
+            return Err(TransferError::DeclaredTooLarge {
+                declared: payload_len,
+                limit: max_message_bytes,
+            });
+        }
+        let mut crc = [0u8; 4];
+        crc.copy_from_slice(&header[14..18]);
+        Ok(FrameHeader {
+            version,
+            compression,
+            payload_len,
+            checksum: u32::from_le_bytes(crc),
+        })
+    }
+}
+
+/// The memory `msg`'s tensors count for against `max_message_bytes`: the values' bytes,
+/// [`STRING_OVERHEAD_BYTES`] per string element, and [`TENSOR_OVERHEAD_BYTES`] plus 8 bytes
+/// per dimension for each tensor. Independent of the machine, so sender and receiver agree.
+pub fn decoded_size(msg: &StepMessage) -> u64 {
+    msg.tensors.iter().fold(0u64, |acc, t| {
+        let values = match t.data() {
+            TensorData::String(v) => v.iter().fold(0u64, |a, s| {
+                a.saturating_add(STRING_OVERHEAD_BYTES + len_u64(s.len()))
+            }),
+            data => {
+                let width = t.dtype().byte_width().unwrap_or(1);
+                len_u64(data.len()).saturating_mul(len_u64(width))
+            }
+        };
+        acc.saturating_add(tensor_overhead(t.shape().len()))
+            .saturating_add(values)
+    })
+}
+
+/// The stable wire tag of each dtype. Tags are never reused; new dtypes get new numbers.
+pub fn dtype_tag(dtype: DType) -> u8 {
+    match dtype {
+        DType::Bool => 0,
+        DType::Int8 => 1,
+        DType::Int16 => 2,
+        DType::Int32 => 3,
+        DType::Int64 => 4,
+        DType::UInt8 => 5,
+        DType::UInt16 => 6,
+        DType::UInt32 => 7,
+        DType::UInt64 => 8,
+        DType::Float16 => 9,
+        DType::BFloat16 => 10,
+        DType::Float32 => 11,
+        DType::Float64 => 12,
+        DType::String => 13,
+    }
+}
+
+fn dtype_from_tag(tag: u8) -> Option<DType> {
+    DType::ALL.into_iter().find(|&d| dtype_tag(d) == tag)
+}
+
+fn tensor_overhead(rank: usize) -> u64 {
+    TENSOR_OVERHEAD_BYTES.saturating_add(len_u64(rank).saturating_mul(8))
+}
+
+/// usize → u64, lossless on every platform Rust supports (usize is at most 64 bits there).
+fn len_u64(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+fn check_payload_len(len: usize, limit: u64) -> Result<(), TransferError> {
+    let bytes = len_u64(len);
+    if bytes > limit {
+        return Err(TransferError::MessageTooLarge { bytes, limit });
+    }
+    Ok(())
+}
+
+/// A close upper bound of the payload size, to reserve once.
+fn encoded_size_hint(msg: &StepMessage) -> usize {
+    msg.tensors.iter().fold(48, |acc: usize, t| {
+        let values = match t.data() {
+            TensorData::String(v) => v.iter().map(|s| s.len() + 10).sum(),
+            data => data.len() * t.dtype().byte_width().unwrap_or(1),
+        };
+        acc.saturating_add(11 + 10 * t.shape().len() + 10 + values)
+    })
+}
+
+/// Fills in the header of `out`, whose payload (as sent) starts at [`HEADER_LEN`].
+fn write_header(out: &mut [u8], compression: FrameCompression, payload_len: u64) {
+    out[..4].copy_from_slice(&MAGIC);
+    out[4] = FORMAT_VERSION;
+    out[5] = compression.flag();
+    out[6..14].copy_from_slice(&payload_len.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&out[..14]), &out[HEADER_LEN..]);
+    out[14..18].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// bincode's writer for the end of a vector.
+struct VecWriter<'a>(&'a mut Vec<u8>);
+
+impl Writer for VecWriter<'_> {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) -> Result<(), EncodeError> {
+        self.0.extend_from_slice(bytes);
+        Ok(())
+    }
+}
+
+/// Appends `msg`'s bincode payload to `out`.
+fn write_payload(msg: &StepMessage, out: &mut Vec<u8>) -> Result<(), TransferError> {
+    bincode::encode_into_writer(WireMessage(msg), VecWriter(out), WIRE)
+        .map_err(|source| TransferError::Encode { source })
+}
+
+/// The payload's bincode form; a wrapper so that the wire format stays private to this module.
+struct WireMessage<'a>(&'a StepMessage);
+
+impl Encode for WireMessage<'_> {
+    fn encode<E: Encoder>(&self, e: &mut E) -> Result<(), EncodeError> {
+        let m = self.0;
+        m.job.encode(e)?;
+        m.stage.encode(e)?;
+        m.step.encode(e)?;
+        m.epoch.encode(e)?;
+        len_u64(m.tensors.len()).encode(e)?;
+        for t in &m.tensors {
+            encode_tensor(t, e)?;
+        }
+        Ok(())
+    }
+}
+
+fn encode_tensor<E: Encoder>(t: &Tensor, e: &mut E) -> Result<(), EncodeError> {
+    dtype_tag(t.dtype()).encode(e)?;
+    len_u64(t.shape().len()).encode(e)?;
+    for &d in t.shape() {
+        len_u64(d).encode(e)?;
+    }
+    len_u64(t.num_elements()).encode(e)?;
+    match t.data() {
+        TensorData::Bool(v) => write_le(e, v, |b| [u8::from(b)]),
+        TensorData::Int8(v) => write_le(e, v, i8::to_le_bytes),
+        TensorData::UInt8(v) => e.writer().write(v),
+        TensorData::Int16(v) => write_le(e, v, i16::to_le_bytes),
+        TensorData::UInt16(v) | TensorData::Float16(v) | TensorData::BFloat16(v) => {
+            write_le(e, v, u16::to_le_bytes)
+        }
+        TensorData::Int32(v) => write_le(e, v, i32::to_le_bytes),
+        TensorData::UInt32(v) => write_le(e, v, u32::to_le_bytes),
+        TensorData::Float32(v) => write_le(e, v, f32::to_le_bytes),
+        TensorData::Int64(v) => write_le(e, v, i64::to_le_bytes),
+        TensorData::UInt64(v) => write_le(e, v, u64::to_le_bytes),
+        TensorData::Float64(v) => write_le(e, v, f64::to_le_bytes),
+        TensorData::String(v) => {
+            for s in v {
+                len_u64(s.len()).encode(e)?;
+                e.writer().write(s)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Writes `values` as little-endian bytes, converting through a stack buffer so that the
+/// writer sees a few large writes and nothing is allocated.
+#[inline]
+fn write_le<E: Encoder, T: Copy, const N: usize>(
+    e: &mut E,
+    values: &[T],
+    to_le: impl Fn(T) -> [u8; N],
+) -> Result<(), EncodeError> {
+    let mut buf = [0u8; CHUNK_BYTES];
+    for chunk in values.chunks(CHUNK_BYTES / N) {
+        let bytes = &mut buf[..chunk.len() * N];
+        for (dst, &x) in bytes.as_chunks_mut::<N>().0.iter_mut().zip(chunk) {
+            *dst = to_le(x);
+        }
+        e.writer().write(bytes)?;
+    }
+    Ok(())
+}
+
+/// Decodes a whole payload; the error of a failed check is the codec's own, not bincode's.
+fn decode_payload(payload: &[u8], limit: u64) -> Result<StepMessage, TransferError> {
+    let mut ctx = DecodeCtx {
+        limit,
+        used: 0,
+        failure: None,
+    };
+    match bincode::borrow_decode_from_slice_with_context::<_, WireDecoded, _>(
+        payload, WIRE, &mut ctx,
+    ) {
+        Ok((WireDecoded(msg), read)) if read == payload.len() => Ok(msg),
+        Ok((_, read)) => Err(TransferError::TrailingBytes {
+            extra: len_u64(payload.len() - read),
+            after: "the last tensor of the payload",
+        }),
+        Err(source) => Err(ctx
+            .failure
+            .take()
+            .unwrap_or(TransferError::Decode { source })),
+    }
+}
+
+/// What decoding carries besides the bytes: the memory budget and the codec's own error when a
+/// check fails (bincode's error type cannot carry it).
+struct DecodeCtx {
+    limit: u64,
+    used: u64,
+    failure: Option<TransferError>,
+}
+
+struct WireDecoded(StepMessage);
+
+/// Counts `bytes` of decoded memory against the limit.
+fn charge(ctx: &mut DecodeCtx, bytes: u64) -> Result<(), DecodeError> {
+    ctx.used = ctx.used.saturating_add(bytes);
+    if ctx.used > ctx.limit {
+        ctx.failure = Some(TransferError::DecodedTooLarge {
+            bytes: ctx.used,
+            limit: ctx.limit,
+        });
+        return Err(DecodeError::Other("decoded step message too large"));
+    }
+    Ok(())
+}
+
+fn failed(ctx: &mut DecodeCtx, err: TransferError) -> DecodeError {
+    ctx.failure = Some(err);
+    DecodeError::Other("invalid step message")
+}
+
+/// Capacity to reserve for a declared element count: never more than `cap` up front, so a
+/// hostile count only costs what the payload actually holds.
+fn initial_capacity(declared: u64, cap: usize) -> usize {
+    usize::try_from(declared).map_or(cap, |n| n.min(cap))
+}
+
+impl<'de, 'c> BorrowDecode<'de, &'c mut DecodeCtx> for WireDecoded {
+    fn borrow_decode<D: BorrowDecoder<'de, Context = &'c mut DecodeCtx>>(
+        d: &mut D,
+    ) -> Result<Self, DecodeError> {
+        let job = u64::borrow_decode(d)?;
+        let stage = u32::borrow_decode(d)?;
+        let step = u64::borrow_decode(d)?;
+        let epoch = u64::borrow_decode(d)?;
+        let count = u64::borrow_decode(d)?;
+        let mut tensors = Vec::with_capacity(initial_capacity(count, 256));
+        for index in 0..count {
+            let index = usize::try_from(index).unwrap_or(usize::MAX);
+            tensors.push(decode_tensor(d, index)?);
+        }
+        Ok(WireDecoded(StepMessage {
+            job,
+            stage,
+            step,
+            epoch,
+            tensors,
+        }))
+    }
+}
+
+fn decode_tensor<'de, 'c, D: BorrowDecoder<'de, Context = &'c mut DecodeCtx>>(
+    d: &mut D,
+    tensor: usize,
+) -> Result<Tensor, DecodeError> {
+    let tag = u8::borrow_decode(d)?;
+    let Some(dtype) = dtype_from_tag(tag) else {
+        return Err(failed(
+            d.context(),
+            TransferError::UnknownDtype { tensor, tag },
+        ));
+    };
+    let rank = u64::borrow_decode(d)?;
+    charge(
+        d.context(),
+        TENSOR_OVERHEAD_BYTES.saturating_add(rank.saturating_mul(8)),
+    )?;
+    let mut dims = Vec::with_capacity(initial_capacity(rank, 8));
+    for _ in 0..rank {
+        dims.push(u64::borrow_decode(d)?);
+    }
+    let count = u64::borrow_decode(d)?;
+    let expected = dims
+        .iter()
+        .try_fold(1u128, |acc, &x| acc.checked_mul(u128::from(x)))
+        .unwrap_or(u128::MAX);
+    if expected != u128::from(count) {
+        return Err(failed(
+            d.context(),
+            TransferError::ValueCountMismatch {
+                tensor,
+                shape: dims,
+                expected,
+                actual: count,
+            },
+        ));
+    }
+    let mut shape = Vec::with_capacity(dims.len());
+    for &dim in &dims {
+        match usize::try_from(dim) {
+            Ok(x) => shape.push(x),
+            Err(_) => {
+                return Err(failed(
+                    d.context(),
+                    TransferError::DimOutOfRange { tensor, dim },
+                ))
+            }
+        }
+    }
+    let data = match dtype.byte_width() {
+        None => decode_strings(d, count)?,
+        Some(width) => {
+            let bytes = count.saturating_mul(len_u64(width));
+            charge(d.context(), bytes)?;
+            // Within the limit, so within usize; take_bytes fails if the payload is shorter.
+            let len = usize::try_from(bytes).map_err(|_| DecodeError::LimitExceeded)?;
+            let raw = d.borrow_reader().take_bytes(len)?;
+            decode_numbers(dtype, raw, tensor).map_err(|err| failed(d.context(), err))?
+        }
+    };
+    Tensor::new(shape, data).map_err(|_| {
+        failed(
+            d.context(),
+            TransferError::ValueCountMismatch {
+                tensor,
+                shape: dims,
+                expected,
+                actual: count,
+            },
+        )
+    })
+}
+
+fn decode_strings<'de, 'c, D: BorrowDecoder<'de, Context = &'c mut DecodeCtx>>(
+    d: &mut D,
+    count: u64,
+) -> Result<TensorData, DecodeError> {
+    let mut out = Vec::with_capacity(initial_capacity(count, 1024));
+    for _ in 0..count {
+        let len = u64::borrow_decode(d)?;
+        charge(d.context(), STRING_OVERHEAD_BYTES.saturating_add(len))?;
+        let len = usize::try_from(len).map_err(|_| DecodeError::LimitExceeded)?;
+        out.push(d.borrow_reader().take_bytes(len)?.to_vec());
+    }
+    Ok(TensorData::String(out))
+}
+
+/// Little-endian bytes (exactly count × width of them) to values, in one pass.
+fn decode_numbers(dtype: DType, raw: &[u8], tensor: usize) -> Result<TensorData, TransferError> {
+    fn le<T, const N: usize>(raw: &[u8], from: impl Fn([u8; N]) -> T) -> Vec<T> {
+        raw.as_chunks::<N>().0.iter().map(|c| from(*c)).collect()
+    }
+    Ok(match dtype {
+        DType::Bool => {
+            if let Some(index) = raw.iter().position(|&b| b > 1) {
+                return Err(TransferError::InvalidBool {
+                    tensor,
+                    index,
+                    value: raw[index],
+                });
+            }
+            TensorData::Bool(raw.iter().map(|&b| b == 1).collect())
+        }
+        DType::Int8 => TensorData::Int8(le(raw, i8::from_le_bytes)),
+        DType::UInt8 => TensorData::UInt8(raw.to_vec()),
+        DType::Int16 => TensorData::Int16(le(raw, i16::from_le_bytes)),
+        DType::UInt16 => TensorData::UInt16(le(raw, u16::from_le_bytes)),
+        DType::Float16 => TensorData::Float16(le(raw, u16::from_le_bytes)),
+        DType::BFloat16 => TensorData::BFloat16(le(raw, u16::from_le_bytes)),
+        DType::Int32 => TensorData::Int32(le(raw, i32::from_le_bytes)),
+        DType::UInt32 => TensorData::UInt32(le(raw, u32::from_le_bytes)),
+        DType::Float32 => TensorData::Float32(le(raw, f32::from_le_bytes)),
+        DType::Int64 => TensorData::Int64(le(raw, i64::from_le_bytes)),
+        DType::UInt64 => TensorData::UInt64(le(raw, u64::from_le_bytes)),
+        DType::Float64 => TensorData::Float64(le(raw, f64::from_le_bytes)),
+        // Strings have no width and are decoded by decode_strings.
+        DType::String => TensorData::String(Vec::new()),
+    })
+}
+
+#[cfg(test)]
+#[path = "codec_tests.rs"]
+mod tests;

@@ -1,0 +1,665 @@
+//! Tests of the step codec: round trips, the frame layout, one test per decoding error, the
+//! automatic compression rule, and property tests on random tensors and hostile bytes.
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn tensor(shape: Vec<usize>, data: TensorData) -> Tensor {
+    Tensor::new(shape, data).expect("valid tensor")
+}
+
+fn message(tensors: Vec<Tensor>) -> StepMessage {
+    StepMessage {
+        job: 7,
+        stage: 2,
+        step: 1_000_001,
+        epoch: 3,
+        tensors,
+    }
+}
+
+fn encoder(compression: Compression) -> StepEncoder {
+    StepEncoder::new(CodecConfig {
+        compression,
+        ..CodecConfig::default()
+    })
+}
+
+fn roundtrip(msg: &StepMessage, compression: Compression) -> StepMessage {
+    let frame = encoder(compression).encode(msg).expect("encodes");
+    decode_frame(&frame, DEFAULT_MAX_MESSAGE_BYTES).expect("decodes")
+}
+
+/// One tensor of every dtype with the values that are easy to lose: NaN payloads, signed
+/// zeros, infinities, subnormals, extremes, empty and non-UTF-8 strings.
+fn every_dtype() -> Vec<Tensor> {
+    vec![
+        tensor(vec![3], TensorData::Bool(vec![true, false, true])),
+        tensor(vec![4], TensorData::Int8(vec![i8::MIN, -1, 0, i8::MAX])),
+        tensor(
+            vec![2, 2],
+            TensorData::Int16(vec![i16::MIN, -2, 3, i16::MAX]),
+        ),
+        tensor(vec![3], TensorData::Int32(vec![i32::MIN, 0, i32::MAX])),
+        tensor(vec![3], TensorData::Int64(vec![i64::MIN, -1, i64::MAX])),
+        tensor(vec![3], TensorData::UInt8(vec![0, 128, 255])),
+        tensor(vec![2], TensorData::UInt16(vec![0, u16::MAX])),
+        tensor(vec![2], TensorData::UInt32(vec![1, u32::MAX])),
+        tensor(vec![2], TensorData::UInt64(vec![0, u64::MAX])),
+        // 0x7e01: a half NaN with a payload; 0x8000: -0.0.
+        tensor(vec![3], TensorData::Float16(vec![0x7e01, 0x8000, 0x3c00])),
+        tensor(vec![3], TensorData::BFloat16(vec![0x7fc1, 0x8000, 0xff80])),
+        tensor(
+            vec![7],
+            TensorData::Float32(vec![
+                f32::from_bits(0x7fc0_0001),
+                f32::from_bits(0xff80_0001), // signalling NaN, negative
+                -0.0,
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+                f32::from_bits(1), // smallest subnormal
+                f32::MAX,
+            ]),
+        ),
+        tensor(
+            vec![4],
+            TensorData::Float64(vec![
+                f64::from_bits(0x7ff8_0000_dead_beef),
+                -0.0,
+                f64::from_bits(1),
+                f64::MIN,
+            ]),
+        ),
+        tensor(
+            vec![2, 2],
+            TensorData::String(vec![
+                Vec::new(),
+                b"plain".to_vec(),
+                vec![0xff, 0xfe, 0x00, 0x80],
+                "ünïcødé".as_bytes().to_vec(),
+            ]),
+        ),
+    ]
+}
+
+#[test]
+fn every_dtype_round_trips_bit_exactly_in_every_mode() {
+    let msg = message(every_dtype());
+    for compression in [Compression::Off, Compression::Lz4, Compression::Auto] {
+        let back = roundtrip(&msg, compression);
+        assert!(back.bitwise_eq(&msg), "{compression}: {back:?}");
+    }
+}
+
+#[test]
+fn empty_tensors_scalars_and_empty_messages_round_trip() {
+    let mut tensors = Vec::new();
+    for dtype in DType::ALL {
+        tensors.push(Tensor::zeros(dtype, vec![0]).expect("empty"));
+        tensors.push(Tensor::zeros(dtype, vec![3, 0, 2]).expect("empty"));
+        tensors.push(Tensor::zeros(dtype, vec![]).expect("scalar"));
+    }
+    let msg = message(tensors);
+    assert!(roundtrip(&msg, Compression::Off).bitwise_eq(&msg));
+    assert!(roundtrip(&msg, Compression::Lz4).bitwise_eq(&msg));
+    let empty = message(Vec::new());
+    assert!(roundtrip(&empty, Compression::Lz4).bitwise_eq(&empty));
+}
+
+#[test]
+fn header_layout_is_as_documented() {
+    let msg = message(every_dtype());
+    let frame = encoder(Compression::Off).encode(&msg).expect("encodes");
+    assert_eq!(&frame[..4], b"LODE");
+    assert_eq!(frame[4], FORMAT_VERSION);
+    assert_eq!(frame[5], 0);
+    let header = FrameHeader::parse(&frame, DEFAULT_MAX_MESSAGE_BYTES).expect("header");
+    assert_eq!(header.payload_len, len_u64(frame.len() - HEADER_LEN));
+    let mut crc_input = frame[..14].to_vec();
+    crc_input.extend_from_slice(&frame[HEADER_LEN..]);
+    assert_eq!(header.checksum, crc32c::crc32c(&crc_input));
+    // The payload starts with the bincode varints of job, stage and step (252: a u32 follows).
+    assert_eq!(&frame[HEADER_LEN..HEADER_LEN + 2], &[7, 2]);
+    assert_eq!(frame[HEADER_LEN + 2], 252);
+}
+
+#[test]
+fn numbers_are_little_endian_blocks() {
+    let msg = message(vec![tensor(vec![2], TensorData::Float32(vec![1.0, -2.5]))]);
+    let frame = encoder(Compression::Off).encode(&msg).expect("encodes");
+    let mut expected = Vec::new();
+    expected.extend_from_slice(&1.0f32.to_le_bytes());
+    expected.extend_from_slice(&(-2.5f32).to_le_bytes());
+    assert!(frame.ends_with(&expected));
+}
+
+#[test]
+fn large_compressible_tensors_compress_and_round_trip() {
+    let zeros = tensor(vec![1 << 20], TensorData::Float32(vec![0.0; 1 << 20]));
+    let msg = message(vec![zeros]);
+    let mut enc = encoder(Compression::Lz4);
+    let frame = enc.encode(&msg).expect("encodes");
+    assert_eq!(frame[5], 1, "stored as LZ4");
+    assert!(frame.len() < (4 << 20) / 200, "{} bytes", frame.len());
+    // Nearly the format's maximum ratio: the plausibility check must let it through.
+    let back = decode_frame(&frame, DEFAULT_MAX_MESSAGE_BYTES).expect("decodes");
+    assert!(back.bitwise_eq(&msg));
+}
+
+#[test]
+fn lz4_mode_sends_incompressible_payloads_raw() {
+    let msg = message(vec![noise(4096)]);
+    let mut out = Vec::new();
+    let stored = encoder(Compression::Lz4)
+        .encode_into(&msg, &mut out)
+        .expect("encodes");
+    assert_eq!(stored, FrameCompression::None);
+    assert_eq!(out[5], 0);
+    assert!(decode_frame(&out, DEFAULT_MAX_MESSAGE_BYTES)
+        .expect("decodes")
+        .bitwise_eq(&msg));
+}
+
+/// Bytes from a xorshift generator: LZ4 cannot shrink them.
+fn noise(n: usize) -> Tensor {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let bytes = (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()[0]
+        })
+        .collect();
+    tensor(vec![n], TensorData::UInt8(bytes))
+}
+
+fn compressible() -> Tensor {
+    tensor(vec![4096], TensorData::Int64(vec![5; 4096]))
+}
+
+#[test]
+fn auto_chooses_after_the_probe_and_rechecks_every_window() {
+    let mut enc = encoder(Compression::Auto);
+    let zeros = message(vec![compressible()]);
+    let random = message(vec![noise(4096)]);
+    for _ in 0..AUTO_PROBE_MESSAGES - 1 {
+        enc.encode(&zeros).expect("encodes");
+        assert_eq!(enc.chosen(), None, "still probing");
+    }
+    enc.encode(&zeros).expect("encodes");
+    assert_eq!(enc.chosen(), Some(FrameCompression::Lz4));
+    let probe = enc.last_probe().expect("probed");
+    assert_eq!(probe.messages, AUTO_PROBE_MESSAGES);
+    assert!(probe.lz4_bytes * 10 < probe.raw_bytes);
+    // Incompressible data after the choice is compressed (and sent raw) until the next window.
+    for _ in AUTO_PROBE_MESSAGES..AUTO_RECHECK_INTERVAL {
+        enc.encode(&random).expect("encodes");
+        assert_eq!(enc.chosen(), Some(FrameCompression::Lz4));
+    }
+    for _ in 0..AUTO_PROBE_MESSAGES {
+        enc.encode(&random).expect("encodes");
+    }
+    assert_eq!(enc.chosen(), Some(FrameCompression::None));
+    let frame = enc.encode(&zeros).expect("encodes");
+    assert_eq!(frame[5], 0, "not compressed outside a probe once off");
+}
+
+#[test]
+fn auto_needs_a_ten_percent_saving() {
+    // Half compressible, half noise saves about half: LZ4. Mostly noise saves under 10%: off.
+    let mut enc = encoder(Compression::Auto);
+    let half = message(vec![
+        noise(4096),
+        tensor(vec![512], TensorData::Int64(vec![0; 512])),
+    ]);
+    for _ in 0..AUTO_PROBE_MESSAGES {
+        enc.encode(&half).expect("encodes");
+    }
+    assert_eq!(enc.chosen(), Some(FrameCompression::Lz4));
+    let mut enc = encoder(Compression::Auto);
+    let mostly_noise = message(vec![
+        noise(4096),
+        tensor(vec![40], TensorData::Int64(vec![0; 40])),
+    ]);
+    for _ in 0..AUTO_PROBE_MESSAGES {
+        enc.encode(&mostly_noise).expect("encodes");
+    }
+    assert_eq!(enc.chosen(), Some(FrameCompression::None));
+    let probe = enc.last_probe().expect("probed");
+    assert!(probe.lz4_bytes * 100 > probe.raw_bytes * 90, "{probe:?}");
+}
+
+#[test]
+fn fixed_modes_report_their_choice() {
+    assert_eq!(
+        encoder(Compression::Off).chosen(),
+        Some(FrameCompression::None)
+    );
+    assert_eq!(
+        encoder(Compression::Lz4).chosen(),
+        Some(FrameCompression::Lz4)
+    );
+    assert_eq!("lz4".parse::<Compression>(), Ok(Compression::Lz4));
+    assert!("zstd".parse::<Compression>().is_err());
+}
+
+// --- Building hostile frames -------------------------------------------------------------
+
+fn varint(v: u64, out: &mut Vec<u8>) {
+    bincode::encode_into_std_write(v, out, WIRE).expect("vec write");
+}
+
+/// A well-formed frame (magic, version, valid checksum) around any payload bytes.
+fn frame_of(payload: &[u8], compression: FrameCompression, declared: u64) -> Vec<u8> {
+    let mut out = vec![0; HEADER_LEN];
+    out.extend_from_slice(payload);
+    write_header(&mut out, compression, declared);
+    out
+}
+
+fn raw_frame(payload: &[u8]) -> Vec<u8> {
+    frame_of(payload, FrameCompression::None, len_u64(payload.len()))
+}
+
+/// A payload header (job, stage, step, epoch, tensor count) followed by `rest`.
+fn payload(tensors: u64, rest: &[u8]) -> Vec<u8> {
+    let mut p = Vec::new();
+    for v in [7, 2, 1, 0, tensors] {
+        varint(v, &mut p);
+    }
+    p.extend_from_slice(rest);
+    p
+}
+
+/// A tensor's header: tag, shape, value count.
+fn tensor_header(tag: u8, dims: &[u64], count: u64) -> Vec<u8> {
+    let mut p = vec![tag];
+    varint(len_u64(dims.len()), &mut p);
+    for &d in dims {
+        varint(d, &mut p);
+    }
+    varint(count, &mut p);
+    p
+}
+
+fn decode_err(frame: &[u8]) -> TransferError {
+    decode_frame(frame, DEFAULT_MAX_MESSAGE_BYTES).expect_err("refused")
+}
+
+fn valid_frame() -> Vec<u8> {
+    encoder(Compression::Off)
+        .encode(&message(every_dtype()))
+        .expect("encodes")
+}
+
+#[test]
+fn bad_magic() {
+    let mut frame = valid_frame();
+    frame[0] = b'X';
+    assert!(matches!(decode_err(&frame), TransferError::BadMagic { .. }));
+    assert!(matches!(decode_err(b"PK"), TransferError::BadMagic { .. }));
+    assert!(matches!(
+        decode_err(b"LO"),
+        TransferError::Truncated {
+            needed: 18,
+            actual: 2
+        }
+    ));
+    assert!(matches!(decode_err(b""), TransferError::Truncated { .. }));
+}
+
+#[test]
+fn unknown_version_and_compression_flag() {
+    let mut frame = valid_frame();
+    frame[4] = 2;
+    assert!(matches!(
+        decode_err(&frame),
+        TransferError::UnsupportedVersion {
+            version: 2,
+            supported: 1
+        }
+    ));
+    let mut frame = valid_frame();
+    frame[5] = 9;
+    assert!(matches!(
+        decode_err(&frame),
+        TransferError::UnknownCompression { flag: 9 }
+    ));
+}
+
+#[test]
+fn truncated_and_overlong_frames() {
+    let frame = valid_frame();
+    assert!(matches!(
+        decode_err(&frame[..10]),
+        TransferError::Truncated { needed: 18, .. }
+    ));
+    assert!(matches!(
+        decode_err(&frame[..frame.len() - 1]),
+        TransferError::Truncated { .. }
+    ));
+    let mut long = frame.clone();
+    long.push(0);
+    assert!(matches!(
+        decode_err(&long),
+        TransferError::TrailingBytes { extra: 1, .. }
+    ));
+}
+
+#[test]
+fn declared_length_over_the_limit_is_refused_before_allocating() {
+    let frame = valid_frame();
+    let err = decode_frame(&frame, 16).expect_err("over the limit");
+    assert!(matches!(
+        err,
+        TransferError::DeclaredTooLarge { limit: 16, .. }
+    ));
+    let huge = frame_of(b"", FrameCompression::Lz4, u64::MAX);
+    assert!(matches!(
+        decode_err(&huge),
+        TransferError::DeclaredTooLarge {
+            declared: u64::MAX,
+            ..
+        }
+    ));
+    // Within the limit but far beyond what 10 LZ4 bytes can expand to.
+    let claim = frame_of(&[0; 10], FrameCompression::Lz4, 100 << 20);
+    assert!(matches!(
+        decode_err(&claim),
+        TransferError::ImplausibleRatio { compressed: 10, .. }
+    ));
+}
+
+#[test]
+fn damaged_bytes_fail_the_checksum() {
+    let mut frame = valid_frame();
+    let last = frame.len() - 1;
+    frame[last] ^= 0x10;
+    assert!(matches!(
+        decode_err(&frame),
+        TransferError::ChecksumMismatch { .. }
+    ));
+}
+
+#[test]
+fn lz4_payloads_that_do_not_decompress() {
+    // A token promising 15+ literals that are not there.
+    let garbage = frame_of(&[0xf0, 0xff, 0xff, 1, 2], FrameCompression::Lz4, 300);
+    assert!(matches!(
+        decode_err(&garbage),
+        TransferError::Decompress { compressed: 5, .. }
+    ));
+    let payload = payload(0, &[]);
+    let compressed = lz4_flex::block::compress(&payload);
+    let longer = frame_of(
+        &compressed,
+        FrameCompression::Lz4,
+        len_u64(payload.len() + 1),
+    );
+    assert!(matches!(
+        decode_err(&longer),
+        TransferError::DecompressedLength { .. }
+    ));
+    let shorter = frame_of(
+        &compressed,
+        FrameCompression::Lz4,
+        len_u64(payload.len() - 1),
+    );
+    assert!(matches!(
+        decode_err(&shorter),
+        TransferError::Decompress { .. }
+    ));
+}
+
+#[test]
+fn payloads_that_do_not_decode() {
+    // Ends inside a tensor.
+    let p = payload(1, &tensor_header(11, &[4], 4));
+    assert!(matches!(
+        decode_err(&raw_frame(&p)),
+        TransferError::Decode { .. }
+    ));
+    // A varint marker byte of 255 is not a valid u64 encoding.
+    let p = payload(0, &[]);
+    let mut bad = p[..4].to_vec();
+    bad.push(255);
+    assert!(matches!(
+        decode_err(&raw_frame(&bad)),
+        TransferError::Decode { .. }
+    ));
+    // Bytes after the last tensor.
+    let mut p = payload(0, &[]);
+    p.push(0);
+    assert!(matches!(
+        decode_err(&raw_frame(&p)),
+        TransferError::TrailingBytes { extra: 1, .. }
+    ));
+}
+
+#[test]
+fn unknown_dtype() {
+    let mut t = tensor_header(42, &[1], 1);
+    t.push(0);
+    let p = payload(1, &t);
+    assert!(matches!(
+        decode_err(&raw_frame(&p)),
+        TransferError::UnknownDtype { tensor: 0, tag: 42 }
+    ));
+}
+
+#[test]
+fn value_count_must_match_the_shape() {
+    let mut t = tensor_header(dtype_tag(DType::Int32), &[2, 3], 5);
+    t.extend_from_slice(&[0; 20]);
+    let p = payload(1, &t);
+    match decode_err(&raw_frame(&p)) {
+        TransferError::ValueCountMismatch {
+            tensor: 0,
+            shape,
+            expected: 6,
+            actual: 5,
+        } => assert_eq!(shape, vec![2, 3]),
+        other => panic!("{other:?}"),
+    }
+    // An overflowing shape product is a mismatch, not an overflow.
+    let t = tensor_header(1, &[u64::MAX, u64::MAX, u64::MAX], 0);
+    assert!(matches!(
+        decode_err(&raw_frame(&payload(1, &t))),
+        TransferError::ValueCountMismatch { .. }
+    ));
+}
+
+#[test]
+fn bools_must_be_zero_or_one() {
+    let mut t = tensor_header(dtype_tag(DType::Bool), &[3], 3);
+    t.extend_from_slice(&[1, 0, 2]);
+    assert!(matches!(
+        decode_err(&raw_frame(&payload(1, &t))),
+        TransferError::InvalidBool {
+            tensor: 0,
+            index: 2,
+            value: 2
+        }
+    ));
+}
+
+#[test]
+fn huge_declared_counts_cost_nothing() {
+    // Counts of tensors, dimensions, values and strings far beyond the payload: each fails as
+    // soon as the bytes run out (or the memory budget does), without reserving for the count.
+    let cases = [
+        payload(u64::MAX, &[]),
+        payload(1, &tensor_header(13, &[1 << 60], 1 << 60)),
+        payload(1, &tensor_header(12, &[1 << 40], 1 << 40)),
+        payload(1, &{
+            let mut t = vec![11];
+            varint(1 << 62, &mut t);
+            t
+        }),
+    ];
+    for p in cases {
+        let err = decode_err(&raw_frame(&p));
+        assert!(
+            matches!(
+                err,
+                TransferError::Decode { .. } | TransferError::DecodedTooLarge { .. }
+            ),
+            "{err:?}"
+        );
+    }
+}
+
+#[test]
+fn decoded_memory_is_bounded_like_the_encoder_bounds_it() {
+    // 2,000 empty strings: a payload of about 2 KB, but 48 KB of Vec<u8>s in memory.
+    let strings = tensor(vec![2000], TensorData::String(vec![Vec::new(); 2000]));
+    let msg = message(vec![strings]);
+    let need = decoded_size(&msg);
+    assert!(need > 48_000);
+    let frame = encoder(Compression::Off).encode(&msg).expect("encodes");
+    assert!(frame.len() < 2_100);
+    let err = decode_frame(&frame, 10_000).expect_err("over the memory limit");
+    assert!(matches!(
+        err,
+        TransferError::DecodedTooLarge { limit: 10_000, .. }
+    ));
+    // An encoder with the same limit refuses the message up front.
+    let mut small = StepEncoder::new(CodecConfig {
+        compression: Compression::Off,
+        max_message_bytes: 10_000,
+    });
+    assert!(matches!(
+        small.encode(&msg),
+        Err(TransferError::MessageTooLarge {
+            bytes,
+            limit: 10_000
+        }) if bytes == need
+    ));
+    // At exactly the decoded size both sides agree.
+    let mut exact = StepEncoder::new(CodecConfig {
+        compression: Compression::Lz4,
+        max_message_bytes: need,
+    });
+    let frame = exact.encode(&msg).expect("fits exactly");
+    assert!(decode_frame(&frame, need)
+        .expect("decodes")
+        .bitwise_eq(&msg));
+}
+
+#[test]
+fn errors_about_frames_are_told_apart_from_local_ones() {
+    assert!(decode_err(b"nope").is_bad_frame());
+    assert!(!TransferError::ZeroCapacity.is_bad_frame());
+    assert!(!TransferError::MessageTooLarge { bytes: 2, limit: 1 }.is_bad_frame());
+}
+
+// --- Properties ---------------------------------------------------------------------------
+
+fn tensor_strategy() -> impl Strategy<Value = Tensor> {
+    crate::tensor::strategies::tensor_strategy(5)
+}
+
+fn message_strategy() -> impl Strategy<Value = StepMessage> {
+    (
+        any::<u64>(),
+        any::<u32>(),
+        any::<u64>(),
+        any::<u64>(),
+        proptest::collection::vec(tensor_strategy(), 0..6),
+    )
+        .prop_map(|(job, stage, step, epoch, tensors)| StepMessage {
+            job,
+            stage,
+            step,
+            epoch,
+            tensors,
+        })
+}
+
+fn compression_strategy() -> impl Strategy<Value = Compression> {
+    proptest::sample::select(vec![Compression::Off, Compression::Lz4, Compression::Auto])
+}
+
+proptest! {
+    #[test]
+    fn prop_random_messages_round_trip(
+        msg in message_strategy(),
+        compression in compression_strategy(),
+    ) {
+        let mut enc = encoder(compression);
+        let mut dec = StepDecoder::default();
+        // Twice through the same encoder and decoder: reused buffers must not leak state.
+        for _ in 0..2 {
+            let frame = enc.encode(&msg).expect("encodes");
+            let back = dec.decode(&frame).expect("decodes");
+            prop_assert!(back.bitwise_eq(&msg), "{:?} != {:?}", back, msg);
+        }
+    }
+
+    #[test]
+    fn prop_random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let _ = decode_frame(&bytes, DEFAULT_MAX_MESSAGE_BYTES);
+        let mut framed = MAGIC.to_vec();
+        framed.extend_from_slice(&bytes);
+        let _ = decode_frame(&framed, DEFAULT_MAX_MESSAGE_BYTES);
+    }
+
+    /// Random payloads behind a valid header and checksum reach the payload decoder.
+    #[test]
+    fn prop_random_payloads_never_panic(
+        bytes in proptest::collection::vec(any::<u8>(), 0..256),
+        lz4 in any::<bool>(),
+        declared in 0u64..4096,
+    ) {
+        let _ = decode_frame(&raw_frame(&bytes), DEFAULT_MAX_MESSAGE_BYTES);
+        if lz4 {
+            let frame = frame_of(&bytes, FrameCompression::Lz4, declared);
+            let _ = decode_frame(&frame, DEFAULT_MAX_MESSAGE_BYTES);
+        }
+    }
+
+    /// Mutated valid payloads (re-framed with a valid checksum) decode or fail cleanly.
+    #[test]
+    fn prop_mutated_payloads_never_panic(
+        msg in message_strategy(),
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+        cut in any::<prop::sample::Index>(),
+        truncate in any::<bool>(),
+    ) {
+        let frame = encoder(Compression::Off).encode(&msg).expect("encodes");
+        let mut p = frame[HEADER_LEN..].to_vec();
+        for (at, byte) in edits {
+            let i = at.index(p.len());
+            p[i] = byte;
+        }
+        if truncate {
+            p.truncate(cut.index(p.len() + 1));
+        }
+        let _ = decode_frame(&raw_frame(&p), DEFAULT_MAX_MESSAGE_BYTES);
+        let compressed = lz4_flex::block::compress(&p);
+        let _ = decode_frame(
+            &frame_of(&compressed, FrameCompression::Lz4, len_u64(p.len())),
+            DEFAULT_MAX_MESSAGE_BYTES,
+        );
+    }
+
+    /// Every single-bit flip and every truncation of a valid frame is an error.
+    #[test]
+    fn prop_flipped_or_truncated_frames_are_rejected(
+        msg in message_strategy(),
+        compression in compression_strategy(),
+        at in any::<prop::sample::Index>(),
+        bit in 0u8..8,
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let frame = encoder(compression).encode(&msg).expect("encodes");
+        let mut flipped = frame.clone();
+        let i = at.index(frame.len());
+        flipped[i] ^= 1 << bit;
+        prop_assert!(decode_frame(&flipped, DEFAULT_MAX_MESSAGE_BYTES).is_err(), "flip at {}", i);
+        let cut = cut.index(frame.len());
+        prop_assert!(decode_frame(&frame[..cut], DEFAULT_MAX_MESSAGE_BYTES).is_err(), "cut at {}", cut);
+    }
+}

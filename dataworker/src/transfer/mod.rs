@@ -1,0 +1,35 @@
+//! The transfer layer: how one stage's tensors for one step travel to the next stage or to the
+//! training worker. A pure library; the gRPC layer around it only moves frames.
+//!
+//! # Layout
+//! - [`codec`]: [`StepMessage`] and its frame ("LODE", version, compression flag, length,
+//!   CRC32C, bincode payload, optionally LZ4), [`StepEncoder`] with per-job [`Compression`]
+//!   (off, LZ4, or chosen automatically by measuring), and [`StepDecoder`], safe on hostile
+//!   bytes.
+//! - [`receiver`]: DWRecv's reorder and deduplication buffer as a state machine with time
+//!   passed in ([`ReceiverState`]), its metrics, and [`SharedReceiver`], the blocking,
+//!   thread-safe wrapper whose bounded buffer is the senders' backpressure.
+//! - [`error`]: the layer's error type, [`TransferError`].
+//!
+//! # Invariants
+//! - Encode → decode is the identity for every dtype, bit for bit (NaN payloads, -0.0, empty
+//!   tensors, empty and non-UTF-8 strings).
+//! - Decoding never panics, whatever the bytes, and allocates at most the configured limit for
+//!   the payload (for an LZ4 frame also at most [`codec::MAX_LZ4_RATIO`] times the bytes
+//!   received) plus the limit for the decoded tensors; every single-bit flip of a frame is
+//!   detected.
+//! - Whatever an encoder accepts, a decoder with the same limit accepts.
+//! - The receiver delivers steps strictly in order, each exactly once, only when every expected
+//!   stage's message is there, and buffers at most `capacity` steps.
+
+pub mod codec;
+pub mod error;
+pub mod receiver;
+
+pub use codec::{
+    decode_frame, CodecConfig, Compression, FrameCompression, StepDecoder, StepEncoder, StepMessage,
+};
+pub use error::TransferError;
+pub use receiver::{
+    Offer, ReceiverConfig, ReceiverMetrics, ReceiverState, RejectReason, SharedReceiver, Step,
+};

@@ -1,0 +1,584 @@
+//! The dispatcher's journal: an append-only file of what it applied, so that a restart
+//! rebuilds the same state.
+//!
+//! # Format
+//! `DIR/journal.jsonl` holds one record per line, `CRC JSON\n`, where CRC is the CRC-32C of
+//! the JSON text as 8 lowercase hex digits. JSON so that a person can read it with `cut` and
+//! `jq`; a CRC per line so that a torn or flipped line is told apart from a valid one.
+//! - Line 1 is the [`Header`]: the format, the job and the [`DispatcherConfig`]. A journal is
+//!   only reopened under the same job and config; the events would mean another data order
+//!   otherwise.
+//! - Every later line is a [`Batch`]: the records one request produced and the time it was
+//!   applied. A batch is written with one `write` and fsync'ed before the request is answered.
+//!
+//! # Recovery
+//! A crash mid-write leaves a torn last line: without its newline, or failing its CRC or its
+//! parse. [`Journal::open`] truncates such a last line away (its request was never answered)
+//! and says so in [`Recovered::torn`]; a bad line anywhere else is corruption, an error naming
+//! the file and line. Nothing in a journal can make opening it panic.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::config::DispatcherConfig;
+use crate::ids::{JobId, Time};
+use crate::state::Event;
+
+/// The journal's file name inside the journal directory.
+pub const JOURNAL_FILE: &str = "journal.jsonl";
+
+/// The journal format this build writes and reads.
+pub const JOURNAL_FORMAT: u32 = 1;
+
+/// The longest line read or written. A batch is at most one lease's records (bounded by the
+/// service's batch-size limit) and a few small events, far below this; a longer "line" is
+/// corruption, and reading it must not exhaust memory.
+pub const MAX_LINE_BYTES: u64 = 256 << 20;
+
+/// The first line: what the journal was written for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Header {
+    pub format: u32,
+    pub job: JobId,
+    pub config: DispatcherConfig,
+}
+
+/// One journaled change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Record {
+    /// A change of the dispatcher's state, as [`crate::DispatcherState::apply`] returned it.
+    Event(Event),
+    /// The training side registered where data workers push step messages.
+    Consumer { receiver_addr: String },
+}
+
+/// The records of one request, applied at `at` on the dispatcher's clock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batch {
+    pub at: Time,
+    pub records: Vec<Record>,
+}
+
+/// The errors of opening, reading and appending to a journal.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error("journal {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("journal {} line {line}: {reason}", path.display())]
+    Corrupt {
+        path: PathBuf,
+        line: u64,
+        reason: String,
+    },
+    #[error("journal {} has format {found}; this build reads format {JOURNAL_FORMAT}", path.display())]
+    Format { path: PathBuf, found: u32 },
+    #[error("journal {} belongs to {found}, not {expected}", path.display())]
+    OtherJob {
+        path: PathBuf,
+        found: JobId,
+        expected: JobId,
+    },
+    #[error(
+        "journal {} was written with another dispatcher config (differs in: {}); restart with \
+         the config it was written with, or move the journal away to start the job afresh",
+        path.display(),
+        fields.join(", ")
+    )]
+    ConfigMismatch { path: PathBuf, fields: Vec<String> },
+    #[error("journal {}: a batch of {bytes} bytes exceeds the {MAX_LINE_BYTES}-byte line limit", path.display())]
+    TooLarge { path: PathBuf, bytes: usize },
+}
+
+/// A torn last line that [`Journal::open`] cut away.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TornTail {
+    /// Its line number (1-based).
+    pub line: u64,
+    /// The bytes removed.
+    pub bytes: u64,
+    pub reason: String,
+}
+
+/// A journal opened for appending, with what it already held.
+#[derive(Debug)]
+pub struct Recovered {
+    pub journal: Journal,
+    /// Every batch, with its line number, in file order.
+    pub batches: Vec<(u64, Batch)>,
+    pub torn: Option<TornTail>,
+}
+
+/// An open journal; every [`Journal::append`] is durable when it returns.
+#[derive(Debug)]
+pub struct Journal {
+    path: PathBuf,
+    file: File,
+}
+
+impl Journal {
+    /// Opens (or creates) the journal in `dir` for `job` under `config`: checks the header,
+    /// reads every batch, truncates a torn last line, and positions for appending.
+    pub fn open(
+        dir: &Path,
+        job: JobId,
+        config: &DispatcherConfig,
+    ) -> Result<Recovered, JournalError> {
+        let path = dir.join(JOURNAL_FILE);
+        let io_err = |source| JournalError::Io {
+            path: path.clone(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(io_err)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(&path)
+            .map_err(io_err)?;
+        let mut journal = Journal { path, file };
+        let scan = journal.scan()?;
+        // Check everything before changing the file: a refused journal is left as it was.
+        let mut lines = scan.lines.into_iter();
+        let header = lines.next();
+        if let Some((line, text)) = &header {
+            journal.check_header(*line, text, job, config)?;
+        }
+        let batches = lines
+            .map(|(line, text)| Ok((line, journal.parse::<Batch>(line, &text)?)))
+            .collect::<Result<_, JournalError>>()?;
+        let mut torn = None;
+        if let Some(bad) = scan.torn {
+            let removed = scan.end.saturating_sub(bad.offset);
+            tracing::warn!(
+                journal = %journal.path.display(),
+                line = bad.line,
+                bytes = removed,
+                reason = %bad.reason,
+                "truncating a torn last journal line (a crash mid-write; its request was never answered)"
+            );
+            journal.truncate(bad.offset)?;
+            torn = Some(TornTail {
+                line: bad.line,
+                bytes: removed,
+                reason: bad.reason,
+            });
+        }
+        if header.is_none() {
+            journal.write_header(job, config)?;
+        }
+        Ok(Recovered {
+            journal,
+            batches,
+            torn,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends `batch` as one line and waits until it is on disk.
+    pub fn append(&mut self, batch: &Batch) -> Result<(), JournalError> {
+        let line = self.encode(batch)?;
+        self.file
+            .write_all(line.as_bytes())
+            .and_then(|()| self.file.sync_data())
+            .map_err(|source| self.io(source))
+    }
+
+    /// Reads every complete line whose CRC holds, and finds a torn last line. The JSON is
+    /// parsed later, line by line, so that the whole file is never held twice.
+    fn scan(&self) -> Result<Scan, JournalError> {
+        let mut reader = BufReader::new(&self.file);
+        let mut out = Scan::default();
+        // A bad line is torn if it is the last one, corruption if another follows it.
+        let mut suspect: Option<Bad> = None;
+        let mut buf = Vec::new();
+        let mut line = 0u64;
+        loop {
+            buf.clear();
+            let n = (&mut reader)
+                .take(MAX_LINE_BYTES.saturating_add(1))
+                .read_until(b'\n', &mut buf)
+                .map_err(|source| JournalError::Io {
+                    path: self.path.clone(),
+                    source,
+                })?;
+            if n == 0 {
+                break;
+            }
+            line += 1;
+            if let Some(bad) = suspect.take() {
+                return Err(self.corrupt(bad.line, bad.reason));
+            }
+            let offset = out.end;
+            out.end = out.end.saturating_add(n as u64);
+            let verdict = match buf.strip_suffix(b"\n") {
+                None if buf.len() as u64 > MAX_LINE_BYTES => {
+                    return Err(self.corrupt(
+                        line,
+                        format!("longer than the {MAX_LINE_BYTES}-byte line limit"),
+                    ));
+                }
+                None => Err("no newline at its end".to_owned()),
+                Some(body) => check_line(body),
+            };
+            match verdict {
+                Ok(text) => out.lines.push((line, text)),
+                Err(reason) => {
+                    suspect = Some(Bad {
+                        line,
+                        offset,
+                        reason,
+                    })
+                }
+            }
+        }
+        out.torn = suspect;
+        Ok(out)
+    }
+
+    fn check_header(
+        &self,
+        line: u64,
+        text: &str,
+        job: JobId,
+        config: &DispatcherConfig,
+    ) -> Result<(), JournalError> {
+        // The format first, alone: a later format may have changed the rest of the header.
+        #[derive(Deserialize)]
+        struct Format {
+            format: u32,
+        }
+        let Format { format } = self.parse(line, text)?;
+        if format != JOURNAL_FORMAT {
+            return Err(JournalError::Format {
+                path: self.path.clone(),
+                found: format,
+            });
+        }
+        let header: Header = self.parse(line, text)?;
+        if header.job != job {
+            return Err(JournalError::OtherJob {
+                path: self.path.clone(),
+                found: header.job,
+                expected: job,
+            });
+        }
+        if header.config != *config {
+            return Err(JournalError::ConfigMismatch {
+                path: self.path.clone(),
+                fields: differing_fields(&header.config, config),
+            });
+        }
+        Ok(())
+    }
+
+    fn write_header(&mut self, job: JobId, config: &DispatcherConfig) -> Result<(), JournalError> {
+        let header = Header {
+            format: JOURNAL_FORMAT,
+            job,
+            config: config.clone(),
+        };
+        let line = self.encode(&header)?;
+        self.file
+            .write_all(line.as_bytes())
+            .and_then(|()| self.file.sync_all())
+            .map_err(|source| self.io(source))?;
+        self.sync_dir()
+    }
+
+    fn truncate(&mut self, len: u64) -> Result<(), JournalError> {
+        self.file
+            .set_len(len)
+            .and_then(|()| self.file.sync_all())
+            .map_err(|source| self.io(source))
+    }
+
+    /// Makes the file's directory entry durable (a new journal must survive a crash too).
+    fn sync_dir(&self) -> Result<(), JournalError> {
+        #[cfg(unix)]
+        if let Some(dir) = self.path.parent() {
+            File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|source| self.io(source))?;
+        }
+        Ok(())
+    }
+
+    fn encode<T: Serialize>(&self, value: &T) -> Result<String, JournalError> {
+        let json = serde_json::to_string(value).map_err(|e| JournalError::Io {
+            path: self.path.clone(),
+            source: io::Error::new(io::ErrorKind::InvalidData, e),
+        })?;
+        let line = format!("{:08x} {json}\n", crc32c::crc32c(json.as_bytes()));
+        if line.len() as u64 > MAX_LINE_BYTES {
+            return Err(JournalError::TooLarge {
+                path: self.path.clone(),
+                bytes: line.len(),
+            });
+        }
+        Ok(line)
+    }
+
+    fn parse<T: DeserializeOwned>(&self, line: u64, text: &str) -> Result<T, JournalError> {
+        serde_json::from_str(text)
+            .map_err(|e| self.corrupt(line, format!("not a journal record: {e}")))
+    }
+
+    fn corrupt(&self, line: u64, reason: String) -> JournalError {
+        JournalError::Corrupt {
+            path: self.path.clone(),
+            line,
+            reason,
+        }
+    }
+
+    fn io(&self, source: io::Error) -> JournalError {
+        JournalError::Io {
+            path: self.path.clone(),
+            source,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Scan {
+    /// `(line number, JSON text)` of every good line.
+    lines: Vec<(u64, String)>,
+    /// The bad last line, if any.
+    torn: Option<Bad>,
+    /// The file's length.
+    end: u64,
+}
+
+#[derive(Debug)]
+struct Bad {
+    line: u64,
+    offset: u64,
+    reason: String,
+}
+
+/// The JSON text of a line body (`CRC JSON`, without the newline) whose CRC holds.
+fn check_line(body: &[u8]) -> Result<String, String> {
+    let (crc, json) = match (body.get(..8), body.get(8), body.get(9..)) {
+        (Some(crc), Some(b' '), Some(json)) => (crc, json),
+        _ => return Err("not `CRC JSON`".to_owned()),
+    };
+    let crc = std::str::from_utf8(crc)
+        .ok()
+        .and_then(|hex| u32::from_str_radix(hex, 16).ok())
+        .ok_or_else(|| "the CRC is not 8 hex digits".to_owned())?;
+    let actual = crc32c::crc32c(json);
+    if actual != crc {
+        return Err(format!(
+            "CRC mismatch (line says {crc:08x}, content has {actual:08x})"
+        ));
+    }
+    String::from_utf8(json.to_vec()).map_err(|_| "not UTF-8".to_owned())
+}
+
+/// The top-level fields in which two configs differ, for the mismatch error.
+fn differing_fields(a: &DispatcherConfig, b: &DispatcherConfig) -> Vec<String> {
+    let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) =
+        (serde_json::to_value(a), serde_json::to_value(b))
+    else {
+        return vec!["(unknown)".to_owned()];
+    };
+    let mut fields: Vec<String> = a
+        .iter()
+        .filter(|(k, v)| b.get(*k) != Some(*v))
+        .map(|(k, _)| k.clone())
+        .chain(b.keys().filter(|k| !a.contains_key(*k)).cloned())
+        .collect();
+    fields.sort();
+    fields
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::Shuffle;
+    use crate::ids::{StageId, WorkerId};
+
+    fn config() -> DispatcherConfig {
+        DispatcherConfig {
+            records: 10,
+            batch_size: 3,
+            drop_remainder: false,
+            shuffle: Shuffle::Seeded { seed: 7 },
+            epochs: Some(2),
+            lease_duration: Duration::from_millis(100),
+            max_leases_per_worker: 2,
+            stages: 1,
+        }
+    }
+
+    fn batch(at: u64, worker: u64) -> Batch {
+        Batch {
+            at: Time(at),
+            records: vec![Record::Event(Event::WorkerRegistered {
+                worker: WorkerId(worker),
+                stage: StageId(0),
+                at: Time(at),
+            })],
+        }
+    }
+
+    fn open(dir: &Path) -> Result<Recovered, JournalError> {
+        Journal::open(dir, JobId(1), &config())
+    }
+
+    fn file_of(dir: &Path) -> PathBuf {
+        dir.join(JOURNAL_FILE)
+    }
+
+    #[test]
+    fn appended_batches_read_back_in_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut rec = open(dir.path()).expect("create");
+        assert!(rec.batches.is_empty() && rec.torn.is_none());
+        rec.journal.append(&batch(1, 1)).expect("append");
+        rec.journal.append(&batch(2, 2)).expect("append");
+        drop(rec);
+        let mut rec = open(dir.path()).expect("reopen");
+        assert_eq!(rec.batches, vec![(2, batch(1, 1)), (3, batch(2, 2))]);
+        rec.journal
+            .append(&batch(3, 3))
+            .expect("append after reopen");
+        drop(rec);
+        assert_eq!(open(dir.path()).expect("reopen").batches.len(), 3);
+    }
+
+    #[test]
+    fn a_torn_last_line_is_truncated_and_appending_continues() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut rec = open(dir.path()).expect("create");
+        rec.journal.append(&batch(1, 1)).expect("append");
+        drop(rec);
+        let path = file_of(dir.path());
+        let good = std::fs::read(&path).expect("read");
+        // A crash mid-write: half of the next line, without its newline.
+        let mut torn = good.clone();
+        let next = {
+            let j = open(dir.path()).expect("reopen").journal;
+            j.encode(&batch(2, 2)).expect("encode")
+        };
+        torn.extend_from_slice(&next.as_bytes()[..next.len() / 2]);
+        std::fs::write(&path, &torn).expect("write torn");
+
+        let mut rec = open(dir.path()).expect("a torn tail is not an error");
+        let cut = rec.torn.clone().expect("torn tail reported");
+        assert_eq!(cut.line, 3);
+        assert_eq!(cut.bytes, (next.len() / 2) as u64);
+        assert_eq!(rec.batches, vec![(2, batch(1, 1))]);
+        assert_eq!(std::fs::read(&path).expect("read"), good, "truncated back");
+        rec.journal.append(&batch(2, 2)).expect("append");
+        drop(rec);
+        let rec = open(dir.path()).expect("reopen");
+        assert_eq!(rec.batches, vec![(2, batch(1, 1)), (3, batch(2, 2))]);
+        assert!(rec.torn.is_none());
+    }
+
+    #[test]
+    fn a_complete_last_line_with_a_bad_crc_is_torn_too() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut rec = open(dir.path()).expect("create");
+        rec.journal.append(&batch(1, 1)).expect("append");
+        drop(rec);
+        let path = file_of(dir.path());
+        let mut bytes = std::fs::read(&path).expect("read");
+        let len = bytes.len();
+        bytes[len - 3] ^= 0x01;
+        std::fs::write(&path, &bytes).expect("write");
+        let rec = open(dir.path()).expect("torn tail");
+        assert!(rec.batches.is_empty());
+        assert!(rec.torn.expect("torn").reason.contains("CRC"));
+    }
+
+    #[test]
+    fn a_bad_line_before_the_end_is_an_error_naming_file_and_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut rec = open(dir.path()).expect("create");
+        for at in 1..=3 {
+            rec.journal.append(&batch(at, at)).expect("append");
+        }
+        drop(rec);
+        let path = file_of(dir.path());
+        let text = std::fs::read_to_string(&path).expect("read");
+        let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        lines[2] = lines[2].replace("Registered", "Registerex");
+        std::fs::write(&path, lines.join("\n") + "\n").expect("write");
+        let err = open(dir.path()).expect_err("corrupt");
+        assert!(
+            matches!(&err, JournalError::Corrupt { line: 3, .. }),
+            "{err}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains(JOURNAL_FILE) && msg.contains("line 3"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        let cases: [&[u8]; 6] = [
+            b"\n\n",
+            b"zzzzzzzz {}\n00000000 {}\n",
+            b"\xff\xfe\xfd\n\x00\n",
+            b"1 2\n3 4\n",
+            b"00000000 \n\n",
+            b"        \n \n",
+        ];
+        for garbage in cases {
+            let dir = tempfile::tempdir().expect("tempdir");
+            std::fs::write(file_of(dir.path()), garbage).expect("write");
+            let err = open(dir.path()).expect_err("garbage refused");
+            assert!(
+                matches!(err, JournalError::Corrupt { line: 1, .. }),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_journal_of_another_config_or_job_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        drop(open(dir.path()).expect("create"));
+        let mut other = config();
+        other.shuffle = Shuffle::Seeded { seed: 8 };
+        other.batch_size = 4;
+        let err = Journal::open(dir.path(), JobId(1), &other).expect_err("other config");
+        match &err {
+            JournalError::ConfigMismatch { fields, .. } => {
+                assert_eq!(fields, &["batch_size", "shuffle"]);
+            }
+            other => panic!("unexpected {other}"),
+        }
+        assert!(err.to_string().contains("batch_size, shuffle"), "{err}");
+        let err = Journal::open(dir.path(), JobId(2), &config()).expect_err("other job");
+        assert!(matches!(err, JournalError::OtherJob { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_torn_header_starts_afresh() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(file_of(dir.path()), b"1234abcd {\"form").expect("write");
+        let rec = open(dir.path()).expect("fresh");
+        assert_eq!(rec.torn.as_ref().map(|t| t.line), Some(1));
+        drop(rec);
+        let rec = open(dir.path()).expect("reopen");
+        assert!(rec.torn.is_none() && rec.batches.is_empty());
+    }
+}

@@ -1,0 +1,336 @@
+//! What the service keeps behind its lock: the state machine, its journal and the little the
+//! service derives from the journal, with the one function that changes the state.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use tonic::Status;
+
+use crate::journal::{Batch, Journal, JournalError, Record};
+use crate::service::ServeError;
+use crate::{
+    Command, DispatcherConfig, DispatcherState, Epoch, Error, Event, JobId, StageId, Step, StepId,
+    Time, WorkerId, WorkerStatus,
+};
+
+/// Why [`Core::apply`] refused a command.
+#[derive(Debug)]
+pub(crate) enum ApplyError {
+    /// The state machine refused it; nothing changed.
+    State(Error),
+    /// A journal write failed (now or earlier): the service accepts no more changes.
+    JournalFailed,
+}
+
+impl From<ApplyError> for Status {
+    fn from(err: ApplyError) -> Self {
+        match err {
+            ApplyError::State(err) => err.into(),
+            ApplyError::JournalFailed => Status::unavailable(
+                "the dispatcher's journal failed; it accepts no changes until it restarts",
+            ),
+        }
+    }
+}
+
+/// The state machine, its journal and what the service derives from the journal's events.
+#[derive(Debug)]
+pub(crate) struct Core {
+    state: DispatcherState,
+    journal: Journal,
+    /// Workers removed by a drain (rather than lost): their lease request is answered
+    /// `drained`, their heartbeat `draining`.
+    drained: BTreeSet<WorkerId>,
+    /// Where data workers push step messages; empty until the consumer registered.
+    receiver_addr: String,
+    /// The next worker id to hand out: above every id the journal ever registered.
+    next_worker: u64,
+    /// A journal write failed: the live state may be ahead of the file, so nothing more is
+    /// accepted; a restart replays the file and continues from what was answered.
+    failed: bool,
+}
+
+/// A core rebuilt from its journal.
+#[derive(Debug)]
+pub(crate) struct Restored {
+    pub(crate) core: Core,
+    /// The last time the journal holds, where the dispatcher's clock resumes.
+    pub(crate) resume_at: Time,
+}
+
+impl Core {
+    /// Opens the journal in `dir` and replays it.
+    pub(crate) fn open(
+        dir: &Path,
+        job: JobId,
+        config: &DispatcherConfig,
+    ) -> Result<Restored, ServeError> {
+        let recovered = Journal::open(dir, job, config)?;
+        let journal = recovered.journal;
+        let mut core_events = Vec::new();
+        let mut lines = Vec::new();
+        let mut resume_at = Time(0);
+        let mut receiver_addr = String::new();
+        let mut drained = BTreeSet::new();
+        let mut next_worker = 1;
+        for (line, batch) in recovered.batches {
+            resume_at = resume_at.max(batch.at);
+            for record in batch.records {
+                match record {
+                    Record::Event(event) => {
+                        observe(&event, &mut drained, &mut next_worker);
+                        lines.push(line);
+                        core_events.push(event);
+                    }
+                    Record::Consumer {
+                        receiver_addr: addr,
+                    } => receiver_addr = addr,
+                }
+            }
+        }
+        let state =
+            DispatcherState::replay(config.clone(), &core_events).map_err(|err| match err {
+                Error::Journal { index, reason } => ServeError::Journal(JournalError::Corrupt {
+                    path: journal.path().to_owned(),
+                    line: lines.get(index).copied().unwrap_or(0),
+                    reason: format!("the event does not replay: {reason}"),
+                }),
+                other => ServeError::Dispatcher(other),
+            })?;
+        tracing::info!(
+            journal = %journal.path().display(),
+            events = core_events.len(),
+            resume_at = %resume_at,
+            "journal replayed"
+        );
+        Ok(Restored {
+            core: Core {
+                state,
+                journal,
+                drained,
+                receiver_addr,
+                next_worker,
+                failed: false,
+            },
+            resume_at,
+        })
+    }
+
+    /// The one way the dispatcher's state changes: applies `command` at `now`, and appends the
+    /// events it produced to the journal before the caller may answer.
+    pub(crate) fn apply(&mut self, command: Command, now: Time) -> Result<Vec<Event>, ApplyError> {
+        if self.failed {
+            return Err(ApplyError::JournalFailed);
+        }
+        let events = self.state.apply(command, now).map_err(ApplyError::State)?;
+        if !events.is_empty() {
+            for event in &events {
+                observe(event, &mut self.drained, &mut self.next_worker);
+            }
+            let records = events.iter().cloned().map(Record::Event).collect();
+            self.write(now, records)?;
+        }
+        Ok(events)
+    }
+
+    /// Records where data workers push step messages.
+    pub(crate) fn register_consumer(
+        &mut self,
+        receiver_addr: String,
+        now: Time,
+    ) -> Result<(), ApplyError> {
+        if self.failed {
+            return Err(ApplyError::JournalFailed);
+        }
+        if receiver_addr != self.receiver_addr {
+            self.write(
+                now,
+                vec![Record::Consumer {
+                    receiver_addr: receiver_addr.clone(),
+                }],
+            )?;
+            self.receiver_addr = receiver_addr;
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, at: Time, records: Vec<Record>) -> Result<(), ApplyError> {
+        if let Err(err) = self.journal.append(&Batch { at, records }) {
+            tracing::error!(cause = %err, "journal append failed; refusing further changes until restart");
+            self.failed = true;
+            return Err(ApplyError::JournalFailed);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn state(&self) -> &DispatcherState {
+        &self.state
+    }
+
+    pub(crate) fn receiver_addr(&self) -> &str {
+        &self.receiver_addr
+    }
+
+    pub(crate) fn is_drained(&self, worker: WorkerId) -> bool {
+        self.drained.contains(&worker)
+    }
+
+    /// A fresh worker id (never registered in this job, not even before a restart).
+    pub(crate) fn allocate_worker(&mut self) -> WorkerId {
+        let id = WorkerId(self.next_worker);
+        self.next_worker = self.next_worker.saturating_add(1);
+        id
+    }
+
+    /// The stage with the fewest active workers (the lowest such stage on a tie).
+    pub(crate) fn least_staffed_stage(&self) -> StageId {
+        let stages = self.state.config().stages;
+        let mut counts = vec![0usize; usize::try_from(stages).unwrap_or(0)];
+        for (_, info) in self.state.workers() {
+            if info.status == WorkerStatus::Active {
+                if let Some(n) = usize::try_from(info.stage.0)
+                    .ok()
+                    .and_then(|i| counts.get_mut(i))
+                {
+                    *n += 1;
+                }
+            }
+        }
+        let best = counts
+            .iter()
+            .enumerate()
+            .min_by_key(|(i, n)| (**n, *i))
+            .map_or(0, |(i, _)| i);
+        StageId(u32::try_from(best).unwrap_or(0))
+    }
+
+    /// Expires leases due at `now`, then declares lost every worker silent for longer than
+    /// `silence_ms`.
+    pub(crate) fn tick(&mut self, now: Time, silence_ms: u64) -> Result<(), ApplyError> {
+        self.apply(Command::Tick, now)?;
+        let silent: Vec<(WorkerId, Time)> = self
+            .state
+            .workers()
+            .filter(|(_, info)| {
+                now.as_millis().saturating_sub(info.last_seen.as_millis()) > silence_ms
+            })
+            .map(|(worker, info)| (worker, info.last_seen))
+            .collect();
+        for (worker, last_seen) in silent {
+            let events = self.apply(Command::WorkerLost { worker }, now)?;
+            let revoked = events
+                .iter()
+                .filter(|e| matches!(e, Event::LeaseRevoked { .. }))
+                .count();
+            tracing::warn!(%worker, %last_seen, %now, revoked, "worker lost: no heartbeat");
+        }
+        Ok(())
+    }
+
+    /// The first step the training side has not consumed: the one after the watermark.
+    pub(crate) fn first_unconsumed(&self) -> StepId {
+        let per_epoch = self.state.config().steps_per_epoch();
+        match self.state.watermark() {
+            None => StepId::new(0, 0),
+            Some(w) if w.step.0.saturating_add(1) < per_epoch => StepId {
+                epoch: w.epoch,
+                step: Step(w.step.0 + 1),
+            },
+            Some(w) => StepId {
+                epoch: Epoch(w.epoch.0.saturating_add(1)),
+                step: Step(0),
+            },
+        }
+    }
+
+    /// Steps consumed so far (through the watermark).
+    pub(crate) fn steps_consumed(&self) -> u64 {
+        let per_epoch = self.state.config().steps_per_epoch();
+        self.state.watermark().map_or(0, |w| {
+            w.epoch
+                .0
+                .saturating_mul(per_epoch)
+                .saturating_add(w.step.0)
+                .saturating_add(1)
+        })
+    }
+}
+
+/// What the service derives from each event, live and on replay alike.
+fn observe(event: &Event, drained: &mut BTreeSet<WorkerId>, next_worker: &mut u64) {
+    match event {
+        Event::WorkerRegistered { worker, .. } => {
+            *next_worker = (*next_worker).max(worker.0.saturating_add(1));
+        }
+        Event::WorkerDrained { worker } => {
+            drained.insert(*worker);
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{Shuffle, PROTOCOL_VERSION};
+
+    fn config() -> DispatcherConfig {
+        DispatcherConfig {
+            records: 10,
+            batch_size: 3,
+            drop_remainder: false,
+            shuffle: Shuffle::Off,
+            epochs: None,
+            lease_duration: Duration::from_secs(60),
+            max_leases_per_worker: 2,
+            stages: 2,
+        }
+    }
+
+    fn register(core: &mut Core, stage: StageId, at: u64) -> WorkerId {
+        let worker = core.allocate_worker();
+        let command = Command::RegisterWorker {
+            worker,
+            stage,
+            protocol_version: PROTOCOL_VERSION,
+        };
+        core.apply(command, Time(at)).expect("register");
+        worker
+    }
+
+    #[test]
+    fn a_silent_worker_is_lost_its_leases_return_and_the_journal_agrees() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut core = Core::open(dir.path(), JobId(1), &config())
+            .expect("open")
+            .core;
+        assert_eq!(core.least_staffed_stage(), StageId(0));
+        let quiet = register(&mut core, StageId(0), 0);
+        assert_eq!(core.least_staffed_stage(), StageId(1));
+        let chatty = register(&mut core, StageId(0), 0);
+        core.apply(Command::RequestLease { worker: quiet }, Time(0))
+            .expect("lease");
+        core.apply(Command::Heartbeat { worker: chatty }, Time(4_000))
+            .expect("heartbeat");
+
+        core.tick(Time(5_000), 5_000).expect("tick");
+        assert!(
+            core.state().worker(quiet).is_some(),
+            "silent for exactly the limit"
+        );
+        core.tick(Time(5_001), 5_000).expect("tick");
+        assert!(core.state().worker(quiet).is_none(), "lost");
+        assert!(core.state().worker(chatty).is_some());
+        assert!(core.state().leases().is_empty(), "its lease went back");
+        let live = core.state().clone();
+        drop(core);
+
+        let restored = Core::open(dir.path(), JobId(1), &config()).expect("reopen");
+        assert_eq!(restored.core.state(), &live);
+        assert_eq!(restored.resume_at, Time(5_001));
+        let mut core = restored.core;
+        assert!(core.allocate_worker().0 > chatty.0, "ids are never reused");
+    }
+}

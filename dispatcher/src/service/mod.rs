@@ -1,0 +1,417 @@
+//! The dispatcher's gRPC service (`lode.v1.Dispatcher`) around [`crate::DispatcherState`].
+//!
+//! [`serve`] opens the journal, replays it, and serves one job on a listener it is given until
+//! the shutdown future completes; then it stops accepting, lets the requests in flight finish,
+//! and returns once the last journal write is on disk.
+//!
+//! Every request is checked before it can touch state: the token first (`UNAUTHENTICATED`),
+//! then the job id (`PERMISSION_DENIED`). A handler then changes the state only through
+//! `Core::apply`, which journals the events (one fsync'ed line per request) before
+//! the handler answers: whatever a client was told survives a crash.
+//!
+//! A background task ticks every [`TICK_INTERVAL`]: it expires leases whose deadline passed
+//! and declares lost every worker silent for `missed_heartbeats` heartbeat intervals.
+//!
+//! # Limits
+//! Every bound is a named constant: [`MAX_MESSAGE_BYTES`], [`MAX_WORKERS_PER_JOB`],
+//! [`MAX_CONNECTIONS`], [`MAX_CONCURRENT_REQUESTS_PER_CONNECTION`], [`MAX_BATCH_RECORDS`],
+//! [`MAX_ADDR_BYTES`], [`MAX_WORKER_NAME_BYTES`].
+
+mod clock;
+mod convert;
+mod core;
+mod rpc;
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use lode_proto::service::v1::dispatcher_server::DispatcherServer;
+use prost::bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::Server;
+
+pub use self::clock::{Clock, ManualClock, MonotonicClock};
+use self::core::Core;
+use self::rpc::{DispatcherService, Parts};
+use crate::journal::JournalError;
+use crate::{DispatcherConfig, JobId};
+
+pub use lode_proto::service::{MAX_MESSAGE_BYTES, PROTOCOL_VERSION};
+
+/// The most workers registered at once in one job (every stage together).
+pub const MAX_WORKERS_PER_JOB: usize = 1024;
+
+/// The most connections served at once: every worker of a full job, plus room for the training
+/// side, the scheduler and reconnects. Further connections wait in the listen backlog.
+pub const MAX_CONNECTIONS: usize = 2 * MAX_WORKERS_PER_JOB;
+
+/// The most requests in flight on one connection (a worker's lease, heartbeat and reports).
+pub const MAX_CONCURRENT_REQUESTS_PER_CONNECTION: usize = 32;
+
+/// The most records in one step: bounds a lease answer (at most 10 bytes a record) and a
+/// journal line well below their limits.
+pub const MAX_BATCH_RECORDS: u64 = 1 << 20;
+
+/// The longest receiver address accepted.
+pub const MAX_ADDR_BYTES: usize = 1024;
+
+/// The longest worker name accepted (it is only logged).
+pub const MAX_WORKER_NAME_BYTES: usize = 256;
+
+/// How often the background task expires leases and looks for silent workers.
+pub const TICK_INTERVAL: Duration = Duration::from_millis(100);
+
+/// What a lease answer tells a worker to wait when there is nothing to lease yet.
+pub const LEASE_RETRY_AFTER: Duration = Duration::from_millis(100);
+
+/// The heartbeat interval [`ServiceConfig::new`] sets.
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Missed heartbeats after which [`ServiceConfig::new`]'s service declares a worker lost.
+pub const DEFAULT_MISSED_HEARTBEATS: u32 = 5;
+
+/// Room for everything in a registration answer besides the plan and the stage graph.
+const REGISTER_OVERHEAD_BYTES: usize = 64 << 10;
+
+/// How long the accept loop backs off after an accept error (e.g. out of file descriptors).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Everything [`serve`] needs to serve one job.
+#[derive(Clone)]
+pub struct ServiceConfig {
+    pub job_id: JobId,
+    /// The job's secret; every request must carry it as `authorization: Bearer <token>`.
+    pub token: String,
+    pub dispatcher: DispatcherConfig,
+    /// The plan directory's plan.json, handed verbatim to workers and the consumer.
+    pub plan_json: String,
+    /// Each stage's GraphDef file, by stage number.
+    pub stage_graphs: Vec<Vec<u8>>,
+    /// Where the journal lives; created if missing. A restart with the same directory
+    /// continues the job.
+    pub journal_dir: PathBuf,
+    /// How often workers are told to heartbeat.
+    pub heartbeat_interval: Duration,
+    /// A worker silent for this many heartbeat intervals is lost and its leases re-leased.
+    pub missed_heartbeats: u32,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl ServiceConfig {
+    /// A config with the default heartbeat settings and the real clock.
+    pub fn new(
+        job_id: JobId,
+        token: impl Into<String>,
+        dispatcher: DispatcherConfig,
+        plan_json: String,
+        stage_graphs: Vec<Vec<u8>>,
+        journal_dir: impl Into<PathBuf>,
+    ) -> Self {
+        Self {
+            job_id,
+            token: token.into(),
+            dispatcher,
+            plan_json,
+            stage_graphs,
+            journal_dir: journal_dir.into(),
+            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+            missed_heartbeats: DEFAULT_MISSED_HEARTBEATS,
+            clock: Arc::new(MonotonicClock::new()),
+        }
+    }
+
+    /// Checks every field; the error names the first one that is wrong.
+    pub fn validate(&self) -> Result<(), ServeError> {
+        let invalid =
+            |field: &'static str, reason: String| ServeError::InvalidConfig { field, reason };
+        self.dispatcher.validate()?;
+        if self.token.is_empty() || !self.token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(invalid(
+                "token",
+                "must be non-empty visible ASCII (it travels in gRPC metadata)".into(),
+            ));
+        }
+        if self.dispatcher.batch_size > MAX_BATCH_RECORDS {
+            return Err(invalid(
+                "dispatcher.batch_size",
+                format!(
+                    "{} exceeds the {MAX_BATCH_RECORDS}-record limit of a step",
+                    self.dispatcher.batch_size
+                ),
+            ));
+        }
+        let stages = usize::try_from(self.dispatcher.stages).unwrap_or(usize::MAX);
+        if self.stage_graphs.len() != stages {
+            return Err(invalid(
+                "stage_graphs",
+                format!(
+                    "{} graph(s) for {} stage(s)",
+                    self.stage_graphs.len(),
+                    self.dispatcher.stages
+                ),
+            ));
+        }
+        for (stage, graph) in self.stage_graphs.iter().enumerate() {
+            let size = self
+                .plan_json
+                .len()
+                .saturating_add(graph.len())
+                .saturating_add(REGISTER_OVERHEAD_BYTES);
+            if size > MAX_MESSAGE_BYTES {
+                return Err(invalid(
+                    "stage_graphs",
+                    format!(
+                        "stage {stage}: the plan ({} bytes) and its graph ({} bytes) exceed the \
+                         {MAX_MESSAGE_BYTES}-byte message limit",
+                        self.plan_json.len(),
+                        graph.len()
+                    ),
+                ));
+            }
+        }
+        if self.heartbeat_interval.as_millis() == 0 {
+            return Err(invalid(
+                "heartbeat_interval",
+                "must be at least 1 ms".into(),
+            ));
+        }
+        if self.missed_heartbeats == 0 {
+            return Err(invalid("missed_heartbeats", "must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for ServiceConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let graph_bytes: Vec<usize> = self.stage_graphs.iter().map(Vec::len).collect();
+        f.debug_struct("ServiceConfig")
+            .field("job_id", &self.job_id)
+            .field("token", &"<redacted>")
+            .field("dispatcher", &self.dispatcher)
+            .field("plan_json_bytes", &self.plan_json.len())
+            .field("stage_graph_bytes", &graph_bytes)
+            .field("journal_dir", &self.journal_dir)
+            .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("missed_heartbeats", &self.missed_heartbeats)
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+/// Why [`serve`] could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("invalid service config: {field}: {reason}")]
+    InvalidConfig { field: &'static str, reason: String },
+    #[error(transparent)]
+    Dispatcher(#[from] crate::Error),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error("the listener has no local address")]
+    Listener(#[source] io::Error),
+    #[error("the gRPC server failed")]
+    Transport(#[source] tonic::transport::Error),
+    #[error("a dispatcher task failed")]
+    Task(#[source] tokio::task::JoinError),
+}
+
+/// Serves one job's dispatcher on `listener` until `shutdown` completes, then drains: stops
+/// accepting, finishes the requests in flight, stops the ticker, and returns once the last
+/// journal write is durable.
+pub async fn serve(
+    listener: TcpListener,
+    config: ServiceConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    config.validate()?;
+    let addr = listener.local_addr().map_err(ServeError::Listener)?;
+    let ServiceConfig {
+        job_id,
+        token,
+        dispatcher,
+        plan_json,
+        stage_graphs,
+        journal_dir,
+        heartbeat_interval,
+        missed_heartbeats,
+        clock,
+    } = config;
+    // Reading and replaying the journal is file I/O: keep it off the async workers.
+    let restored =
+        tokio::task::spawn_blocking(move || Core::open(&journal_dir, job_id, &dispatcher))
+            .await
+            .map_err(ServeError::Task)??;
+    let parts = Parts {
+        job: job_id,
+        token,
+        plan_json,
+        stage_graphs: stage_graphs.into_iter().map(Bytes::from).collect(),
+        heartbeat_interval,
+        missed_heartbeats,
+        clock,
+    };
+    let service = DispatcherService::new(parts, restored.core, restored.resume_at);
+    tracing::info!(job = %job_id, %addr, resume_at = %restored.resume_at, "dispatcher serving");
+
+    let (stop_ticker, ticker_stopped) = oneshot::channel();
+    let ticker = tokio::spawn(run_ticker(service.clone(), ticker_stopped));
+    let (incoming, acceptor) = limited_incoming(listener, MAX_CONNECTIONS);
+    let server = DispatcherServer::new(service.clone())
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let served = Server::builder()
+        .concurrency_limit_per_connection(MAX_CONCURRENT_REQUESTS_PER_CONNECTION)
+        .add_service(server)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await;
+    // The ticker stops between ticks; the accept loop stops once the server dropped its end.
+    let _ = stop_ticker.send(());
+    let ticked = ticker.await;
+    let accepted = acceptor.await;
+    service.quiesce().await;
+    tracing::info!(job = %job_id, %addr, "dispatcher stopped");
+    served.map_err(ServeError::Transport)?;
+    ticked.map_err(ServeError::Task)?;
+    accepted.map_err(ServeError::Task)
+}
+
+/// Ticks every [`TICK_INTERVAL`] until `stop`; a tick in progress finishes first.
+async fn run_ticker(service: DispatcherService, mut stop: oneshot::Receiver<()>) {
+    let mut interval = tokio::time::interval(TICK_INTERVAL);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = interval.tick() => {}
+        }
+        match service.tick().await {
+            Ok(()) => failing = false,
+            // Logged once per run of failures, not every 100 ms.
+            Err(status) if !failing => {
+                failing = true;
+                tracing::error!(cause = %status.message(), "dispatcher tick failed");
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// A connection that holds one of [`MAX_CONNECTIONS`] permits while it is open.
+#[derive(Debug)]
+struct LimitedStream {
+    stream: TcpStream,
+    _permit: OwnedSemaphorePermit,
+}
+
+/// Accepts connections while fewer than `limit` are open, handing them to the server.
+fn limited_incoming(
+    listener: TcpListener,
+    limit: usize,
+) -> (
+    ReceiverStream<io::Result<LimitedStream>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (tx, rx) = mpsc::channel(1);
+    let permits = Arc::new(Semaphore::new(limit));
+    let acceptor = tokio::spawn(async move {
+        loop {
+            let permit = tokio::select! {
+                permit = Arc::clone(&permits).acquire_owned() => permit,
+                () = tx.closed() => return,
+            };
+            let Ok(permit) = permit else { return };
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                () = tx.closed() => return,
+            };
+            match accepted {
+                Ok((stream, peer)) => {
+                    if let Err(err) = stream.set_nodelay(true) {
+                        tracing::debug!(%peer, cause = %err, "cannot set TCP_NODELAY");
+                    }
+                    let conn = LimitedStream {
+                        stream,
+                        _permit: permit,
+                    };
+                    if tx.send(Ok(conn)).await.is_err() {
+                        return;
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(cause = %err, "accept failed; backing off");
+                    tokio::select! {
+                        () = tokio::time::sleep(ACCEPT_BACKOFF) => {}
+                        () = tx.closed() => return,
+                    }
+                }
+            }
+        }
+    });
+    (ReceiverStream::new(rx), acceptor)
+}
+
+impl Connected for LimitedStream {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl AsyncRead for LimitedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for LimitedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// The address a client should dial for a listener bound to `addr`.
+pub fn endpoint_of(addr: SocketAddr) -> String {
+    format!("http://{addr}")
+}

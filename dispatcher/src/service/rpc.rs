@@ -1,0 +1,429 @@
+//! The tonic handlers: check the token and job, decode, change the state through
+//! [`Core::apply`] (which journals before returning), encode.
+
+// tonic's handlers return `tonic::Status` by value; helpers that produce one do the same
+// rather than box it only to unbox it at the handler.
+#![allow(clippy::result_large_err)]
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lode_proto::service::v1::{self, dispatcher_server::Dispatcher, lease_response::Outcome};
+use lode_proto::service::{AUTHORIZATION, BEARER};
+use prost::bytes::Bytes;
+use tokio::sync::Mutex;
+use tonic::{Request, Response, Status};
+
+use super::clock::Clock;
+use super::convert::{self, StageChoice};
+use super::core::{ApplyError, Core};
+use super::{LEASE_RETRY_AFTER, MAX_ADDR_BYTES, MAX_WORKERS_PER_JOB, MAX_WORKER_NAME_BYTES};
+use crate::{Command, Error, Event, JobId, StageId, StepId, Time, WorkerId, WorkerStatus};
+
+/// The dispatcher's gRPC service for one job. Cheap to clone: clones share one [`Core`].
+#[derive(Clone)]
+pub(crate) struct DispatcherService {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    job: JobId,
+    token: String,
+    plan_json: String,
+    /// Per stage; `Bytes` so that each registration shares it rather than copying it.
+    stage_graphs: Vec<Bytes>,
+    heartbeat_interval: Duration,
+    lease_duration_ms: u64,
+    max_leases: u32,
+    /// A worker silent for longer than this is lost.
+    silence_ms: u64,
+    clock: Arc<dyn Clock>,
+    /// Where the clock resumes: the journal's last time.
+    resume_at: Time,
+    core: Arc<Mutex<Core>>,
+}
+
+/// What [`DispatcherService::new`] needs beyond the core.
+pub(crate) struct Parts {
+    pub(crate) job: JobId,
+    pub(crate) token: String,
+    pub(crate) plan_json: String,
+    pub(crate) stage_graphs: Vec<Bytes>,
+    pub(crate) heartbeat_interval: Duration,
+    pub(crate) missed_heartbeats: u32,
+    pub(crate) clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for DispatcherService {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DispatcherService")
+            .field("job", &self.inner.job)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DispatcherService {
+    pub(crate) fn new(parts: Parts, core: Core, resume_at: Time) -> Self {
+        let interval = u64::try_from(parts.heartbeat_interval.as_millis()).unwrap_or(u64::MAX);
+        let config = core.state().config();
+        let lease_duration_ms =
+            u64::try_from(config.lease_duration.as_millis()).unwrap_or(u64::MAX);
+        let max_leases = config.max_leases_per_worker;
+        Self {
+            inner: Arc::new(Inner {
+                job: parts.job,
+                token: parts.token,
+                plan_json: parts.plan_json,
+                stage_graphs: parts.stage_graphs,
+                heartbeat_interval: parts.heartbeat_interval,
+                lease_duration_ms,
+                max_leases,
+                silence_ms: interval.saturating_mul(u64::from(parts.missed_heartbeats)),
+                clock: parts.clock,
+                resume_at,
+                core: Arc::new(Mutex::new(core)),
+            }),
+        }
+    }
+
+    /// The dispatcher's clock: the journal's last time plus the time since the service started.
+    fn now(&self) -> Time {
+        let elapsed = u64::try_from(self.inner.clock.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.inner.resume_at.saturating_add_millis(elapsed)
+    }
+
+    /// Runs `change` on the core under the lock, on a blocking thread (it may fsync the
+    /// journal). The time is read under the lock, so the journal's times never go backwards.
+    /// The change runs to its end even if the caller is dropped: a journaled change is never
+    /// half done.
+    async fn mutate<T, F>(&self, change: F) -> Result<T, Status>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Core, Time) -> Result<T, Status> + Send + 'static,
+    {
+        let mut core = Arc::clone(&self.inner.core).lock_owned().await;
+        let now = self.now();
+        tokio::task::spawn_blocking(move || change(&mut core, now))
+            .await
+            .map_err(|err| Status::internal(format!("dispatcher task failed: {err}")))?
+    }
+
+    /// Reads the core under the lock.
+    async fn read<T>(&self, read: impl FnOnce(&Core, Time) -> T) -> T {
+        let core = self.inner.core.lock().await;
+        read(&core, self.now())
+    }
+
+    /// Waits until no change is in flight (the last journal write is on disk).
+    pub(crate) async fn quiesce(&self) {
+        drop(self.inner.core.lock().await);
+    }
+
+    /// Expires leases and declares silent workers lost; called by the ticker.
+    pub(crate) async fn tick(&self) -> Result<(), Status> {
+        let silence_ms = self.inner.silence_ms;
+        self.mutate(move |core, now| core.tick(now, silence_ms).map_err(Status::from))
+            .await
+    }
+
+    /// Checks the token, then the job, before anything else: a refused request touches no
+    /// state.
+    fn authorize<T>(
+        &self,
+        rpc: &'static str,
+        request: &Request<T>,
+        job_id: u64,
+    ) -> Result<(), Status> {
+        let remote = request.remote_addr();
+        let presented = request
+            .metadata()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix(BEARER));
+        match presented {
+            None => {
+                tracing::warn!(rpc, ?remote, "rejected: no bearer token");
+                return Err(Status::unauthenticated(
+                    "missing `authorization: Bearer <token>` metadata",
+                ));
+            }
+            Some(token) if !constant_time_eq(token.as_bytes(), self.inner.token.as_bytes()) => {
+                tracing::warn!(rpc, ?remote, "rejected: wrong token");
+                return Err(Status::unauthenticated("wrong token for this dispatcher"));
+            }
+            Some(_) => {}
+        }
+        if job_id != self.inner.job.0 {
+            tracing::warn!(rpc, ?remote, job_id, "rejected: request for another job");
+            return Err(Status::permission_denied(format!(
+                "this dispatcher serves {}, not job-{job_id}",
+                self.inner.job
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Compares without an early exit, so that the time taken does not reveal how much of a
+/// guessed token was right.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[tonic::async_trait]
+impl Dispatcher for DispatcherService {
+    async fn register(
+        &self,
+        request: Request<v1::RegisterRequest>,
+    ) -> Result<Response<v1::RegisterResponse>, Status> {
+        self.authorize("Register", &request, request.get_ref().job_id)?;
+        let req = request.into_inner();
+        let choice = StageChoice::try_from(req.stage)?;
+        if req.worker_name.len() > MAX_WORKER_NAME_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "worker_name: longer than {MAX_WORKER_NAME_BYTES} bytes"
+            )));
+        }
+        let protocol_version = req.protocol_version;
+        let (worker, stage, receiver_addr) = self
+            .mutate(move |core, now| {
+                if core.state().workers().count() >= MAX_WORKERS_PER_JOB {
+                    return Err(Status::resource_exhausted(format!(
+                        "the job has {MAX_WORKERS_PER_JOB} workers, the most a job may have"
+                    )));
+                }
+                let stage = match choice {
+                    StageChoice::Any => core.least_staffed_stage(),
+                    StageChoice::Stage(stage) => stage,
+                };
+                let worker = core.allocate_worker();
+                let command = Command::RegisterWorker {
+                    worker,
+                    stage,
+                    protocol_version,
+                };
+                core.apply(command, now)?;
+                Ok((worker, stage, core.receiver_addr().to_owned()))
+            })
+            .await
+            .inspect_err(|status| {
+                tracing::warn!(name = ?req.worker_name, cause = %status.message(), "registration refused");
+            })?;
+        tracing::info!(%worker, %stage, name = ?req.worker_name, "worker registered");
+        let stage_graph = usize::try_from(stage.0)
+            .ok()
+            .and_then(|i| self.inner.stage_graphs.get(i))
+            .cloned()
+            .ok_or_else(|| Status::internal(format!("{stage} has no graph")))?;
+        Ok(Response::new(v1::RegisterResponse {
+            worker_id: worker.0,
+            stage: stage.0,
+            plan_json: self.inner.plan_json.clone(),
+            stage_graph,
+            receiver_addr,
+            lease_duration_ms: self.inner.lease_duration_ms,
+            heartbeat_interval_ms: u64::try_from(self.inner.heartbeat_interval.as_millis())
+                .unwrap_or(u64::MAX),
+            max_leases: self.inner.max_leases,
+        }))
+    }
+
+    async fn lease(
+        &self,
+        request: Request<v1::LeaseRequest>,
+    ) -> Result<Response<v1::LeaseResponse>, Status> {
+        self.authorize("Lease", &request, request.get_ref().job_id)?;
+        let worker = WorkerId(request.into_inner().worker_id);
+        let outcome = self
+            .mutate(move |core, now| {
+                let wait = || {
+                    Outcome::Wait(v1::Wait {
+                        retry_after_ms: u64::try_from(LEASE_RETRY_AFTER.as_millis())
+                            .unwrap_or(u64::MAX),
+                    })
+                };
+                if core.is_drained(worker) {
+                    return Ok(Outcome::Drained(v1::Drained {}));
+                }
+                if core.state().is_end_of_data() {
+                    return Ok(Outcome::EndOfData(v1::EndOfData {}));
+                }
+                // Expiry happens on ticks only: tick first, so that a step whose deadline
+                // passed since the last background tick is leased again now.
+                core.apply(Command::Tick, now)?;
+                match core.apply(Command::RequestLease { worker }, now) {
+                    Ok(events) => match events.into_iter().next() {
+                        Some(Event::LeaseGranted {
+                            stage,
+                            step,
+                            deadline,
+                            records,
+                            ..
+                        }) => Ok(Outcome::Lease(convert::step_lease(
+                            stage, step, records, deadline, now,
+                        ))),
+                        _ => Err(Status::internal("a lease request granted no lease")),
+                    },
+                    Err(ApplyError::State(
+                        Error::NoStepReady { .. }
+                        | Error::LeaseLimit { .. }
+                        | Error::Draining { .. },
+                    )) => Ok(wait()),
+                    Err(ApplyError::State(Error::StageFinished { .. })) => {
+                        Ok(Outcome::EndOfData(v1::EndOfData {}))
+                    }
+                    // The tick above may have drained it (its last lease expired).
+                    Err(ApplyError::State(Error::UnknownWorker { .. }))
+                        if core.is_drained(worker) =>
+                    {
+                        Ok(Outcome::Drained(v1::Drained {}))
+                    }
+                    Err(err) => Err(err.into()),
+                }
+            })
+            .await?;
+        Ok(Response::new(v1::LeaseResponse {
+            outcome: Some(outcome),
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<v1::HeartbeatRequest>,
+    ) -> Result<Response<v1::HeartbeatResponse>, Status> {
+        self.authorize("Heartbeat", &request, request.get_ref().job_id)?;
+        let worker = WorkerId(request.into_inner().worker_id);
+        let draining = self
+            .mutate(move |core, now| {
+                if core.is_drained(worker) {
+                    return Ok(true);
+                }
+                core.apply(Command::Heartbeat { worker }, now)?;
+                Ok(core
+                    .state()
+                    .worker(worker)
+                    .is_some_and(|info| info.status == WorkerStatus::Draining))
+            })
+            .await?;
+        Ok(Response::new(v1::HeartbeatResponse { draining }))
+    }
+
+    async fn complete(
+        &self,
+        request: Request<v1::CompleteRequest>,
+    ) -> Result<Response<v1::CompleteResponse>, Status> {
+        self.authorize("Complete", &request, request.get_ref().job_id)?;
+        let req = request.into_inner();
+        let command = Command::Complete {
+            worker: WorkerId(req.worker_id),
+            stage: StageId(req.stage),
+            step: StepId::new(req.epoch, req.step),
+        };
+        self.mutate(move |core, now| Ok(core.apply(command, now)?))
+            .await?;
+        Ok(Response::new(v1::CompleteResponse {}))
+    }
+
+    async fn consumed(
+        &self,
+        request: Request<v1::ConsumedRequest>,
+    ) -> Result<Response<v1::ConsumedResponse>, Status> {
+        self.authorize("Consumed", &request, request.get_ref().job_id)?;
+        let req = request.into_inner();
+        let watermark = StepId::new(req.epoch, req.step);
+        let events = self
+            .mutate(move |core, now| Ok(core.apply(Command::Consumed { watermark }, now)?))
+            .await?;
+        if let Some(Event::EndOfData { last }) = events.last() {
+            tracing::info!(%last, "end of data: the training side consumed the last step");
+        }
+        Ok(Response::new(v1::ConsumedResponse {}))
+    }
+
+    async fn register_consumer(
+        &self,
+        request: Request<v1::RegisterConsumerRequest>,
+    ) -> Result<Response<v1::RegisterConsumerResponse>, Status> {
+        self.authorize("RegisterConsumer", &request, request.get_ref().job_id)?;
+        let addr = request.into_inner().receiver_addr;
+        if addr.is_empty() || addr.len() > MAX_ADDR_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "receiver_addr: must be 1 to {MAX_ADDR_BYTES} bytes"
+            )));
+        }
+        tracing::info!(receiver = ?addr, "consumer registered");
+        let (first_step, end_of_data) = self
+            .mutate(move |core, now| {
+                core.register_consumer(addr, now)?;
+                Ok((core.first_unconsumed(), core.state().is_end_of_data()))
+            })
+            .await?;
+        Ok(Response::new(v1::RegisterConsumerResponse {
+            first_step: Some(convert::step_ref(first_step)),
+            plan_json: self.inner.plan_json.clone(),
+            end_of_data,
+        }))
+    }
+
+    async fn drain(
+        &self,
+        request: Request<v1::DrainRequest>,
+    ) -> Result<Response<v1::DrainResponse>, Status> {
+        self.authorize("Drain", &request, request.get_ref().job_id)?;
+        let worker = WorkerId(request.into_inner().worker_id);
+        self.mutate(move |core, now| {
+            if !core.is_drained(worker) {
+                core.apply(Command::Drain { worker }, now)?;
+            }
+            Ok(())
+        })
+        .await?;
+        tracing::info!(%worker, "worker draining");
+        Ok(Response::new(v1::DrainResponse {}))
+    }
+
+    async fn status(
+        &self,
+        request: Request<v1::StatusRequest>,
+    ) -> Result<Response<v1::StatusResponse>, Status> {
+        self.authorize("Status", &request, request.get_ref().job_id)?;
+        let status = self
+            .read(|core, now| {
+                let state = core.state();
+                let epoch = core.first_unconsumed().epoch.0;
+                v1::StatusResponse {
+                    epoch,
+                    watermark: state.watermark().map(convert::step_ref),
+                    end_of_data: state.is_end_of_data(),
+                    workers: state
+                        .workers()
+                        .map(|(worker, info)| convert::worker_entry(worker, info))
+                        .collect(),
+                    leases: state
+                        .leases()
+                        .into_iter()
+                        .map(|(stage, step, lease)| convert::lease_entry(stage, step, lease))
+                        .collect(),
+                    steps_completed: core.steps_consumed(),
+                    steps_per_epoch: state.config().steps_per_epoch(),
+                    now_ms: now.as_millis(),
+                }
+            })
+            .await;
+        Ok(Response::new(status))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn constant_time_eq_is_equality() {
+        assert!(constant_time_eq(b"token", b"token"));
+        assert!(!constant_time_eq(b"token", b"tokem"));
+        assert!(!constant_time_eq(b"token", b"token2"));
+        assert!(constant_time_eq(b"", b""));
+    }
+}

@@ -1,0 +1,590 @@
+//! The dispatcher's gRPC service end to end: a real server on 127.0.0.1:0, real tonic clients,
+//! a manual clock, and a real shutdown signal.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lode_dispatcher::journal::JOURNAL_FILE;
+use lode_dispatcher::service::endpoint_of;
+use lode_dispatcher::{
+    index_batch, serve, DispatcherConfig, JobId, JournalError, ManualClock, ServeError,
+    ServiceConfig, Shuffle, StepId, PROTOCOL_VERSION,
+};
+use lode_proto::service::v1::{self, lease_response::Outcome};
+use lode_proto::service::{connect, DispatcherClient};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::Code;
+
+const JOB: u64 = 7;
+const TOKEN: &str = "job-7-secret";
+const PLAN: &str = r#"{"version":1,"note":"stand-in plan"}"#;
+const LEASE_MS: u64 = 1_000;
+
+fn config(stages: u32) -> DispatcherConfig {
+    DispatcherConfig {
+        records: 20,
+        batch_size: 3,
+        drop_remainder: false,
+        shuffle: Shuffle::Seeded { seed: 11 },
+        epochs: Some(2),
+        lease_duration: Duration::from_millis(LEASE_MS),
+        max_leases_per_worker: 2,
+        stages,
+    }
+}
+
+fn graphs(stages: u32) -> Vec<Vec<u8>> {
+    (0..stages)
+        .map(|s| format!("graph of stage {s}").into_bytes())
+        .collect()
+}
+
+/// A running dispatcher and the means to stop it.
+struct Server {
+    endpoint: String,
+    clock: Arc<ManualClock>,
+    shutdown: oneshot::Sender<()>,
+    task: JoinHandle<Result<(), ServeError>>,
+}
+
+impl Server {
+    async fn start(dir: &Path, dispatcher: DispatcherConfig) -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let endpoint = endpoint_of(listener.local_addr().expect("local addr"));
+        let clock = Arc::new(ManualClock::new());
+        let stages = dispatcher.stages;
+        let mut config = ServiceConfig::new(
+            JobId(JOB),
+            TOKEN,
+            dispatcher,
+            PLAN.to_owned(),
+            graphs(stages),
+            dir,
+        );
+        config.clock = clock.clone();
+        let (shutdown, stopped) = oneshot::channel();
+        let task = tokio::spawn(serve(listener, config, async {
+            let _ = stopped.await;
+        }));
+        Server {
+            endpoint,
+            clock,
+            shutdown,
+            task,
+        }
+    }
+
+    async fn client(&self) -> DispatcherClient {
+        connect(&self.endpoint, TOKEN).await.expect("connect")
+    }
+
+    async fn stop(self) {
+        let _ = self.shutdown.send(());
+        self.task
+            .await
+            .expect("server task")
+            .expect("server stopped cleanly");
+    }
+}
+
+async fn register(client: &mut DispatcherClient, stage: i32) -> v1::RegisterResponse {
+    client
+        .register(v1::RegisterRequest {
+            job_id: JOB,
+            protocol_version: PROTOCOL_VERSION,
+            stage,
+            worker_name: "test-worker".into(),
+        })
+        .await
+        .expect("register")
+        .into_inner()
+}
+
+async fn lease(client: &mut DispatcherClient, worker: u64) -> Outcome {
+    client
+        .lease(v1::LeaseRequest {
+            job_id: JOB,
+            worker_id: worker,
+        })
+        .await
+        .expect("lease")
+        .into_inner()
+        .outcome
+        .expect("an outcome")
+}
+
+async fn leased(client: &mut DispatcherClient, worker: u64) -> v1::StepLease {
+    match lease(client, worker).await {
+        Outcome::Lease(lease) => lease,
+        other => panic!("expected a lease, got {other:?}"),
+    }
+}
+
+async fn complete(
+    client: &mut DispatcherClient,
+    worker: u64,
+    stage: u32,
+    epoch: u64,
+    step: u64,
+) -> Result<(), tonic::Status> {
+    client
+        .complete(v1::CompleteRequest {
+            job_id: JOB,
+            worker_id: worker,
+            stage,
+            epoch,
+            step,
+        })
+        .await
+        .map(drop)
+}
+
+async fn consumed(client: &mut DispatcherClient, epoch: u64, step: u64) {
+    client
+        .consumed(v1::ConsumedRequest {
+            job_id: JOB,
+            epoch,
+            step,
+        })
+        .await
+        .expect("consumed");
+}
+
+async fn status(client: &mut DispatcherClient) -> v1::StatusResponse {
+    client
+        .status(v1::StatusRequest { job_id: JOB })
+        .await
+        .expect("status")
+        .into_inner()
+}
+
+fn batch_of(config: &DispatcherConfig, epoch: u64, step: u64) -> Vec<u64> {
+    index_batch(config, StepId::new(epoch, step)).expect("step in range")
+}
+
+#[tokio::test]
+async fn register_lease_complete_consume_round_trip() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut small = config(1);
+    small.records = 6; // two steps of 3, one epoch
+    small.epochs = Some(1);
+    let server = Server::start(dir.path(), small.clone()).await;
+    let mut client = server.client().await;
+
+    let first = register(&mut client, -1).await;
+    assert_eq!(first.stage, 0);
+    assert_eq!(first.plan_json, PLAN);
+    assert_eq!(&first.stage_graph[..], b"graph of stage 0");
+    assert_eq!(first.receiver_addr, "", "no consumer yet");
+    assert_eq!(first.lease_duration_ms, LEASE_MS);
+    assert_eq!(first.heartbeat_interval_ms, 1_000);
+    assert_eq!(first.max_leases, 2);
+
+    let consumer = client
+        .register_consumer(v1::RegisterConsumerRequest {
+            job_id: JOB,
+            receiver_addr: "http://127.0.0.1:9".into(),
+        })
+        .await
+        .expect("consumer")
+        .into_inner();
+    assert_eq!(consumer.first_step, Some(v1::StepRef { epoch: 0, step: 0 }));
+    assert_eq!(consumer.plan_json, PLAN);
+    let second = register(&mut client, 0).await;
+    assert_ne!(second.worker_id, first.worker_id);
+    assert_eq!(second.receiver_addr, "http://127.0.0.1:9");
+
+    let a = leased(&mut client, first.worker_id).await;
+    assert_eq!((a.stage, a.epoch, a.step), (0, 0, 0));
+    assert_eq!(a.records, batch_of(&small, 0, 0));
+    assert_eq!(a.deadline_ms, a.now_ms + LEASE_MS);
+    let b = leased(&mut client, second.worker_id).await;
+    assert_eq!((b.epoch, b.step), (0, 1));
+    assert_eq!(b.records, batch_of(&small, 0, 1));
+    // Nothing left to lease while both steps are out.
+    assert!(matches!(
+        lease(&mut client, first.worker_id).await,
+        Outcome::Wait(v1::Wait { retry_after_ms }) if retry_after_ms > 0
+    ));
+
+    complete(&mut client, first.worker_id, 0, 0, 0)
+        .await
+        .expect("complete");
+    let twice = complete(&mut client, first.worker_id, 0, 0, 0)
+        .await
+        .expect_err("completes once");
+    assert_eq!(twice.code(), Code::FailedPrecondition, "{twice:?}");
+    consumed(&mut client, 0, 0).await;
+    let mid = status(&mut client).await;
+    assert_eq!(mid.watermark, Some(v1::StepRef { epoch: 0, step: 0 }));
+    assert_eq!((mid.steps_completed, mid.steps_per_epoch), (1, 2));
+    assert!(!mid.end_of_data);
+    assert_eq!(mid.workers.len(), 2);
+    assert_eq!(mid.leases.len(), 1);
+    assert_eq!(mid.leases[0].worker, second.worker_id);
+
+    complete(&mut client, second.worker_id, 0, 0, 1)
+        .await
+        .expect("complete");
+    consumed(&mut client, 0, 1).await;
+    assert!(matches!(
+        lease(&mut client, first.worker_id).await,
+        Outcome::EndOfData(_)
+    ));
+    let done = status(&mut client).await;
+    assert!(done.end_of_data);
+    assert_eq!(done.steps_completed, 2);
+    assert!(done.leases.is_empty());
+
+    // Scale-in: the drained worker learns it from its heartbeat and its lease answer.
+    client
+        .drain(v1::DrainRequest {
+            job_id: JOB,
+            worker_id: first.worker_id,
+        })
+        .await
+        .expect("drain");
+    let beat = client
+        .heartbeat(v1::HeartbeatRequest {
+            job_id: JOB,
+            worker_id: first.worker_id,
+        })
+        .await
+        .expect("heartbeat")
+        .into_inner();
+    assert!(beat.draining);
+    assert!(matches!(
+        lease(&mut client, first.worker_id).await,
+        Outcome::Drained(_)
+    ));
+    drop(client);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bad_credentials_and_other_jobs_are_rejected_without_touching_state() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(dir.path(), config(1)).await;
+    let mut client = server.client().await;
+    let worker = register(&mut client, 0).await.worker_id;
+    let held = leased(&mut client, worker).await;
+    let before = status(&mut client).await;
+    let journal = dir.path().join(JOURNAL_FILE);
+    let journal_before = std::fs::read(&journal).expect("journal");
+
+    let mut no_token = v1::dispatcher_client::DispatcherClient::connect(server.endpoint.clone())
+        .await
+        .expect("connect");
+    let mut wrong_token = connect(&server.endpoint, "not-the-token")
+        .await
+        .expect("connect");
+    let checks: [(Code, u64); 3] = [
+        (Code::Unauthenticated, JOB),
+        (Code::Unauthenticated, JOB),
+        (Code::PermissionDenied, JOB + 1),
+    ];
+    for (i, (code, job_id)) in checks.into_iter().enumerate() {
+        // The same requests through each kind of bad client.
+        macro_rules! each_rpc {
+            ($client:expr) => {{
+                let c = $client;
+                vec![
+                    c.register(v1::RegisterRequest {
+                        job_id,
+                        protocol_version: PROTOCOL_VERSION,
+                        stage: -1,
+                        worker_name: "intruder".into(),
+                    })
+                    .await
+                    .map(drop),
+                    c.lease(v1::LeaseRequest {
+                        job_id,
+                        worker_id: worker,
+                    })
+                    .await
+                    .map(drop),
+                    c.heartbeat(v1::HeartbeatRequest {
+                        job_id,
+                        worker_id: worker,
+                    })
+                    .await
+                    .map(drop),
+                    c.complete(v1::CompleteRequest {
+                        job_id,
+                        worker_id: worker,
+                        stage: 0,
+                        epoch: held.epoch,
+                        step: held.step,
+                    })
+                    .await
+                    .map(drop),
+                    c.consumed(v1::ConsumedRequest {
+                        job_id,
+                        epoch: 0,
+                        step: 0,
+                    })
+                    .await
+                    .map(drop),
+                    c.register_consumer(v1::RegisterConsumerRequest {
+                        job_id,
+                        receiver_addr: "http://127.0.0.1:9".into(),
+                    })
+                    .await
+                    .map(drop),
+                    c.drain(v1::DrainRequest {
+                        job_id,
+                        worker_id: worker,
+                    })
+                    .await
+                    .map(drop),
+                    c.status(v1::StatusRequest { job_id }).await.map(drop),
+                ]
+            }};
+        }
+        let results = match i {
+            0 => each_rpc!(&mut no_token),
+            1 => each_rpc!(&mut wrong_token),
+            _ => each_rpc!(&mut client),
+        };
+        assert_eq!(results.len(), 8);
+        for result in results {
+            let err = result.expect_err("rejected");
+            assert_eq!(err.code(), code, "{err:?}");
+        }
+    }
+    assert_eq!(status(&mut client).await, before, "state unchanged");
+    assert_eq!(
+        std::fs::read(&journal).expect("journal"),
+        journal_before,
+        "nothing journaled"
+    );
+    // The legitimate holder still completes its step.
+    complete(&mut client, worker, 0, held.epoch, held.step)
+        .await
+        .expect("complete");
+    drop((client, no_token, wrong_token));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_worker_of_another_protocol_version_is_refused_naming_both() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(dir.path(), config(1)).await;
+    let mut client = server.client().await;
+    let other = PROTOCOL_VERSION + 1;
+    let err = client
+        .register(v1::RegisterRequest {
+            job_id: JOB,
+            protocol_version: other,
+            stage: 0,
+            worker_name: "from the future".into(),
+        })
+        .await
+        .expect_err("refused");
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(
+        err.message().contains(&format!("version {other}"))
+            && err.message().contains(&PROTOCOL_VERSION.to_string()),
+        "{}",
+        err.message()
+    );
+    assert!(status(&mut client).await.workers.is_empty());
+    // A stage outside the plan is the caller's mistake.
+    let err = client
+        .register(v1::RegisterRequest {
+            job_id: JOB,
+            protocol_version: PROTOCOL_VERSION,
+            stage: 5,
+            worker_name: String::new(),
+        })
+        .await
+        .expect_err("no stage 5");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    drop(client);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_expired_lease_goes_to_another_worker_with_the_same_records() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(dir.path(), config(1)).await;
+    let mut client = server.client().await;
+    let slow = register(&mut client, 0).await.worker_id;
+    let fast = register(&mut client, 0).await.worker_id;
+    let first = leased(&mut client, slow).await;
+    assert_eq!((first.epoch, first.step), (0, 0));
+
+    // Just before the deadline the step is still the slow worker's.
+    server.clock.advance(Duration::from_millis(LEASE_MS - 1));
+    let next = leased(&mut client, fast).await;
+    assert_eq!((next.epoch, next.step), (0, 1));
+    // At the deadline it goes out again, before any new step, with the identical batch.
+    server.clock.advance(Duration::from_millis(1));
+    let again = leased(&mut client, fast).await;
+    assert_eq!((again.epoch, again.step), (0, 0));
+    assert_eq!(again.records, first.records);
+    assert_eq!(again.deadline_ms, LEASE_MS + LEASE_MS);
+
+    let late = complete(&mut client, slow, 0, 0, 0)
+        .await
+        .expect_err("no longer held");
+    assert_eq!(late.code(), Code::FailedPrecondition, "{late:?}");
+    complete(&mut client, fast, 0, 0, 0)
+        .await
+        .expect("the new holder completes");
+    drop(client);
+    server.stop().await;
+}
+
+/// Drives a two-stage job to the middle of its first epoch: completed and consumed steps, an
+/// expired and re-leased step, leases outstanding in both stages. Returns the worker ids.
+async fn mid_epoch(server: &Server, client: &mut DispatcherClient) -> [u64; 3] {
+    let a = register(client, 0).await.worker_id;
+    let b = register(client, 0).await.worker_id;
+    let c = register(client, 1).await.worker_id;
+    client
+        .register_consumer(v1::RegisterConsumerRequest {
+            job_id: JOB,
+            receiver_addr: "http://127.0.0.1:9".into(),
+        })
+        .await
+        .expect("consumer");
+    assert_eq!(leased(client, a).await.step, 0);
+    assert_eq!(leased(client, b).await.step, 1);
+    assert_eq!(leased(client, a).await.step, 2);
+    complete(client, a, 0, 0, 0).await.expect("complete");
+    complete(client, b, 0, 0, 1).await.expect("complete");
+    assert_eq!(leased(client, c).await.step, 0);
+    complete(client, c, 1, 0, 0).await.expect("complete");
+    consumed(client, 0, 0).await;
+    // A's step 2 expires; B gets it again.
+    server.clock.advance(Duration::from_millis(LEASE_MS));
+    let again = leased(client, b).await;
+    assert_eq!(
+        (again.step, again.records.clone()),
+        (2, batch_of(&config(2), 0, 2))
+    );
+    assert_eq!(leased(client, c).await.step, 1);
+    [a, b, c]
+}
+
+/// What the job answers next: more leases from every worker, a new worker's registration.
+async fn next_answers(client: &mut DispatcherClient, [a, b, c]: [u64; 3]) -> Vec<String> {
+    let mut out = Vec::new();
+    for worker in [a, b, a, c, b] {
+        out.push(format!("{:?}", lease(client, worker).await));
+    }
+    complete(client, b, 0, 0, 2).await.expect("complete");
+    out.push(format!("{:?}", lease(client, c).await));
+    out.push(format!("{}", register(client, -1).await.worker_id));
+    out.push(format!("{:?}", status(client).await));
+    out
+}
+
+#[tokio::test]
+async fn a_restart_from_the_journal_mid_epoch_gives_the_same_status_and_next_leases() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(dir.path(), config(2)).await;
+    let mut client = server.client().await;
+    let workers = mid_epoch(&server, &mut client).await;
+    let before = status(&mut client).await;
+    let held: Vec<(u32, u64, u64)> = before
+        .leases
+        .iter()
+        .map(|l| (l.stage, l.step, l.worker))
+        .collect();
+    assert_eq!(held, [(0, 2, workers[1]), (1, 1, workers[2])], "{before:?}");
+    assert_eq!(before.watermark, Some(v1::StepRef { epoch: 0, step: 0 }));
+
+    // Every answer was journaled before it was sent: a copy now is what a crash would leave.
+    let copy = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(
+        dir.path().join(JOURNAL_FILE),
+        copy.path().join(JOURNAL_FILE),
+    )
+    .expect("copy journal");
+    let expected = next_answers(&mut client, workers).await;
+    drop(client);
+    server.stop().await;
+
+    let restarted = Server::start(copy.path(), config(2)).await;
+    let mut client = restarted.client().await;
+    assert_eq!(status(&mut client).await, before, "the same status");
+    assert_eq!(
+        next_answers(&mut client, workers).await,
+        expected,
+        "the same next answers, record for record"
+    );
+    drop(client);
+    restarted.stop().await;
+}
+
+#[tokio::test]
+async fn a_torn_journal_tail_is_cut_and_the_job_continues() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(dir.path(), config(1)).await;
+    let mut client = server.client().await;
+    let worker = register(&mut client, 0).await.worker_id;
+    let held = leased(&mut client, worker).await;
+    let before = status(&mut client).await;
+    drop(client);
+    server.stop().await;
+
+    // A crash in the middle of writing the next line.
+    let journal = dir.path().join(JOURNAL_FILE);
+    let intact = std::fs::read(&journal).expect("journal");
+    let mut torn = intact.clone();
+    torn.extend_from_slice(b"0badc0de {\"at\":5,\"records\":[{\"Event\":{\"LeaseGr");
+    std::fs::write(&journal, &torn).expect("tear");
+
+    let server = Server::start(dir.path(), config(1)).await;
+    let mut client = server.client().await;
+    assert_eq!(status(&mut client).await, before);
+    assert_eq!(
+        std::fs::read(&journal).expect("journal"),
+        intact,
+        "tail cut"
+    );
+    complete(&mut client, worker, 0, held.epoch, held.step)
+        .await
+        .expect("the lease survived the restart");
+    drop(client);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_corrupt_or_foreign_journal_stops_the_start_with_a_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(dir.path(), config(1)).await;
+    let mut client = server.client().await;
+    let worker = register(&mut client, 0).await.worker_id;
+    leased(&mut client, worker).await;
+    drop(client);
+    server.stop().await;
+
+    // Another config: refused, naming the field.
+    let mut other = config(1);
+    other.batch_size = 4;
+    let started = Server::start(dir.path(), other).await;
+    let err = started.task.await.expect("task").expect_err("refused");
+    assert!(
+        matches!(&err, ServeError::Journal(JournalError::ConfigMismatch { fields, .. }) if fields == &["batch_size"]),
+        "{err}"
+    );
+
+    // A flipped byte in a line that is not the last: corruption, named by file and line.
+    let journal = dir.path().join(JOURNAL_FILE);
+    let text = std::fs::read_to_string(&journal).expect("journal");
+    let broken = text.replacen("WorkerRegistered", "WorkerRegisterex", 1);
+    std::fs::write(&journal, broken).expect("write");
+    let started = Server::start(dir.path(), config(1)).await;
+    let err = started.task.await.expect("task").expect_err("refused");
+    let message = err.to_string();
+    assert!(
+        message.contains(JOURNAL_FILE) && message.contains("line 2"),
+        "{message}"
+    );
+}

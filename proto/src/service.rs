@@ -1,0 +1,172 @@
+//! Lode's service protocol (`lode.v1`, `protos/lode/service/lode.proto`): the generated prost
+//! messages and tonic client and server, plus what both ends must agree on: the protocol
+//! version, the message size limit and the bearer-token metadata.
+//!
+//! A client that talks to a dispatcher:
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use lode_proto::service::{connect, v1::StatusRequest};
+//! let mut client = connect("http://127.0.0.1:7000", "job-token").await?;
+//! let status = client.status(StatusRequest { job_id: 1 }).await?.into_inner();
+//! # let _ = status; Ok(()) }
+//! ```
+
+use std::fmt;
+
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Status};
+
+/// Generated prost + tonic code; regenerate by building (see `build.rs`).
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    clippy::unwrap_used,
+    clippy::cast_possible_truncation,
+    missing_docs,
+    missing_debug_implementations,
+    unused,
+    unsafe_code
+)]
+#[rustfmt::skip]
+pub mod v1 {
+    include!(concat!(env!("OUT_DIR"), "/service/lode.v1.rs"));
+}
+
+/// The protocol version this build speaks; `Register` refuses a worker that speaks another.
+/// Bump it with any change a worker must understand.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The largest message either end encodes or decodes. Sized for `Register`'s answer, which
+/// carries the plan and a stage graph.
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// The metadata key that carries the job's token, as `Bearer <token>`.
+pub const AUTHORIZATION: &str = "authorization";
+
+/// The scheme before the token in [`AUTHORIZATION`].
+pub const BEARER: &str = "Bearer ";
+
+/// A dispatcher client that sends the job's token with every request.
+pub type DispatcherClient =
+    v1::dispatcher_client::DispatcherClient<InterceptedService<Channel, BearerAuth>>;
+
+/// Adds `authorization: Bearer <token>` to every request.
+#[derive(Clone)]
+pub struct BearerAuth {
+    value: MetadataValue<Ascii>,
+}
+
+impl BearerAuth {
+    /// Fails when the token cannot travel in metadata (not visible ASCII, or empty).
+    pub fn new(token: &str) -> Result<Self, ClientError> {
+        if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(ClientError::InvalidToken);
+        }
+        let value = format!("{BEARER}{token}")
+            .parse()
+            .map_err(|_| ClientError::InvalidToken)?;
+        Ok(Self { value })
+    }
+}
+
+impl fmt::Debug for BearerAuth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("BearerAuth(<redacted>)")
+    }
+}
+
+impl tonic::service::Interceptor for BearerAuth {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        request
+            .metadata_mut()
+            .insert(AUTHORIZATION, self.value.clone());
+        Ok(request)
+    }
+}
+
+/// Errors of [`connect`] and [`BearerAuth::new`].
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("the job token must be non-empty visible ASCII")]
+    InvalidToken,
+    #[error("invalid dispatcher address {addr:?}")]
+    InvalidAddress {
+        addr: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("cannot connect to the dispatcher at {addr}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// Connects to the dispatcher at `addr` (`http://host:port`), sending `token` with every
+/// request and accepting messages up to [`MAX_MESSAGE_BYTES`].
+pub async fn connect(addr: &str, token: &str) -> Result<DispatcherClient, ClientError> {
+    let auth = BearerAuth::new(token)?;
+    let endpoint =
+        Endpoint::from_shared(addr.to_owned()).map_err(|source| ClientError::InvalidAddress {
+            addr: addr.to_owned(),
+            source,
+        })?;
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|source| ClientError::Connect {
+            addr: addr.to_owned(),
+            source,
+        })?;
+    Ok(with_auth(channel, auth))
+}
+
+/// Wraps an existing channel (e.g. a lazily connecting one) like [`connect`] does.
+pub fn with_auth(channel: Channel, auth: BearerAuth) -> DispatcherClient {
+    v1::dispatcher_client::DispatcherClient::with_interceptor(channel, auth)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    #[test]
+    fn messages_round_trip() {
+        let answer = v1::LeaseResponse {
+            outcome: Some(v1::lease_response::Outcome::Lease(v1::StepLease {
+                stage: 1,
+                epoch: 2,
+                step: 3,
+                records: vec![5, 8, 13],
+                deadline_ms: 1_000,
+                now_ms: 10,
+            })),
+        };
+        let bytes = answer.encode_to_vec();
+        let back = v1::LeaseResponse::decode(bytes.as_slice()).expect("decodes");
+        assert_eq!(back, answer);
+    }
+
+    #[test]
+    fn bearer_auth_adds_the_token_and_refuses_unsendable_ones() {
+        use tonic::service::Interceptor;
+        let mut auth = BearerAuth::new("s3cret").expect("valid token");
+        let request = auth.call(Request::new(())).expect("intercepted");
+        let value = request.metadata().get(AUTHORIZATION).expect("header set");
+        assert_eq!(value.to_str().ok(), Some("Bearer s3cret"));
+        assert!(!format!("{auth:?}").contains("s3cret"));
+        for bad in ["", "has space", "new\nline", "ünï"] {
+            assert!(
+                matches!(BearerAuth::new(bad), Err(ClientError::InvalidToken)),
+                "{bad:?}"
+            );
+        }
+    }
+}
