@@ -7,6 +7,11 @@ use clap::Parser as _;
 use lode::cli::Cli;
 use tracing_subscriber::EnvFilter;
 
+/// The data worker's kernels allocate many small tensors per step; mimalloc serves them
+/// about a third faster than glibc's allocator (measured with `lode exec`, see README).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let level = match (cli.quiet, cli.verbose) {

@@ -45,6 +45,7 @@ pub fn build(
             graph: format!("stage_{i}.pb"),
             nodes: rewrite::stage_names(graph, s),
             recv: recv_plans(&s.recv),
+            missing_kernels: Default::default(),
             send: SendPlan {
                 node: s.send_node.clone(),
                 tensors: s

@@ -209,6 +209,55 @@ impl RecordSource {
         Some((file, pos - self.starts[file]))
     }
 
+    /// Records `ids` of the epoch, each read or failed on its own; runs of consecutive
+    /// records in one uncompressed file are read with one system call.
+    pub fn read_many(&self, ids: &[u64]) -> Vec<Result<Vec<u8>>> {
+        let mut out = Vec::with_capacity(ids.len());
+        let mut k = 0;
+        while k < ids.len() {
+            let Some((file, within)) = self.position(ids[k]) else {
+                out.push(self.read(ids[k]));
+                k += 1;
+                continue;
+            };
+            // The run of ids that follow on in the same file.
+            let mut n = 1;
+            while k + n < ids.len()
+                && ids[k + n] == ids[k] + n as u64
+                && self.position(ids[k + n]).is_some_and(|(f, _)| f == file)
+            {
+                n += 1;
+            }
+            let Ok(at) = usize::try_from(within) else {
+                out.push(self.read(ids[k]));
+                k += 1;
+                continue;
+            };
+            match &self.files[file].records {
+                Records::TfRecord { file, offsets } => {
+                    let span = &offsets[at..at + n];
+                    let end = offsets.get(at + n).copied();
+                    out.extend(
+                        file.read_span(within, span, end)
+                            .into_iter()
+                            .map(|r| r.map_err(ExecError::record)),
+                    );
+                }
+                Records::Lines { file, offsets } => {
+                    let span = &offsets[at..at + n];
+                    let end = offsets.get(at + n).copied();
+                    match file.read_span(within, span, end) {
+                        Ok(lines) => out.extend(lines.into_iter().map(Ok)),
+                        Err(_) => out.extend(ids[k..k + n].iter().map(|&id| self.read(id))),
+                    }
+                }
+                Records::Memory(_) => out.extend(ids[k..k + n].iter().map(|&id| self.read(id))),
+            }
+            k += n;
+        }
+        out
+    }
+
     /// Record `id` of the epoch.
     pub fn read(&self, id: u64) -> Result<Vec<u8>> {
         let (file, within) = self.position(id).ok_or_else(|| ExecError::Input {

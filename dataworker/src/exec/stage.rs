@@ -307,8 +307,8 @@ impl Stage {
         if let Some((records, pipeline)) = &self.source {
             let mut read = Vec::with_capacity(input.records.len());
             let mut ids = Vec::with_capacity(input.records.len());
-            for &id in input.records {
-                match records.read(id) {
+            for (&id, read_one) in input.records.iter().zip(records.read_many(input.records)) {
+                match read_one {
                     Ok(r) => {
                         read.push(r);
                         ids.push(id);

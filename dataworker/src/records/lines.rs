@@ -180,6 +180,47 @@ impl LineFile {
 
     /// Reads the line starting at `offset` (from [`index_lines`]); `line` is its index, used
     /// only to name it in errors.
+    /// Lines `first..first + offsets.len()` at once, where `offsets` are their indexed start
+    /// offsets (consecutive lines): one read of the bytes from the first offset to the end of
+    /// the last line (the next line's offset `end`, or the end of the file).
+    pub fn read_span(&self, first: u64, offsets: &[u64], end: Option<u64>) -> Result<Vec<Vec<u8>>> {
+        let (Some(&start), Some(&last)) = (offsets.first(), offsets.last()) else {
+            return Ok(Vec::new());
+        };
+        let end = end.unwrap_or(self.file.len).min(self.file.len);
+        let no_line = |k: usize| Error::NoLineAt {
+            path: self.path.clone(),
+            record: first + k as u64,
+            offset: offsets.get(k).copied().unwrap_or(start),
+        };
+        if end < last || last < start {
+            return Err(no_line(offsets.len() - 1));
+        }
+        let len = usize::try_from(end - start).map_err(|_| no_line(0))?;
+        let mut buf = vec![0u8; len];
+        let got = self
+            .file
+            .read_full_at(&mut buf, start)
+            .map_err(|source| Error::Read {
+                path: self.path.clone(),
+                record: first,
+                offset: start,
+                source,
+            })?;
+        buf.truncate(got);
+        let mut lines = Vec::with_capacity(offsets.len());
+        for (k, &at) in offsets.iter().enumerate() {
+            let from = usize::try_from(at - start).map_err(|_| no_line(k))?;
+            let to = match offsets.get(k + 1) {
+                Some(&next) => usize::try_from(next - start).map_err(|_| no_line(k))?,
+                None => buf.len(),
+            };
+            let raw = buf.get(from..to).ok_or_else(|| no_line(k))?.to_vec();
+            lines.push(finish_line(raw).ok_or_else(|| no_line(k))?);
+        }
+        Ok(lines)
+    }
+
     pub fn read(&self, line: u64, offset: u64) -> Result<Vec<u8>> {
         let mut raw = Vec::new();
         let mut chunk = vec![0u8; 4096];

@@ -548,3 +548,57 @@ proptest! {
         prop_assert_eq!(streamed, want);
     }
 }
+
+proptest! {
+    /// A span read returns what record-by-record reads return, for any run of records,
+    /// with one corrupt record in the file failing alone.
+    #[test]
+    fn span_reads_equal_single_reads(
+        payloads in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 1..12),
+        corrupt in any::<prop::sample::Index>(),
+        from in any::<prop::sample::Index>(),
+        count in 1usize..12,
+    ) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut bytes = Vec::new();
+        for p in &payloads {
+            encode_record(p, &mut bytes);
+        }
+        let path = write(dir.path(), "span.tfrecord", &bytes);
+        let offsets = index_tfrecord(&path).expect("index");
+        // Break the data CRC of one non-empty record.
+        let bad = corrupt.index(payloads.len());
+        if !payloads[bad].is_empty() {
+            let at = usize::try_from(offsets[bad]).expect("small") + 12;
+            bytes[at] ^= 0x01;
+            std::fs::write(&path, &bytes).expect("rewrite");
+        }
+        let file = TfRecordFile::open(&path).expect("open");
+        let first = from.index(payloads.len());
+        let last = (first + count).min(payloads.len());
+        let span = file.read_span(first as u64, &offsets[first..last], offsets.get(last).copied());
+        for (k, got) in span.into_iter().enumerate() {
+            let r = first + k;
+            let single = file.read(r as u64, offsets[r]);
+            prop_assert_eq!(got.as_ref().ok(), single.as_ref().ok(), "record {}", r);
+            prop_assert_eq!(got.is_err(), single.is_err());
+        }
+
+        let mut text = Vec::new();
+        for p in &payloads {
+            text.extend(p.iter().map(|&b| if b == b'\n' { b'x' } else { b }));
+            text.extend_from_slice(b"\r\n");
+        }
+        let path = write(dir.path(), "span.txt", &text);
+        let offsets = index_lines(&path).expect("index");
+        let file = LineFile::open(&path).expect("open");
+        let last = (first + count).min(offsets.len());
+        let span = file
+            .read_span(first as u64, &offsets[first..last], offsets.get(last).copied())
+            .expect("span");
+        for (k, got) in span.into_iter().enumerate() {
+            let r = first + k;
+            prop_assert_eq!(got, file.read(r as u64, offsets[r]).expect("line"));
+        }
+    }
+}

@@ -290,6 +290,60 @@ impl TfRecordFile {
 
     /// Reads the record whose header is at `offset` (from [`index_tfrecord`]), checking both
     /// CRCs; `record` is its index, used only to name it in errors.
+    /// Records `first..first + offsets.len()` (consecutive, at their indexed `offsets`) with
+    /// one read up to `end` (the next record's offset, or the end of the file); each record's
+    /// framing and CRCs are checked on its own, so one bad record does not hide the others.
+    pub fn read_span(&self, first: u64, offsets: &[u64], end: Option<u64>) -> Vec<Result<Vec<u8>>> {
+        let (Some(&start), Some(&last)) = (offsets.first(), offsets.last()) else {
+            return Vec::new();
+        };
+        let end = end.unwrap_or(self.file.len).min(self.file.len);
+        let fallback = || {
+            offsets
+                .iter()
+                .enumerate()
+                .map(|(k, &at)| self.read(first + k as u64, at))
+                .collect()
+        };
+        let Ok(len) = usize::try_from(end.saturating_sub(start)) else {
+            return fallback();
+        };
+        if end < last {
+            return fallback();
+        }
+        let mut buf = vec![0u8; len];
+        match self.file.read_full_at(&mut buf, start) {
+            Ok(got) if got == len => {}
+            _ => return fallback(),
+        }
+        offsets
+            .iter()
+            .enumerate()
+            .map(|(k, &at)| {
+                let record = first + k as u64;
+                let from = usize::try_from(at - start).unwrap_or(usize::MAX);
+                let Some(header) = buf.get(from..from.saturating_add(12)) else {
+                    return self.read(record, at);
+                };
+                let mut h = [0u8; 12];
+                h.copy_from_slice(header);
+                let data_len = parse_header(&h, &self.path, record, at)?;
+                let body = usize::try_from(data_len)
+                    .ok()
+                    .and_then(|n| Some((from + 12, from.checked_add(12 + n)?)))
+                    .and_then(|(a, b)| Some((buf.get(a..b)?, buf.get(b..b.checked_add(4)?)?)));
+                let Some((data, footer)) = body else {
+                    // Past the span: read it alone (reports truncation precisely).
+                    return self.read(record, at);
+                };
+                let mut f = [0u8; 4];
+                f.copy_from_slice(footer);
+                check_data(data, f, &self.path, record, at)?;
+                Ok(data.to_vec())
+            })
+            .collect()
+    }
+
     pub fn read(&self, record: u64, offset: u64) -> Result<Vec<u8>> {
         let read_err = |source| Error::Read {
             path: self.path.clone(),
