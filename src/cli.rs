@@ -33,6 +33,16 @@ pub enum Command {
     /// Run a plan's data-worker stages in-process for a number of steps, in sequential order;
     /// dump the send tensors or report the throughput.
     Exec(ExecArgs),
+    /// Serve a job's dispatcher: index batches, leases, the journal.
+    Dispatcher(DispatcherArgs),
+    /// Run a data worker for a job's dispatcher.
+    Worker(WorkerArgs),
+    /// Emulate a training worker: receive steps in order at a set step time and log them.
+    Consume(ConsumeArgs),
+    /// Show a job's state (epoch, watermark, workers, leases).
+    Status(StatusArgs),
+    /// Run a whole job on this machine: dispatcher, consumer and worker processes.
+    Run(RunArgs),
     /// Simulate a GPU cluster's jobs under Lode's schedulers and the paper's baselines.
     Simulate(crate::simulate::SimulateArgs),
 }
@@ -133,4 +143,160 @@ pub struct ExecArgs {
     /// Report format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text, env = "LODE_FORMAT")]
     pub format: OutputFormat,
+}
+
+/// A duration like `10ms`, `1.5s`, `250us` or `0`.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let t = text.trim();
+    let (number, unit) = match t.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => (&t[..i], &t[i..]),
+        None => (t, "s"),
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 10ms or 1.5s"))?;
+    let seconds = match unit {
+        "s" => value,
+        "ms" => value / 1e3,
+        "us" | "µs" => value / 1e6,
+        "ns" => value / 1e9,
+        "m" | "min" => value * 60.0,
+        _ => {
+            return Err(format!(
+                "{text:?}: unknown unit {unit:?} (ns, us, ms, s, min)"
+            ))
+        }
+    };
+    std::time::Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+}
+
+#[derive(Debug, Args)]
+pub struct DispatcherArgs {
+    /// A plan directory written by `lode partition`.
+    #[arg(long)]
+    pub plan: PathBuf,
+    /// Address to serve on.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: String,
+    /// Directory of the journal (created; a restart resumes from it).
+    #[arg(long)]
+    pub journal: PathBuf,
+    /// The job's token (also LODE_TOKEN); generated and printed when absent.
+    #[arg(long, env = "LODE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Passes over the data, overriding the pipeline's repeat count.
+    #[arg(long)]
+    pub epochs: Option<u64>,
+    /// The job's id.
+    #[arg(long, default_value_t = 1)]
+    pub job: u64,
+    /// How long a worker may hold a step before it is leased again.
+    #[arg(long, default_value_t = 10_000)]
+    pub lease_ms: u64,
+    /// Steps one worker may hold at once.
+    #[arg(long, default_value_t = 2)]
+    pub max_leases: u32,
+    /// Where the graph's relative data paths resolve (default: the plan's data_root).
+    #[arg(long)]
+    pub data_root: Option<PathBuf>,
+    /// Write the bound address (http://host:port) to this file once listening.
+    #[arg(long)]
+    pub addr_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// The dispatcher, http://host:port.
+    #[arg(long)]
+    pub dispatcher: String,
+    /// The job's token (also LODE_TOKEN).
+    #[arg(long, env = "LODE_TOKEN", hide_env_values = true)]
+    pub token: String,
+    #[arg(long, default_value_t = 1)]
+    pub job: u64,
+    /// Kernel threads.
+    #[arg(long, env = "LODE_THREADS")]
+    pub threads: Option<usize>,
+    /// A fixed stage (default: the dispatcher assigns one).
+    #[arg(long)]
+    pub stage: Option<u32>,
+    /// Name for the dispatcher's log.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Where the graph's relative data paths resolve (default: the plan's data_root).
+    #[arg(long)]
+    pub data_root: Option<PathBuf>,
+    /// Step-message compression: off, lz4 or auto.
+    #[arg(long, default_value = "auto")]
+    pub compression: String,
+    /// Skip and count corrupt records instead of failing.
+    #[arg(long)]
+    pub ignore_errors: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ConsumeArgs {
+    /// The dispatcher, http://host:port.
+    #[arg(long)]
+    pub dispatcher: String,
+    /// The job's token (also LODE_TOKEN).
+    #[arg(long, env = "LODE_TOKEN", hide_env_values = true)]
+    pub token: String,
+    #[arg(long, default_value_t = 1)]
+    pub job: u64,
+    /// One JSON line per consumed step: epoch, step, records, digest (appended).
+    #[arg(long)]
+    pub log: PathBuf,
+    /// Time the emulated training step takes.
+    #[arg(long, default_value = "10ms", value_parser = parse_duration)]
+    pub step_time: std::time::Duration,
+    /// Address the receiver serves on.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: String,
+    /// Stop after this many steps (default: until end of data).
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// The global step expected next (a restarted training side checks the watermark).
+    #[arg(long)]
+    pub resume_from: Option<u64>,
+    /// Steps the receiver buffers ahead of the next one it delivers.
+    #[arg(long, default_value_t = 64)]
+    pub capacity: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The dispatcher, http://host:port.
+    pub addr: String,
+    /// The job's token (also LODE_TOKEN).
+    #[arg(long, env = "LODE_TOKEN", hide_env_values = true)]
+    pub token: String,
+    #[arg(long, default_value_t = 1)]
+    pub job: u64,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text, env = "LODE_FORMAT")]
+    pub format: OutputFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// A model or a plan directory (default: the bundled wide_deep example).
+    pub input: Option<PathBuf>,
+    /// SavedModel tag set, when the model is a SavedModel.
+    #[arg(long, value_delimiter = ',')]
+    pub tags: Option<Vec<String>>,
+    /// Data-worker processes.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Steps to consume.
+    #[arg(long, default_value_t = 200)]
+    pub steps: u64,
+    /// Passes over the data (default: the pipeline's repeat count).
+    #[arg(long)]
+    pub epochs: Option<u64>,
+    /// Emulated training step time.
+    #[arg(long, default_value = "0ms", value_parser = parse_duration)]
+    pub step_time: std::time::Duration,
+    /// Keep the consumer's log here.
+    #[arg(long)]
+    pub log: Option<PathBuf>,
 }

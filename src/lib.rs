@@ -4,6 +4,7 @@
 //! - `cli`: clap argument types, nothing else.
 //! - `inspect`: `lode inspect`, a report of what a model holds.
 //! - `exec`: `lode exec`, a plan's stages run in-process on the bundled data.
+//! - `runtime`: `lode dispatcher`, `worker`, `consume`, `status` and `run`.
 //! - `simulate`: `lode simulate`, the cluster simulator of lode-scheduler.
 //! - [`run`]: dispatches a parsed command; `main` only parses, sets up logging and exits.
 //!
@@ -16,6 +17,7 @@
 pub mod cli;
 pub mod exec;
 pub mod inspect;
+pub mod runtime;
 pub mod simulate;
 
 use anyhow::{bail, Context as _};
@@ -32,6 +34,11 @@ pub fn run(command: Command, out: &mut dyn std::io::Write) -> anyhow::Result<()>
         Command::Convert(args) => run_convert(args, out),
         Command::Partition(args) => run_partition(args, out),
         Command::Exec(args) => exec::run_exec(args, out),
+        Command::Dispatcher(args) => runtime::run_dispatcher(args, out),
+        Command::Worker(args) => runtime::run_worker_command(args, out),
+        Command::Consume(args) => runtime::run_consume(args, out),
+        Command::Status(args) => runtime::run_status(args, out),
+        Command::Run(args) => runtime::run_run(args, out),
         Command::Simulate(args) => simulate::run_simulate(args, out),
     }
 }
@@ -86,6 +93,29 @@ fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
     match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
         _ => false,
+    }
+}
+
+/// Partitions `model` into `dir` with default options (what `lode run MODEL` does first).
+pub fn partition_to(
+    model: &std::path::Path,
+    tags: Option<Vec<String>>,
+    dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    let args = PartitionArgs {
+        model: ModelArgs {
+            model: model.to_owned(),
+            tags,
+        },
+        output: dir.to_owned(),
+        simple: false,
+        stateful_ops: Vec::new(),
+        data_root: None,
+        format: OutputFormat::Text,
+    };
+    match run_partition(args, &mut std::io::sink()) {
+        Err(e) if e.downcast_ref::<NegativeAnswer>().is_some() => Err(e),
+        other => other,
     }
 }
 

@@ -45,6 +45,7 @@ fn message(tensors: Vec<Tensor>) -> StepMessage {
         stage: 0,
         step: 12_345,
         epoch: 2,
+        records: Vec::new(),
         tensors,
     }
 }

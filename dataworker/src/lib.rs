@@ -21,6 +21,8 @@
 //! - [`exec`]: the stage executor: a stage graph compiled once, run per step on the records
 //!   of an index batch (map functions, batching, the ops after the iterator), in parallel on
 //!   rayon.
+//! - [`service`]: the network side (tokio + tonic): the receiver endpoint and the
+//!   data-worker loop.
 //! - [`error`]: the crate's [`Error`].
 //!
 //! # Invariants
@@ -42,6 +44,7 @@ pub mod exec;
 pub mod hash;
 pub mod kernels;
 pub mod records;
+pub mod service;
 pub mod tensor;
 pub mod transfer;
 

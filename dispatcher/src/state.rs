@@ -49,6 +49,9 @@ pub enum Command {
     WorkerLost { worker: WorkerId },
     /// Expire the leases whose deadline is at or before `now`.
     Tick,
+    /// A (new) receiver registered: whatever an earlier receiver buffered is gone, so every
+    /// step completed and not yet consumed is leased again (and recomputed identically).
+    ReceiverReset,
 }
 
 /// A change of state; the journal is the list of applied events.
@@ -106,6 +109,11 @@ pub enum Event {
     /// A lost worker is removed (after its leases were revoked).
     WorkerLost {
         worker: WorkerId,
+    },
+    /// A completed, unconsumed step goes back to be leased again (its receiver was lost).
+    StepReturned {
+        stage: StageId,
+        step: StepId,
     },
     /// The last step of the last epoch has been consumed.
     EndOfData {
@@ -417,6 +425,18 @@ impl DispatcherState {
                 }
                 self.emit(&mut out, Event::WorkerLost { worker })?;
             }
+            Command::ReceiverReset => {
+                let mut returned = Vec::new();
+                for (i, st) in self.stages.iter().enumerate() {
+                    let stage = StageId(u32::try_from(i).unwrap_or(u32::MAX));
+                    for &seq in &st.completed {
+                        returned.push((stage, self.step_of(seq)));
+                    }
+                }
+                for (stage, step) in returned {
+                    self.emit(&mut out, Event::StepReturned { stage, step })?;
+                }
+            }
             Command::Tick => {
                 let mut touched = Vec::new();
                 for (stage, step, lease) in self.leases() {
@@ -543,6 +563,14 @@ impl DispatcherState {
                 if let Some(st) = self.stage_mut(*stage) {
                     st.completed.insert(seq);
                 }
+            }
+            Event::StepReturned { stage, step } => {
+                let seq = self.seq_of(*step).ok_or("step outside the job")?;
+                let st = self.stage_mut(*stage).ok_or("unknown stage")?;
+                if !st.completed.remove(&seq) {
+                    return Err("the returned step was not completed");
+                }
+                st.pending.insert(seq);
             }
             Event::WatermarkAdvanced { watermark } => {
                 let seq = self.seq_of(*watermark).ok_or("watermark outside the job")?;

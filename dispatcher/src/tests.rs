@@ -390,6 +390,8 @@ enum Op {
     },
     Heartbeat(u64),
     Request(u64),
+    /// A new receiver registered (what the old one buffered is redone).
+    ReceiverReset,
     /// Complete the `nth` lease the worker holds (or a step it does not hold when it holds none).
     CompleteHeld {
         worker: u64,
@@ -432,6 +434,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => w.clone().prop_map(Op::Drain),
         1 => w.prop_map(Op::Lost),
         2 => (0u64..150).prop_map(Op::Tick),
+        1 => Just(Op::ReceiverReset),
     ]
 }
 
@@ -556,6 +559,7 @@ impl Driver {
                 self.now += dt;
                 Command::Tick
             }
+            Op::ReceiverReset => Command::ReceiverReset,
         }
     }
 }
@@ -666,7 +670,10 @@ proptest! {
         };
 
         // Only the modelled training side below reports consumption here.
-        let ops = ops.iter().filter(|op| !matches!(op, Op::ConsumeAny { .. } | Op::ConsumeNext));
+        // A receiver reset redoes completed steps on purpose (its own test below).
+        let ops = ops.iter().filter(|op| {
+            !matches!(op, Op::ConsumeAny { .. } | Op::ConsumeNext | Op::ReceiverReset)
+        });
         for op in ops {
             let command = driver.command(&state, op);
             now = driver.now;
@@ -719,5 +726,74 @@ proptest! {
             prop_assert_eq!(records.len() as u64, kept);
             prop_assert_eq!(distinct.len() as u64, kept);
         }
+    }
+}
+
+#[test]
+fn a_receiver_reset_leases_completed_unconsumed_steps_again_with_the_same_batches() {
+    let config = DispatcherConfig {
+        records: 64,
+        batch_size: 8,
+        drop_remainder: true,
+        shuffle: Shuffle::Seeded { seed: 3 },
+        epochs: Some(1),
+        lease_duration: std::time::Duration::from_secs(10),
+        max_leases_per_worker: 4,
+        stages: 1,
+    };
+    let mut state = DispatcherState::new(config).expect("valid");
+    let w = WorkerId(1);
+    state
+        .apply(
+            Command::RegisterWorker {
+                worker: w,
+                stage: S0,
+                protocol_version: PROTOCOL_VERSION,
+            },
+            t(0),
+        )
+        .expect("register");
+    let mut first = Vec::new();
+    for _ in 0..3 {
+        for e in state
+            .apply(Command::RequestLease { worker: w }, t(1))
+            .expect("lease")
+        {
+            if let Event::LeaseGranted { step, records, .. } = e {
+                first.push((step, records));
+            }
+        }
+    }
+    for (step, _) in &first {
+        state
+            .apply(
+                Command::Complete {
+                    worker: w,
+                    stage: S0,
+                    step: *step,
+                },
+                t(2),
+            )
+            .expect("complete");
+    }
+    state
+        .apply(
+            Command::Consumed {
+                watermark: first[0].0,
+            },
+            t(3),
+        )
+        .expect("consume the first");
+    let events = state.apply(Command::ReceiverReset, t(4)).expect("reset");
+    assert_eq!(events.len(), 2, "{events:?}");
+    // The two unconsumed steps come back first, with the same records.
+    for (step, records) in &first[1..] {
+        let again = state
+            .apply(Command::RequestLease { worker: w }, t(5))
+            .expect("lease");
+        assert!(
+            again.iter().any(|e| matches!(e, Event::LeaseGranted { step: s, records: r, .. } if s == step && r == records)),
+            "{again:?}"
+        );
     }
 }

@@ -53,6 +53,35 @@ pub const BEARER: &str = "Bearer ";
 pub type DispatcherClient =
     v1::dispatcher_client::DispatcherClient<InterceptedService<Channel, BearerAuth>>;
 
+/// A receiver client (data workers push step frames) that sends the job's token.
+pub type ReceiverClient =
+    v1::receiver_client::ReceiverClient<InterceptedService<Channel, BearerAuth>>;
+
+/// Server side: checks that `metadata` carries `Bearer <expected>` (compared in constant
+/// time). The error is the status to answer with; it never says which part was wrong beyond
+/// missing vs. wrong.
+#[allow(clippy::result_large_err)] // tonic's handlers answer with a `Status` as it is
+pub fn check_bearer(metadata: &tonic::metadata::MetadataMap, expected: &str) -> Result<(), Status> {
+    let presented = metadata
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix(BEARER));
+    match presented {
+        None => Err(Status::unauthenticated(
+            "missing `authorization: Bearer <token>` metadata",
+        )),
+        Some(token) if !constant_time_eq(token.as_bytes(), expected.as_bytes()) => {
+            Err(Status::unauthenticated("wrong token for this job"))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+/// Byte equality whose time does not depend on where the first difference is.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// Adds `authorization: Bearer <token>` to every request.
 #[derive(Clone)]
 pub struct BearerAuth {
@@ -98,7 +127,7 @@ pub enum ClientError {
         #[source]
         source: tonic::transport::Error,
     },
-    #[error("cannot connect to the dispatcher at {addr}")]
+    #[error("cannot connect to {addr}")]
     Connect {
         addr: String,
         #[source]
@@ -110,6 +139,21 @@ pub enum ClientError {
 /// request and accepting messages up to [`MAX_MESSAGE_BYTES`].
 pub async fn connect(addr: &str, token: &str) -> Result<DispatcherClient, ClientError> {
     let auth = BearerAuth::new(token)?;
+    Ok(with_auth(open_channel(addr).await?, auth))
+}
+
+/// Connects to a receiver (`http://host:port`) like [`connect`] does.
+pub async fn connect_receiver(addr: &str, token: &str) -> Result<ReceiverClient, ClientError> {
+    let auth = BearerAuth::new(token)?;
+    let channel = open_channel(addr).await?;
+    Ok(
+        v1::receiver_client::ReceiverClient::with_interceptor(channel, auth)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+    )
+}
+
+async fn open_channel(addr: &str) -> Result<Channel, ClientError> {
     let endpoint =
         Endpoint::from_shared(addr.to_owned()).map_err(|source| ClientError::InvalidAddress {
             addr: addr.to_owned(),
@@ -122,7 +166,7 @@ pub async fn connect(addr: &str, token: &str) -> Result<DispatcherClient, Client
             addr: addr.to_owned(),
             source,
         })?;
-    Ok(with_auth(channel, auth))
+    Ok(channel)
 }
 
 /// Wraps an existing channel (e.g. a lazily connecting one) like [`connect`] does.

@@ -6,5 +6,6 @@ mod convert;
 mod exec;
 mod fixtures;
 mod partition;
+mod runtime;
 mod simulate;
 mod support;

@@ -295,6 +295,11 @@ impl Stage {
             .is_some_and(|(_, p)| p.drop_remainder())
     }
 
+    /// The DWRecv nodes whose tensors the stage takes from earlier stages.
+    pub fn recv_plan(&self) -> &[RecvPlan] {
+        &self.recv
+    }
+
     /// Nodes run per step (constants folded away), for reports.
     pub fn node_count(&self) -> usize {
         self.program.len()

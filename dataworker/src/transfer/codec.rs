@@ -105,6 +105,8 @@ pub struct StepMessage {
     /// The global step number (counted across epochs), the receiver's delivery order.
     pub step: u64,
     pub epoch: u64,
+    /// The records the step was made from (its index batch), for the consumer's log.
+    pub records: Vec<u64>,
     pub tensors: Vec<Tensor>,
 }
 
@@ -115,6 +117,7 @@ impl StepMessage {
             && self.stage == other.stage
             && self.step == other.step
             && self.epoch == other.epoch
+            && self.records == other.records
             && self.tensors.len() == other.tensors.len()
             && self
                 .tensors
@@ -513,7 +516,8 @@ impl FrameHeader {
 /// [`STRING_OVERHEAD_BYTES`] per string element, and [`TENSOR_OVERHEAD_BYTES`] plus 8 bytes
 /// per dimension for each tensor. Independent of the machine, so sender and receiver agree.
 pub fn decoded_size(msg: &StepMessage) -> u64 {
-    msg.tensors.iter().fold(0u64, |acc, t| {
+    let records = len_u64(msg.records.len()).saturating_mul(8);
+    msg.tensors.iter().fold(records, |acc, t| {
         let values = match t.data() {
             TensorData::String(v) => v.iter().fold(0u64, |a, s| {
                 a.saturating_add(STRING_OVERHEAD_BYTES + len_u64(s.len()))
@@ -617,6 +621,10 @@ impl Encode for WireMessage<'_> {
         m.stage.encode(e)?;
         m.step.encode(e)?;
         m.epoch.encode(e)?;
+        len_u64(m.records.len()).encode(e)?;
+        for r in &m.records {
+            r.encode(e)?;
+        }
         len_u64(m.tensors.len()).encode(e)?;
         for t in &m.tensors {
             encode_tensor(t, e)?;
@@ -739,6 +747,12 @@ impl<'de, 'c> BorrowDecode<'de, &'c mut DecodeCtx> for WireDecoded {
         let stage = u32::borrow_decode(d)?;
         let step = u64::borrow_decode(d)?;
         let epoch = u64::borrow_decode(d)?;
+        let nrecords = u64::borrow_decode(d)?;
+        charge(d.context(), nrecords.saturating_mul(8))?;
+        let mut records = Vec::with_capacity(initial_capacity(nrecords, 4096));
+        for _ in 0..nrecords {
+            records.push(u64::borrow_decode(d)?);
+        }
         let count = u64::borrow_decode(d)?;
         let mut tensors = Vec::with_capacity(initial_capacity(count, 256));
         for index in 0..count {
@@ -750,6 +764,7 @@ impl<'de, 'c> BorrowDecode<'de, &'c mut DecodeCtx> for WireDecoded {
             stage,
             step,
             epoch,
+            records,
             tensors,
         }))
     }

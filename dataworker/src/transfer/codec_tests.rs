@@ -15,6 +15,7 @@ fn message(tensors: Vec<Tensor>) -> StepMessage {
         stage: 2,
         step: 1_000_001,
         epoch: 3,
+        records: Vec::new(),
         tensors,
     }
 }
@@ -263,10 +264,10 @@ fn raw_frame(payload: &[u8]) -> Vec<u8> {
     frame_of(payload, FrameCompression::None, len_u64(payload.len()))
 }
 
-/// A payload header (job, stage, step, epoch, tensor count) followed by `rest`.
+/// A payload header (job, stage, step, epoch, no records, tensor count) followed by `rest`.
 fn payload(tensors: u64, rest: &[u8]) -> Vec<u8> {
     let mut p = Vec::new();
-    for v in [7, 2, 1, 0, tensors] {
+    for v in [7, 2, 1, 0, 0, tensors] {
         varint(v, &mut p);
     }
     p.extend_from_slice(rest);
@@ -567,13 +568,15 @@ fn message_strategy() -> impl Strategy<Value = StepMessage> {
         any::<u32>(),
         any::<u64>(),
         any::<u64>(),
+        proptest::collection::vec(any::<u64>(), 0..40),
         proptest::collection::vec(tensor_strategy(), 0..6),
     )
-        .prop_map(|(job, stage, step, epoch, tensors)| StepMessage {
+        .prop_map(|(job, stage, step, epoch, records, tensors)| StepMessage {
             job,
             stage,
             step,
             epoch,
+            records,
             tensors,
         })
 }

@@ -335,6 +335,13 @@ impl ReceiverState {
     }
 
     /// The queue state at `now`.
+    /// A copy of the buffered message of `stage` for `step`, if it is here (what a later
+    /// stage's worker fetches as its input).
+    pub fn peek(&self, stage: u32, step: u64) -> Option<StepMessage> {
+        let slot = self.stages.iter().position(|&s| s == stage)?;
+        self.pending.get(&step)?.parts.get(slot)?.clone()
+    }
+
     pub fn metrics(&self, now: Instant) -> ReceiverMetrics {
         let c = self.counters;
         let mean_wait = if c.delivered == 0 {
@@ -535,6 +542,11 @@ impl SharedReceiver {
     }
 
     /// Delivers the next step if it is complete, without waiting.
+    /// See [`ReceiverState::peek`].
+    pub fn peek(&self, stage: u32, step: u64) -> Option<StepMessage> {
+        self.lock().peek(stage, step)
+    }
+
     pub fn try_pop(&self) -> Option<Step> {
         self.pop(Duration::ZERO)
     }

@@ -18,6 +18,7 @@ fn msg(stage: u32, step: u64) -> StepMessage {
         stage,
         step,
         epoch: step / 100,
+        records: Vec::new(),
         tensors: vec![Tensor::scalar(TensorData::Int64(vec![
             i64::from(stage) * 1_000_000 + i64::try_from(step).unwrap_or(-1),
         ]))

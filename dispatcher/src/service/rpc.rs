@@ -36,6 +36,7 @@ struct Inner {
     heartbeat_interval: Duration,
     lease_duration_ms: u64,
     max_leases: u32,
+    steps_per_epoch: u64,
     /// A worker silent for longer than this is lost.
     silence_ms: u64,
     clock: Arc<dyn Clock>,
@@ -70,6 +71,7 @@ impl DispatcherService {
         let lease_duration_ms =
             u64::try_from(config.lease_duration.as_millis()).unwrap_or(u64::MAX);
         let max_leases = config.max_leases_per_worker;
+        let steps_per_epoch = config.steps_per_epoch();
         Self {
             inner: Arc::new(Inner {
                 job: parts.job,
@@ -79,6 +81,7 @@ impl DispatcherService {
                 heartbeat_interval: parts.heartbeat_interval,
                 lease_duration_ms,
                 max_leases,
+                steps_per_epoch,
                 silence_ms: interval.saturating_mul(u64::from(parts.missed_heartbeats)),
                 clock: parts.clock,
                 resume_at,
@@ -167,9 +170,7 @@ impl DispatcherService {
 
 /// Compares without an early exit, so that the time taken does not reveal how much of a
 /// guessed token was right.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
+use lode_proto::service::constant_time_eq;
 
 #[tonic::async_trait]
 impl Dispatcher for DispatcherService {
@@ -226,6 +227,7 @@ impl Dispatcher for DispatcherService {
             heartbeat_interval_ms: u64::try_from(self.inner.heartbeat_interval.as_millis())
                 .unwrap_or(u64::MAX),
             max_leases: self.inner.max_leases,
+            steps_per_epoch: self.inner.steps_per_epoch,
         }))
     }
 
@@ -294,19 +296,24 @@ impl Dispatcher for DispatcherService {
     ) -> Result<Response<v1::HeartbeatResponse>, Status> {
         self.authorize("Heartbeat", &request, request.get_ref().job_id)?;
         let worker = WorkerId(request.into_inner().worker_id);
-        let draining = self
+        let (draining, receiver_addr) = self
             .mutate(move |core, now| {
+                let addr = core.receiver_addr().to_owned();
                 if core.is_drained(worker) {
-                    return Ok(true);
+                    return Ok((true, addr));
                 }
                 core.apply(Command::Heartbeat { worker }, now)?;
-                Ok(core
+                let draining = core
                     .state()
                     .worker(worker)
-                    .is_some_and(|info| info.status == WorkerStatus::Draining))
+                    .is_some_and(|info| info.status == WorkerStatus::Draining);
+                Ok((draining, addr))
             })
             .await?;
-        Ok(Response::new(v1::HeartbeatResponse { draining }))
+        Ok(Response::new(v1::HeartbeatResponse {
+            draining,
+            receiver_addr,
+        }))
     }
 
     async fn complete(
@@ -356,6 +363,8 @@ impl Dispatcher for DispatcherService {
         let (first_step, end_of_data) = self
             .mutate(move |core, now| {
                 core.register_consumer(addr, now)?;
+                // The new receiver holds nothing: what the last one buffered is redone.
+                core.apply(Command::ReceiverReset, now)?;
                 Ok((core.first_unconsumed(), core.state().is_end_of_data()))
             })
             .await?;
@@ -363,6 +372,7 @@ impl Dispatcher for DispatcherService {
             first_step: Some(convert::step_ref(first_step)),
             plan_json: self.inner.plan_json.clone(),
             end_of_data,
+            steps_per_epoch: self.inner.steps_per_epoch,
         }))
     }
 

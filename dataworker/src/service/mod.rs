@@ -1,0 +1,43 @@
+//! The data worker's network side (tokio + tonic; kernels stay on rayon):
+//!
+//! - [`receiver`]: the `lode.v1.Receiver` endpoint over a [`SharedReceiver`]: data workers push
+//!   step frames, later stages fetch their inputs, the consumer pops complete steps in order.
+//! - [`worker`]: the data-worker loop: register, load the stage, lease → read → execute →
+//!   push → complete, heartbeat, drain.
+//!
+//! [`SharedReceiver`]: crate::transfer::SharedReceiver
+
+pub mod receiver;
+pub mod worker;
+
+/// Errors of the service layer.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error(transparent)]
+    Client(#[from] lode_proto::service::ClientError),
+    #[error("{rpc} failed: {status}")]
+    Rpc {
+        rpc: &'static str,
+        status: tonic::Status,
+    },
+    #[error("the dispatcher sent an unusable {what}: {reason}")]
+    BadAnswer { what: &'static str, reason: String },
+    #[error(transparent)]
+    Exec(#[from] crate::exec::ExecError),
+    #[error(transparent)]
+    Transfer(#[from] crate::transfer::TransferError),
+    #[error("cannot serve on {addr}")]
+    Serve {
+        addr: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("a worker thread failed: {0}")]
+    Join(String),
+}
+
+impl ServiceError {
+    pub(crate) fn rpc(rpc: &'static str) -> impl FnOnce(tonic::Status) -> ServiceError {
+        move |status| ServiceError::Rpc { rpc, status }
+    }
+}

@@ -1,0 +1,456 @@
+//! The data-worker loop: register with the job's dispatcher, load the stage it assigns, then
+//! lease → read the records (or fetch the earlier stage's tensors) → execute on rayon → push
+//! one frame to the receiver → report the step complete; heartbeat meanwhile; stop at end of
+//! data, when drained, or on shutdown.
+//!
+//! A step is reported complete only after the receiver accepted its frame (or already had
+//! it), so a worker killed at any point loses nothing: its lease expires or its silence gets
+//! it declared lost, and the step is leased again and recomputed from the same index batch.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lode_proto::plan::Plan;
+use lode_proto::service::v1::lease_response::Outcome;
+use lode_proto::service::v1::{
+    CompleteRequest, FetchRequest, HeartbeatRequest, LeaseRequest, PushRequest, PushStatus,
+    RegisterRequest,
+};
+use lode_proto::service::{
+    connect, connect_receiver, ReceiverClient, MAX_MESSAGE_BYTES, PROTOCOL_VERSION,
+};
+use lode_proto::tf::graph::GraphDef;
+
+use super::ServiceError;
+use crate::exec::{ExecOptions, Stage, StepInput};
+use crate::tensor::Tensor;
+use crate::transfer::{CodecConfig, Compression, StepDecoder, StepEncoder, StepMessage};
+
+/// How a worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// `http://host:port` of the job's dispatcher.
+    pub dispatcher: String,
+    pub token: String,
+    pub job: u64,
+    /// Shown in the dispatcher's log.
+    pub name: String,
+    /// Rayon threads for the stage's kernels.
+    pub threads: usize,
+    /// Overrides the plan's data root.
+    pub data_root: Option<PathBuf>,
+    pub compression: Compression,
+    /// A fixed stage, or None to let the dispatcher choose.
+    pub stage: Option<u32>,
+    pub ignore_errors: bool,
+}
+
+/// Why the loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerEnd {
+    EndOfData,
+    Drained,
+    Shutdown,
+}
+
+/// What a worker did.
+#[derive(Debug, Clone)]
+pub struct WorkerSummary {
+    pub worker_id: u64,
+    pub stage: u32,
+    pub steps: u64,
+    pub end: WorkerEnd,
+}
+
+fn bad(what: &'static str, reason: impl std::fmt::Display) -> ServiceError {
+    ServiceError::BadAnswer {
+        what,
+        reason: reason.to_string(),
+    }
+}
+
+/// Shared between the loop and its heartbeat task.
+#[derive(Debug, Default)]
+struct Shared {
+    receiver_addr: String,
+    draining: bool,
+}
+
+/// Runs a data worker until end of data, drain or `shutdown`.
+pub async fn run_worker(
+    config: WorkerConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<WorkerSummary, ServiceError> {
+    let mut dispatcher = connect(&config.dispatcher, &config.token).await?;
+    let reg = dispatcher
+        .register(RegisterRequest {
+            job_id: config.job,
+            protocol_version: PROTOCOL_VERSION,
+            stage: config
+                .stage
+                .and_then(|s| i32::try_from(s).ok())
+                .unwrap_or(-1),
+            worker_name: config.name.clone(),
+        })
+        .await
+        .map_err(ServiceError::rpc("Register"))?
+        .into_inner();
+    let worker_id = reg.worker_id;
+    let stage_index = reg.stage;
+    tracing::info!(worker_id, stage = stage_index, "registered");
+    let plan: Plan = serde_json::from_str(&reg.plan_json).map_err(|e| bad("plan", e))?;
+    let graph: GraphDef =
+        lode_proto::io::decode_binary(&reg.stage_graph).map_err(|e| bad("stage graph", e))?;
+    let index = usize::try_from(stage_index).map_err(|e| bad("stage", e))?;
+    let spec = plan
+        .stages
+        .get(index)
+        .cloned()
+        .ok_or_else(|| bad("stage", format!("the plan has no stage {index}")))?;
+    let data_root = config
+        .data_root
+        .clone()
+        .or_else(|| plan.data_root.as_ref().map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("."));
+    let threads = config.threads.max(1);
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| ServiceError::Join(e.to_string()))?,
+    );
+    let options = ExecOptions {
+        ignore_errors: config.ignore_errors,
+        parallel: threads > 1,
+        data_root: Some(data_root.clone()),
+    };
+    let source = plan.source.clone();
+    let load_pool = pool.clone();
+    let stage = tokio::task::spawn_blocking(move || {
+        load_pool.install(|| {
+            Stage::from_graph(
+                index,
+                &graph,
+                &spec.send.node,
+                &spec.recv,
+                source.as_ref(),
+                &data_root,
+                &options,
+            )
+        })
+    })
+    .await
+    .map_err(|e| ServiceError::Join(e.to_string()))??;
+    let stage = Arc::new(stage);
+    // Send-list names of every stage, to name a fetched earlier stage's tensors.
+    let send_names: HashMap<u32, Vec<String>> = plan
+        .stages
+        .iter()
+        .filter_map(|s| {
+            let i = u32::try_from(s.index).ok()?;
+            Some((i, s.send.tensors.iter().map(|t| t.tensor.clone()).collect()))
+        })
+        .collect();
+
+    let shared = Arc::new(Mutex::new(Shared {
+        receiver_addr: reg.receiver_addr.clone(),
+        draining: false,
+    }));
+    let heartbeat = {
+        let mut client = dispatcher.clone();
+        let shared = shared.clone();
+        let job = config.job;
+        let every = Duration::from_millis(reg.heartbeat_interval_ms.max(10));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                match client
+                    .heartbeat(HeartbeatRequest {
+                        job_id: job,
+                        worker_id,
+                    })
+                    .await
+                {
+                    Ok(answer) => {
+                        let answer = answer.into_inner();
+                        if let Ok(mut s) = shared.lock() {
+                            s.draining = answer.draining;
+                            if !answer.receiver_addr.is_empty() {
+                                s.receiver_addr = answer.receiver_addr;
+                            }
+                        }
+                    }
+                    Err(status) => tracing::warn!(%status, "heartbeat failed"),
+                }
+            }
+        })
+    };
+
+    let mut encoder = StepEncoder::new(CodecConfig {
+        compression: config.compression,
+        max_message_bytes: MAX_MESSAGE_BYTES as u64,
+    });
+    let mut receiver: Option<(String, ReceiverClient)> = None;
+    let mut steps = 0u64;
+    let steps_per_epoch = reg.steps_per_epoch.max(1);
+    tokio::pin!(shutdown);
+    let end = loop {
+        let lease = tokio::select! {
+            () = &mut shutdown => break WorkerEnd::Shutdown,
+            answer = retrying("Lease", || {
+                let mut d = dispatcher.clone();
+                async move { d.lease(LeaseRequest { job_id: config.job, worker_id }).await }
+            }) => answer?,
+        };
+        let lease = match lease.outcome {
+            Some(Outcome::Lease(lease)) => lease,
+            Some(Outcome::Wait(wait)) => {
+                let pause = Duration::from_millis(wait.retry_after_ms.clamp(1, 1000));
+                tokio::select! {
+                    () = &mut shutdown => break WorkerEnd::Shutdown,
+                    () = tokio::time::sleep(pause) => continue,
+                }
+            }
+            Some(Outcome::EndOfData(_)) => break WorkerEnd::EndOfData,
+            Some(Outcome::Drained(_)) => break WorkerEnd::Drained,
+            None => return Err(bad("lease", "no outcome")),
+        };
+        // The lease's deadline on this machine's clock (the dispatcher's clock is not ours).
+        let expires = std::time::Instant::now()
+            + Duration::from_millis(lease.deadline_ms.saturating_sub(lease.now_ms));
+        let global = lease
+            .epoch
+            .saturating_mul(steps_per_epoch)
+            .saturating_add(lease.step);
+        let client = receiver_client(&shared, &mut receiver, &config.token).await?;
+        // Inputs from earlier stages, held by the receiver until the step is complete.
+        let mut received: HashMap<String, Arc<Tensor>> = HashMap::new();
+        for r in &stage_recv(&stage) {
+            let from = u32::try_from(r.from_stage).map_err(|e| bad("plan", e))?;
+            let answer = client
+                .clone()
+                .fetch(FetchRequest {
+                    job_id: config.job,
+                    stage: from,
+                    step: global,
+                })
+                .await
+                .map_err(ServiceError::rpc("Fetch"))?
+                .into_inner();
+            if !answer.found {
+                return Err(bad(
+                    "lease",
+                    format!("stage {from}'s part of step {global} is not at the receiver"),
+                ));
+            }
+            let msg = StepDecoder::new(MAX_MESSAGE_BYTES as u64).decode(&answer.frame)?;
+            let names = send_names.get(&from).cloned().unwrap_or_default();
+            for (name, t) in names.into_iter().zip(msg.tensors) {
+                received.insert(name, Arc::new(t));
+            }
+        }
+        let records = lease.records.clone();
+        let run_stage = stage.clone();
+        let run_pool = pool.clone();
+        let output = tokio::task::spawn_blocking(move || {
+            run_pool.install(|| {
+                run_stage.run_step(StepInput {
+                    records: &records,
+                    received: &received,
+                })
+            })
+        })
+        .await
+        .map_err(|e| ServiceError::Join(e.to_string()))??;
+        let tensors: Vec<Tensor> = output
+            .tensors
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| Arc::try_unwrap(t).unwrap_or_else(|shared| (*shared).clone()))
+            .collect();
+        let msg = StepMessage {
+            job: config.job,
+            stage: stage_index,
+            step: global,
+            epoch: lease.epoch,
+            records: lease.records,
+            tensors,
+        };
+        let frame = encoder.encode(&msg)?;
+        // Push until taken; backpressure answers RETRY; an unreachable receiver (a consumer
+        // restarting) is retried, at the address the heartbeat last reported.
+        let mut delivered = false;
+        let mut abandoned = false;
+        let started = std::time::Instant::now();
+        let mut pause = Duration::from_millis(10);
+        loop {
+            let mut client = receiver_client(&shared, &mut receiver, &config.token).await?;
+            let request = PushRequest {
+                job_id: config.job,
+                frame: frame.clone(),
+            };
+            let answer = match client.push(request).await {
+                Ok(answer) => answer.into_inner(),
+                Err(status) if is_unreachable(&status) && started.elapsed() < RECONNECT_WINDOW => {
+                    tracing::debug!(%status, "receiver unavailable; retrying");
+                    receiver = None;
+                    tokio::select! {
+                        () = &mut shutdown => break,
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                    continue;
+                }
+                Err(status) => {
+                    return Err(ServiceError::Rpc {
+                        rpc: "Push",
+                        status,
+                    })
+                }
+            };
+            match PushStatus::try_from(answer.status) {
+                Ok(PushStatus::Accepted | PushStatus::Duplicate) => {
+                    delivered = true;
+                    break;
+                }
+                Ok(PushStatus::Retry) => {
+                    if std::time::Instant::now() >= expires {
+                        // The receiver is waiting for an earlier step, and our lease has gone
+                        // back to the dispatcher: drop this frame (whoever holds the step now
+                        // delivers it) and lease again, perhaps that earlier step.
+                        tracing::debug!(step = global, "lease expired under backpressure");
+                        abandoned = true;
+                        break;
+                    }
+                    let pause = Duration::from_millis(answer.retry_after_ms.clamp(1, 1000));
+                    tokio::select! {
+                        () = &mut shutdown => break,
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                }
+                _ => {
+                    tracing::error!(step = global, reason = %answer.reason, "the receiver refused the step");
+                    break;
+                }
+            }
+        }
+        if abandoned {
+            continue;
+        }
+        if !delivered {
+            break WorkerEnd::Shutdown;
+        }
+        let complete = CompleteRequest {
+            job_id: config.job,
+            worker_id,
+            stage: stage_index,
+            epoch: lease.epoch,
+            step: lease.step,
+        };
+        if let Err(status) = retrying("Complete", || {
+            let mut d = dispatcher.clone();
+            let request = complete;
+            async move { d.complete(request).await }
+        })
+        .await
+        {
+            // The lease expired and went elsewhere; the receiver drops the duplicate.
+            tracing::warn!(%status, step = global, "complete refused");
+        }
+        steps += 1;
+        if shared.lock().map(|s| s.draining).unwrap_or(false) {
+            tracing::info!("draining: finishing held steps");
+        }
+    };
+    heartbeat.abort();
+    tracing::info!(worker_id, steps, ?end, "worker stops");
+    Ok(WorkerSummary {
+        worker_id,
+        stage: stage_index,
+        steps,
+        end,
+    })
+}
+
+/// A client for the receiver the dispatcher last named (waiting until one is known: the
+/// consumer may register after the workers), reconnecting when the address changed.
+async fn receiver_client(
+    shared: &Mutex<Shared>,
+    cached: &mut Option<(String, ReceiverClient)>,
+    token: &str,
+) -> Result<ReceiverClient, ServiceError> {
+    loop {
+        let addr = shared
+            .lock()
+            .map(|s| s.receiver_addr.clone())
+            .unwrap_or_default();
+        if addr.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        if let Some((known, client)) = cached.as_ref() {
+            if *known == addr {
+                return Ok(client.clone());
+            }
+        }
+        let url = if addr.starts_with("http") {
+            addr.clone()
+        } else {
+            format!("http://{addr}")
+        };
+        match connect_receiver(&url, token).await {
+            Ok(client) => {
+                *cached = Some((addr, client.clone()));
+                return Ok(client);
+            }
+            Err(lode_proto::service::ClientError::Connect { .. }) => {
+                // Not up (yet, or any more): wait for the heartbeat to name another.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Whether a status means the peer could not be reached (restarting, gone): tonic reports a
+/// refused connection as UNAVAILABLE and a connection dropped mid-call as UNKNOWN.
+fn is_unreachable(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable | tonic::Code::Unknown
+    )
+}
+
+/// How long a worker keeps retrying an RPC whose peer is unreachable (a dispatcher or
+/// receiver restarting) before it gives up.
+pub const RECONNECT_WINDOW: Duration = Duration::from_secs(30);
+
+/// Calls `rpc` until it answers, retrying with backoff while the peer is unavailable, for at
+/// most [`RECONNECT_WINDOW`]; any other error is returned at once.
+async fn retrying<T, F, Fut>(name: &'static str, mut rpc: F) -> Result<T, ServiceError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let started = std::time::Instant::now();
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match rpc().await {
+            Ok(answer) => return Ok(answer.into_inner()),
+            Err(status) if is_unreachable(&status) && started.elapsed() < RECONNECT_WINDOW => {
+                tracing::debug!(rpc = name, %status, "peer unavailable; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            Err(status) => return Err(ServiceError::Rpc { rpc: name, status }),
+        }
+    }
+}
+
+fn stage_recv(stage: &Stage) -> Vec<lode_proto::plan::RecvPlan> {
+    stage.recv_plan().to_vec()
+}

@@ -1,0 +1,595 @@
+//! The running system on this machine: `lode dispatcher`, `lode worker`, `lode consume`,
+//! `lode status` and `lode run` (all of them at once). The services live in the crates; this
+//! module loads plans, resolves settings and wires processes together.
+
+use std::collections::BTreeSet;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use lode_dataworker::exec::source::RecordSource;
+use lode_dataworker::service::receiver::{serve_receiver, ReceiverService};
+use lode_dataworker::service::worker::{run_worker, WorkerConfig};
+use lode_dataworker::transfer::{ReceiverConfig, SharedReceiver};
+use lode_dispatcher::{DispatcherConfig, JobId, ServiceConfig, Shuffle};
+use lode_proto::plan::PlanDir;
+use lode_proto::service::connect;
+use lode_proto::service::v1::{ConsumedRequest, RegisterConsumerRequest, StatusRequest};
+use serde::Serialize;
+
+use crate::cli::{ConsumeArgs, DispatcherArgs, OutputFormat, RunArgs, StatusArgs, WorkerArgs};
+
+/// A fresh random token (hex), from the OS's randomness through std's hasher seeds.
+pub fn generate_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut out = String::new();
+    for i in 0..2u64 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(i);
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default(),
+        );
+        out.push_str(&format!("{:016x}", h.finish()));
+    }
+    out
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// The dispatcher's settings for a plan: the record count comes from indexing the source.
+fn dispatcher_config(
+    plan: &PlanDir,
+    data_root: Option<&Path>,
+    epochs: Option<u64>,
+    lease: Duration,
+    max_leases: u32,
+) -> anyhow::Result<DispatcherConfig> {
+    let name = plan.dir.display();
+    let source = plan
+        .plan
+        .source
+        .as_ref()
+        .with_context(|| format!("{name}: the plan has no input source"))?;
+    let root = data_root.map_or_else(|| plan.data_root(), Path::to_path_buf);
+    let records = RecordSource::open(source, &root, false)
+        .with_context(|| format!("{name}: cannot index the input"))?;
+    let epochs = match epochs {
+        Some(e) => Some(e),
+        None => match source.repeat {
+            Some(r) if r < 0 => None,
+            Some(r) => Some(u64::try_from(r).unwrap_or(1)),
+            None => Some(1),
+        },
+    };
+    let shuffle = match (source.shuffle_buffer, source.shuffle_seed) {
+        (Some(_), Some((a, b))) => Shuffle::Seeded {
+            seed: (a as u64).rotate_left(32) ^ (b as u64),
+        },
+        (Some(_), None) => Shuffle::Seeded { seed: 0 },
+        _ => Shuffle::Off,
+    };
+    Ok(DispatcherConfig {
+        records: records.epoch_len(),
+        batch_size: source
+            .batch_size
+            .and_then(|b| u64::try_from(b).ok())
+            .unwrap_or(1),
+        drop_remainder: source.drop_remainder.unwrap_or(false),
+        shuffle,
+        epochs,
+        lease_duration: lease,
+        max_leases_per_worker: max_leases,
+        stages: u32::try_from(plan.plan.stages.len()).unwrap_or(u32::MAX),
+    })
+}
+
+fn service_config(
+    plan: &PlanDir,
+    job: u64,
+    token: &str,
+    config: DispatcherConfig,
+    journal: &Path,
+) -> anyhow::Result<ServiceConfig> {
+    let plan_json = std::fs::read_to_string(plan.dir.join("plan.json"))
+        .with_context(|| format!("{}: cannot read plan.json", plan.dir.display()))?;
+    let graphs = plan
+        .plan
+        .stages
+        .iter()
+        .map(|s| {
+            let path = plan.file(&s.graph);
+            std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(ServiceConfig::new(
+        JobId(job),
+        token,
+        config,
+        plan_json,
+        graphs,
+        journal,
+    ))
+}
+
+async fn shutdown_signal() {
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+pub fn run_dispatcher(args: DispatcherArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    let plan = PlanDir::open(&args.plan)?;
+    let (token, generated) = match &args.token {
+        Some(t) => (t.clone(), false),
+        None => (generate_token(), true),
+    };
+    let config = dispatcher_config(
+        &plan,
+        args.data_root.as_deref(),
+        args.epochs,
+        Duration::from_millis(args.lease_ms),
+        args.max_leases,
+    )?;
+    let service = service_config(&plan, args.job, &token, config, &args.journal)?;
+    let rt = runtime()?;
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let addr = listener.local_addr()?;
+        writeln!(
+            out,
+            "dispatcher for job-{} listening on http://{addr}",
+            args.job
+        )?;
+        if generated {
+            writeln!(out, "token: {token}")?;
+        }
+        out.flush()?;
+        if let Some(file) = &args.addr_file {
+            lode_proto::io::write_atomic(file, format!("http://{addr}").as_bytes())?;
+        }
+        lode_dispatcher::serve(listener, service, shutdown_signal()).await?;
+        anyhow::Ok(())
+    })
+}
+
+pub fn run_worker_command(args: WorkerArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    let config = WorkerConfig {
+        dispatcher: args.dispatcher.clone(),
+        token: args.token.clone(),
+        job: args.job,
+        name: args
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("pid-{}", std::process::id())),
+        threads: args.threads.unwrap_or(1),
+        data_root: args.data_root.clone(),
+        compression: args
+            .compression
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--compression: {e}"))?,
+        stage: args.stage,
+        ignore_errors: args.ignore_errors,
+    };
+    let rt = runtime()?;
+    let summary = rt
+        .block_on(run_worker(config, shutdown_signal()))
+        .with_context(|| format!("worker of {}", args.dispatcher))?;
+    writeln!(
+        out,
+        "worker {} (stage {}): {} steps, {:?}",
+        summary.worker_id, summary.stage, summary.steps, summary.end
+    )?;
+    Ok(())
+}
+
+/// Calls a dispatcher RPC, retrying while the dispatcher is unreachable (restarting from its
+/// journal) for up to 30 s.
+async fn patient<T, F, Fut>(name: &'static str, mut rpc: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let started = Instant::now();
+    loop {
+        match rpc().await {
+            Ok(answer) => return Ok(answer.into_inner()),
+            Err(status)
+                if matches!(
+                    status.code(),
+                    tonic::Code::Unavailable | tonic::Code::Unknown
+                ) && started.elapsed() < Duration::from_secs(30) =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(status) => return Err(anyhow::anyhow!("{name}: {status}")),
+        }
+    }
+}
+
+/// Reports the last consumed step, if one is unreported.
+async fn report_consumed(
+    dispatcher: &lode_proto::service::DispatcherClient,
+    job: u64,
+    unreported: &mut Option<(u64, u64)>,
+) -> anyhow::Result<()> {
+    if let Some((epoch, step)) = unreported.take() {
+        patient("Consumed", || {
+            let mut d = dispatcher.clone();
+            async move {
+                d.consumed(ConsumedRequest {
+                    job_id: job,
+                    epoch,
+                    step,
+                })
+                .await
+            }
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// One line of the consumer's log.
+#[derive(Debug, Serialize)]
+struct LogLine {
+    epoch: u64,
+    step: u64,
+    records: Vec<u64>,
+    digest: String,
+}
+
+/// A step's digest: TensorFlow's Fingerprint64 over the TensorProto encoding of every tensor
+/// of every stage's part, in stage then send order.
+fn digest(step: &lode_dataworker::transfer::Step) -> anyhow::Result<String> {
+    let mut bytes = Vec::new();
+    for part in &step.parts {
+        for t in &part.tensors {
+            let encoded = lode_dataworker::convert::encode_tensor(t)?;
+            bytes.extend_from_slice(&(encoded.len() as u64).to_le_bytes());
+            bytes.extend_from_slice(&encoded);
+        }
+    }
+    Ok(format!(
+        "{:016x}",
+        lode_dataworker::hash::fingerprint64(&bytes)
+    ))
+}
+
+/// What a consumer did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ConsumeSummary {
+    pub steps: u64,
+    pub samples: u64,
+    pub seconds: f64,
+    pub end_of_data: bool,
+}
+
+/// The training-worker emulator: serves a receiver, registers it, consumes complete steps in
+/// order at `step_time`, logs each, and reports the watermark.
+pub async fn consume(
+    args: &ConsumeArgs,
+    progress: Option<Arc<std::sync::Mutex<ConsumeSummary>>>,
+) -> anyhow::Result<ConsumeSummary> {
+    let mut dispatcher = connect(&args.dispatcher, &args.token).await?;
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    let reg = dispatcher
+        .register_consumer(RegisterConsumerRequest {
+            job_id: args.job,
+            receiver_addr: format!("http://{addr}"),
+        })
+        .await
+        .context("RegisterConsumer")?
+        .into_inner();
+    let plan: lode_proto::plan::Plan =
+        serde_json::from_str(&reg.plan_json).context("the dispatcher's plan")?;
+    let per_epoch = reg.steps_per_epoch.max(1);
+    let first = reg.first_step.unwrap_or_default();
+    let first_global = first.epoch * per_epoch + first.step;
+    if let Some(resume) = args.resume_from {
+        if resume != first_global {
+            bail!(
+                "--resume-from {resume}, but the dispatcher's watermark says the next step is {first_global}"
+            );
+        }
+    }
+    let stages: BTreeSet<u32> = (0..u32::try_from(plan.stages.len()).unwrap_or(0)).collect();
+    if stages.is_empty() {
+        bail!("the plan has no data-worker stage");
+    }
+    let buffer = Arc::new(SharedReceiver::new(ReceiverConfig::new(
+        args.job,
+        stages,
+        first_global,
+        args.capacity,
+    ))?);
+    let service = ReceiverService::new(args.job, &args.token, buffer.clone());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve_receiver(listener, service, async {
+        let _ = stop_rx.await;
+    }));
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&args.log)
+        .with_context(|| format!("cannot open {}", args.log.display()))?;
+    let mut summary = ConsumeSummary::default();
+    let started = Instant::now();
+    let mut last_report = Instant::now();
+    let mut unreported: Option<(u64, u64)> = None;
+    let step_time = args.step_time;
+    let mut done = reg.end_of_data;
+    while !done && args.steps.is_none_or(|n| summary.steps < n) {
+        let b = buffer.clone();
+        let step = tokio::task::spawn_blocking(move || b.pop(Duration::from_millis(200)))
+            .await
+            .context("the receiver thread")?;
+        let Some(step) = step else {
+            report_consumed(&dispatcher, args.job, &mut unreported).await?;
+            let status = patient("Status", || {
+                let mut d = dispatcher.clone();
+                async move { d.status(StatusRequest { job_id: args.job }).await }
+            })
+            .await?;
+            done = status.end_of_data;
+            continue;
+        };
+        let records = step
+            .parts
+            .first()
+            .map(|p| p.records.clone())
+            .unwrap_or_default();
+        let line = LogLine {
+            epoch: step.epoch,
+            step: step.step,
+            records,
+            digest: digest(&step)?,
+        };
+        summary.samples += line.records.len() as u64;
+        serde_json::to_writer(&mut log, &line)?;
+        log.write_all(b"\n")?;
+        if !step_time.is_zero() {
+            tokio::time::sleep(step_time).await;
+        }
+        summary.steps += 1;
+        let within = step.step % per_epoch;
+        unreported = Some((step.epoch, within));
+        if last_report.elapsed() >= Duration::from_millis(50) {
+            log.flush()?;
+            report_consumed(&dispatcher, args.job, &mut unreported).await?;
+            last_report = Instant::now();
+        }
+        if let Some(p) = &progress {
+            if let Ok(mut p) = p.lock() {
+                *p = summary.clone();
+                p.seconds = started.elapsed().as_secs_f64();
+            }
+        }
+    }
+    log.flush()?;
+    report_consumed(&dispatcher, args.job, &mut unreported).await?;
+    summary.seconds = started.elapsed().as_secs_f64();
+    summary.end_of_data = done;
+    let _ = stop_tx.send(());
+    let _ = server.await;
+    Ok(summary)
+}
+
+pub fn run_consume(args: ConsumeArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    let rt = runtime()?;
+    let summary = rt.block_on(consume(&args, None))?;
+    writeln!(
+        out,
+        "consumed {} steps ({} samples) in {:.2} s{}",
+        summary.steps,
+        summary.samples,
+        summary.seconds,
+        if summary.end_of_data {
+            ", end of data"
+        } else {
+            ""
+        }
+    )?;
+    Ok(())
+}
+
+pub fn run_status(args: StatusArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    let rt = runtime()?;
+    let status = rt.block_on(async {
+        let mut client = connect(&args.addr, &args.token).await?;
+        let status = client
+            .status(StatusRequest { job_id: args.job })
+            .await
+            .context("Status")?
+            .into_inner();
+        anyhow::Ok(status)
+    })?;
+    match args.format {
+        OutputFormat::Json => {
+            let workers: Vec<serde_json::Value> = status
+                .workers
+                .iter()
+                .map(|w| {
+                    serde_json::json!({"id": w.id, "stage": w.stage, "status": w.status, "leases": w.leases, "last_seen_ms": w.last_seen_ms})
+                })
+                .collect();
+            let value = serde_json::json!({
+                "epoch": status.epoch,
+                "watermark": status.watermark.map(|w| serde_json::json!({"epoch": w.epoch, "step": w.step})),
+                "end_of_data": status.end_of_data,
+                "workers": workers,
+                "leases": status.leases.len(),
+                "steps_completed": status.steps_completed,
+                "steps_per_epoch": status.steps_per_epoch,
+            });
+            serde_json::to_writer_pretty(&mut *out, &value)?;
+            writeln!(out)?;
+        }
+        OutputFormat::Text => {
+            let watermark = status.watermark.map_or_else(
+                || "none".to_owned(),
+                |w| format!("epoch {} step {}", w.epoch, w.step),
+            );
+            writeln!(
+                out,
+                "job-{} epoch {}, watermark {watermark}{}",
+                args.job,
+                status.epoch,
+                if status.end_of_data {
+                    ", end of data"
+                } else {
+                    ""
+                }
+            )?;
+            writeln!(
+                out,
+                "steps completed {}, steps per epoch {}",
+                status.steps_completed, status.steps_per_epoch
+            )?;
+            writeln!(out, "workers {}:", status.workers.len())?;
+            for w in &status.workers {
+                writeln!(
+                    out,
+                    "  worker-{} stage {} status {} leases {} last seen {} ms",
+                    w.id, w.stage, w.status, w.leases, w.last_seen_ms
+                )?;
+            }
+            writeln!(out, "leases {}", status.leases.len())?;
+        }
+    }
+    Ok(())
+}
+
+/// `lode run`: partition (when given a model), then a dispatcher and a consumer in this
+/// process and `--workers` worker processes, until `--steps` steps are consumed.
+pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    let input = args
+        .input
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("fixtures/wide_deep/model.pb"));
+    let scratch = tempfile::tempdir().context("cannot create a scratch directory")?;
+    let plan_dir = if input.join("plan.json").is_file() {
+        input.clone()
+    } else {
+        let dir = scratch.path().join("plan");
+        crate::partition_to(&input, args.tags.clone(), &dir)?;
+        dir
+    };
+    let plan = PlanDir::open(&plan_dir)?;
+    let token = generate_token();
+    let job = 1;
+    let config = dispatcher_config(&plan, None, args.epochs, Duration::from_secs(10), 2)?;
+    let steps_total = args.steps;
+    let service = service_config(
+        &plan,
+        job,
+        &token,
+        config.clone(),
+        &scratch.path().join("journal"),
+    )?;
+    let rt = runtime()?;
+    let exe = std::env::current_exe().context("cannot find the lode executable")?;
+    let log = args
+        .log
+        .clone()
+        .unwrap_or_else(|| scratch.path().join("consumer.jsonl"));
+    let summary = rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = format!("http://{}", listener.local_addr()?);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let dispatcher = tokio::spawn(lode_dispatcher::serve(listener, service, async {
+            let _ = stop_rx.await;
+        }));
+        let mut workers = Vec::new();
+        for i in 0..args.workers {
+            let child = std::process::Command::new(&exe)
+                .args(["worker", "--dispatcher", &addr, "--token", &token, "-q"])
+                .args(["--name", &format!("worker-{i}")])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .context("cannot start a worker process")?;
+            workers.push(child);
+        }
+        let progress = Arc::new(std::sync::Mutex::new(ConsumeSummary::default()));
+        let consume_args = ConsumeArgs {
+            dispatcher: addr.clone(),
+            token: token.clone(),
+            job,
+            log: log.clone(),
+            step_time: args.step_time,
+            listen: "127.0.0.1:0".into(),
+            steps: Some(steps_total),
+            resume_from: None,
+            capacity: 64,
+        };
+        let bar = indicatif::ProgressBar::new(steps_total);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        let consumer = tokio::spawn({
+            let progress = progress.clone();
+            async move { consume(&consume_args, Some(progress)).await }
+        });
+        while !consumer.is_finished() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let p = progress.lock().map(|p| p.clone()).unwrap_or_default();
+            let alive = workers
+                .iter_mut()
+                .map(|c| c.try_wait().ok().flatten().is_none())
+                .filter(|&running| running)
+                .count();
+            bar.set_position(p.steps);
+            bar.set_message(format!(
+                "{:.0} samples/s, workers alive {alive}",
+                if p.seconds > 0.0 {
+                    p.samples as f64 / p.seconds
+                } else {
+                    0.0
+                }
+            ));
+        }
+        bar.finish_and_clear();
+        let summary = consumer.await.context("the consumer task")??;
+        for mut w in workers {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
+        let _ = stop_tx.send(());
+        let _ = dispatcher.await;
+        anyhow::Ok(summary)
+    })?;
+    writeln!(
+        out,
+        "{}: {} steps, {} samples in {:.2} s ({:.0} samples/s) with {} worker(s); log {}",
+        input.display(),
+        summary.steps,
+        summary.samples,
+        summary.seconds,
+        if summary.seconds > 0.0 {
+            summary.samples as f64 / summary.seconds
+        } else {
+            0.0
+        },
+        args.workers,
+        if args.log.is_some() {
+            log.display().to_string()
+        } else {
+            "discarded".into()
+        }
+    )?;
+    Ok(())
+}

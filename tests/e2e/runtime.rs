@@ -1,0 +1,336 @@
+//! The running system, as processes: `lode dispatcher`, `lode worker`s, `lode consume`, and
+//! `lode run`. Exactly-once delivery is checked against the consumer's log: every record of
+//! the epoch once, in the dispatcher's order, and every step's digest equal to a failure-free
+//! run's. These tests start real processes and wait on them with deadlines.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::{fixtures, lode, ok};
+
+const TOKEN: &str = "e2e-token";
+
+/// sgd_ref with `rows` random CSV rows (header kept), partitioned; returns the plan dir.
+fn big_sgd(dir: &Path, rows: usize) -> PathBuf {
+    let model = dir.join("sgd");
+    std::fs::create_dir_all(model.join("data")).expect("mkdir");
+    std::fs::copy(fixtures().join("sgd_ref/model.pb"), model.join("model.pb")).expect("copy");
+    let mut text = String::from("x0,x1,x2,x3,y\n");
+    let mut x: u64 = 12345;
+    for _ in 0..rows {
+        let mut fields = Vec::new();
+        for _ in 0..5 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            fields.push(format!(
+                "{}",
+                f64::from(u32::try_from(x >> 54).expect("10 bits")) / 8.0 - 50.0
+            ));
+        }
+        text.push_str(&fields.join(","));
+        text.push('\n');
+    }
+    std::fs::write(model.join("data/train.csv"), text).expect("write csv");
+    let plan = dir.join("plan");
+    ok(&lode(&[
+        "partition",
+        model.join("model.pb").to_str().expect("UTF-8"),
+        "-o",
+        plan.to_str().expect("UTF-8"),
+    ]));
+    plan
+}
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_lode"));
+    c.env_remove("LODE_TOKEN").env_remove("LODE_FORMAT");
+    c
+}
+
+/// Starts a dispatcher and returns it with its address, once it listens.
+fn dispatcher(plan: &Path, journal: &Path, listen: &str) -> (Proc, String) {
+    let mut child = bin()
+        .args(["dispatcher", "--plan", plan.to_str().expect("UTF-8")])
+        .args(["--journal", journal.to_str().expect("UTF-8")])
+        .args([
+            "--listen",
+            listen,
+            "--token",
+            TOKEN,
+            "--epochs",
+            "1",
+            "--lease-ms",
+            "1500",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the dispatcher");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("the dispatcher prints its address");
+    let addr = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned();
+    (Proc(child), addr)
+}
+
+fn worker(addr: &str, name: &str) -> Proc {
+    Proc(
+        bin()
+            .args([
+                "worker",
+                "--dispatcher",
+                addr,
+                "--token",
+                TOKEN,
+                "--name",
+                name,
+                "-q",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start a worker"),
+    )
+}
+
+fn consumer(addr: &str, log: &Path, extra: &[&str]) -> Proc {
+    Proc(
+        bin()
+            .args([
+                "consume",
+                "--dispatcher",
+                addr,
+                "--token",
+                TOKEN,
+                "--step-time",
+                "0ms",
+            ])
+            .args(["--log", log.to_str().expect("UTF-8")])
+            .args(extra)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start the consumer"),
+    )
+}
+
+/// The log's complete lines (a line still being written is left out).
+fn lines(log: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+    complete
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_str(l).expect("a JSON log line"))
+        .collect()
+}
+
+/// A child process killed when dropped, so that a failing test leaves nothing running.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits (bounded) until the log has at least `n` lines.
+fn wait_for_lines(log: &Path, n: usize, limit: Duration) {
+    let start = Instant::now();
+    while lines(log).len() < n {
+        assert!(
+            start.elapsed() < limit,
+            "the log did not reach {n} lines in {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits (bounded) for a process to exit successfully.
+fn wait_ok(child: &mut Proc, limit: Duration, what: &str) {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.0.try_wait().expect("wait") {
+            assert!(status.success(), "{what} exited with {status}");
+            return;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{what} did not finish in {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn kill(child: &mut Proc) {
+    let _ = child.0.kill(); // SIGKILL on Unix
+    let _ = child.0.wait();
+}
+
+/// The failure-free reference log of the plan's first epoch.
+fn reference(plan: &Path, dir: &Path, steps: u64) -> Vec<Value> {
+    let log = dir.join("reference.jsonl");
+    ok(&lode(&[
+        "run",
+        plan.to_str().expect("UTF-8"),
+        "--workers",
+        "4",
+        "--steps",
+        &steps.to_string(),
+        "--epochs",
+        "1",
+        "--log",
+        log.to_str().expect("UTF-8"),
+    ]));
+    lines(&log)
+}
+
+/// Every record of the epoch once, in order (no shuffle: step s holds s·32 … s·32+31), and the
+/// digests of a failure-free run.
+fn assert_exactly_once(got: &[Value], reference: &[Value], records: u64) {
+    assert_eq!(got.len(), reference.len(), "steps consumed");
+    let mut next = 0u64;
+    for (i, (line, want)) in got.iter().zip(reference).enumerate() {
+        assert_eq!(line["step"], u64::try_from(i).expect("small"), "step order");
+        for r in line["records"].as_array().expect("records") {
+            assert_eq!(
+                r.as_u64(),
+                Some(next),
+                "step {i}: records in order, each once"
+            );
+            next += 1;
+        }
+        assert_eq!(
+            line["digest"], want["digest"],
+            "step {i}: digest differs from the failure-free run"
+        );
+    }
+    assert_eq!(next, records, "every record of the epoch");
+}
+
+#[test]
+fn exactly_once_while_workers_scale_and_are_killed_every_second() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rows = 100_000;
+    let steps = rows / 32;
+    let plan = big_sgd(tmp.path(), usize::try_from(rows).expect("small"));
+    let want = reference(&plan, tmp.path(), steps);
+    assert_eq!(want.len() as u64, steps);
+
+    let log = tmp.path().join("chaos.jsonl");
+    let (mut disp, addr) = dispatcher(&plan, &tmp.path().join("journal"), "127.0.0.1:0");
+    let mut cons = consumer(&addr, &log, &[]);
+    // Scale out from 1 to 8 workers, kill one at random every second (replacing it), then
+    // scale back in to 1.
+    let mut workers = vec![worker(&addr, "w0")];
+    wait_for_lines(&log, 200, Duration::from_secs(120));
+    for i in 1..8 {
+        workers.push(worker(&addr, &format!("w{i}")));
+    }
+    let mut seed = 7u64;
+    let started = Instant::now();
+    let mut killed = 0;
+    while cons.0.try_wait().expect("wait").is_none() && lines(&log).len() < 2400 {
+        assert!(
+            started.elapsed() < Duration::from_secs(240),
+            "the job did not finish"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+        let victim = usize::try_from(seed >> 33).expect("small") % workers.len();
+        kill(&mut workers[victim]);
+        workers[victim] = worker(&addr, &format!("r{killed}"));
+        killed += 1;
+    }
+    for mut w in workers.drain(1..) {
+        kill(&mut w);
+    }
+    wait_ok(&mut cons, Duration::from_secs(240), "the consumer");
+    assert!(
+        killed >= 2,
+        "workers were killed while the job ran ({killed})"
+    );
+    kill(&mut workers[0]);
+    kill(&mut disp);
+    assert_exactly_once(&lines(&log), &want, rows);
+}
+
+#[test]
+fn dispatcher_and_consumer_restarts_lose_and_repeat_nothing() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rows = 32_000;
+    let steps = rows / 32;
+    let plan = big_sgd(tmp.path(), usize::try_from(rows).expect("small"));
+    let want = reference(&plan, tmp.path(), steps);
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let journal = tmp.path().join("journal");
+    let log = tmp.path().join("restarts.jsonl");
+    let (mut disp, addr) = dispatcher(&plan, &journal, &listen);
+    let mut cons = consumer(&addr, &log, &[]);
+    let mut workers: Vec<Proc> = (0..4).map(|i| worker(&addr, &format!("w{i}"))).collect();
+
+    // The dispatcher dies mid-epoch and comes back from its journal on the same address.
+    wait_for_lines(&log, 200, Duration::from_secs(120));
+    kill(&mut disp);
+    let (d, _) = dispatcher(&plan, &journal, &listen);
+    disp = d;
+
+    // The training side dies; it restarts from the dispatcher's consumed watermark, dropping
+    // what it logged past it (a checkpointed trainer would not have those steps either).
+    wait_for_lines(&log, 500, Duration::from_secs(120));
+    kill(&mut cons);
+    let status = ok(&lode(&[
+        "status", &addr, "--token", TOKEN, "--format", "json",
+    ]));
+    let status: Value = serde_json::from_str(&status).expect("status JSON");
+    let watermark = status["watermark"]["step"].as_u64().expect("a watermark");
+    let kept: Vec<String> = std::fs::read_to_string(&log)
+        .expect("log")
+        .lines()
+        .take(usize::try_from(watermark + 1).expect("small"))
+        .map(str::to_owned)
+        .collect();
+    std::fs::write(&log, kept.join("\n") + "\n").expect("truncate the log");
+    let resume = (watermark + 1).to_string();
+    let mut cons = consumer(&addr, &log, &["--resume-from", &resume]);
+    wait_ok(
+        &mut cons,
+        Duration::from_secs(180),
+        "the restarted consumer",
+    );
+    for mut w in workers.drain(..) {
+        kill(&mut w);
+    }
+    kill(&mut disp);
+    assert_exactly_once(&lines(&log), &want, rows);
+}
+
+#[test]
+fn lode_run_runs_the_bundled_example() {
+    let out = ok(&lode(&[
+        "run",
+        fixtures()
+            .join("wide_deep/model.pb")
+            .to_str()
+            .expect("UTF-8"),
+        "--workers",
+        "2",
+        "--steps",
+        "20",
+    ]));
+    assert!(out.contains("20 steps, 640 samples"), "{out}");
+}
