@@ -367,3 +367,38 @@ fn bad_arguments_are_errors() {
         b"user data"
     );
 }
+
+#[test]
+fn ops_without_a_kernel_are_reported_by_partition_and_refused_by_exec() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // deepfm with its Log1p turned into Expm1 (same signature; TensorFlow has it, Lode's data
+    // worker does not).
+    let text = std::fs::read_to_string(fixtures().join("deepfm/model.pbtxt")).expect("pbtxt");
+    assert!(text.contains("op: \"Log1p\""));
+    let model = tmp.path().join("model.pbtxt");
+    std::fs::write(&model, text.replace("op: \"Log1p\"", "op: \"Expm1\"")).expect("write");
+    let plan = tmp.path().join("plan");
+    let out = lode(&[
+        "partition",
+        model.to_str().expect("UTF-8"),
+        "-o",
+        plan.to_str().expect("UTF-8"),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a negative answer: {}",
+        stderr(&out)
+    );
+    let report = crate::support::stdout(&out);
+    assert!(report.contains("NO KERNEL for Expm1"), "{report}");
+    let plan_json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(plan.join("plan.json")).expect("plan written"))
+            .expect("JSON");
+    let missing = &plan_json["stages"][0]["missing_kernels"]["Expm1"];
+    assert_eq!(missing.as_array().map(Vec::len), Some(1), "{missing}");
+    expect_error(
+        &exec(&plan, &["--steps", "1"]),
+        &["no kernel", "Expm1", "used by"],
+    );
+}

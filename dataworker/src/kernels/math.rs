@@ -693,6 +693,19 @@ fn inner_reduce<T: Float>(
     how: Accumulation,
 ) -> T {
     let p = T::LANES;
+    // Eigen's tree reduction: a run longer than `LEAF_SIZE` packets is split in two halves
+    // (the split aligned to a packet boundary of the whole tensor), each reduced the same way,
+    // and the halves combined in a scalar accumulator.
+    const LEAF_SIZE: usize = 1024;
+    if n > p * LEAF_SIZE {
+        let split = (first + n.div_ceil(2)).div_ceil(p) * p;
+        let left = (split - first).min(n);
+        let mut accum = op(init, inner_reduce(xs, first, left, init, op, how));
+        if left < n {
+            accum = op(accum, inner_reduce(xs, split, n - left, init, op, how));
+        }
+        return accum;
+    }
     let k = how.accumulators;
     let xs = &xs[first..first + n];
     let mut acc = vec![vec![init; p]; k];
