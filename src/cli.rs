@@ -41,6 +41,8 @@ pub enum Command {
     Consume(ConsumeArgs),
     /// Show a job's state (epoch, watermark, workers, leases).
     Status(StatusArgs),
+    /// Scale in: the worker finishes what it holds, gets no new step, then exits.
+    Drain(DrainArgs),
     /// Run a whole job on this machine: dispatcher, consumer and worker processes.
     Run(RunArgs),
     /// Simulate a GPU cluster's jobs under Lode's schedulers and the paper's baselines.
@@ -299,4 +301,18 @@ pub struct RunArgs {
     /// Keep the consumer's log here.
     #[arg(long)]
     pub log: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct DrainArgs {
+    /// The dispatcher, http://host:port.
+    pub addr: String,
+    /// The worker's id (see `lode status`).
+    #[arg(long)]
+    pub worker: u64,
+    /// The job's token (also LODE_TOKEN).
+    #[arg(long, env = "LODE_TOKEN", hide_env_values = true)]
+    pub token: String,
+    #[arg(long, default_value_t = 1)]
+    pub job: u64,
 }

@@ -39,6 +39,7 @@ pub fn run(command: Command, out: &mut dyn std::io::Write) -> anyhow::Result<()>
         Command::Consume(args) => runtime::run_consume(args, out),
         Command::Status(args) => runtime::run_status(args, out),
         Command::Run(args) => runtime::run_run(args, out),
+        Command::Drain(args) => runtime::run_drain(args, out),
         Command::Simulate(args) => simulate::run_simulate(args, out),
     }
 }

@@ -19,7 +19,9 @@ use lode_proto::service::connect;
 use lode_proto::service::v1::{ConsumedRequest, RegisterConsumerRequest, StatusRequest};
 use serde::Serialize;
 
-use crate::cli::{ConsumeArgs, DispatcherArgs, OutputFormat, RunArgs, StatusArgs, WorkerArgs};
+use crate::cli::{
+    ConsumeArgs, DispatcherArgs, DrainArgs, OutputFormat, RunArgs, StatusArgs, WorkerArgs,
+};
 
 /// A fresh random token (hex), from the OS's randomness through std's hasher seeds.
 pub fn generate_token() -> String {
@@ -403,6 +405,23 @@ pub fn run_consume(args: ConsumeArgs, out: &mut dyn std::io::Write) -> anyhow::R
             ""
         }
     )?;
+    Ok(())
+}
+
+pub fn run_drain(args: DrainArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    let rt = runtime()?;
+    rt.block_on(async {
+        let mut client = connect(&args.addr, &args.token).await?;
+        client
+            .drain(lode_proto::service::v1::DrainRequest {
+                job_id: args.job,
+                worker_id: args.worker,
+            })
+            .await
+            .with_context(|| format!("Drain worker-{}", args.worker))?;
+        anyhow::Ok(())
+    })?;
+    writeln!(out, "worker-{} is draining", args.worker)?;
     Ok(())
 }
 

@@ -96,10 +96,22 @@ fn worker(addr: &str, name: &str) -> Proc {
                 name,
                 "-q",
             ])
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .spawn()
             .expect("start a worker"),
     )
+}
+
+/// How a finished worker process ended (its summary line), or None while it runs or if it
+/// was killed.
+fn ending(w: &mut Proc) -> Option<String> {
+    let status = w.0.try_wait().ok().flatten()?;
+    if !status.success() {
+        return None;
+    }
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut w.0.stdout.take()?, &mut out).ok()?;
+    Some(out)
 }
 
 fn consumer(addr: &str, log: &Path, extra: &[&str]) -> Proc {
@@ -239,7 +251,7 @@ fn exactly_once_while_workers_scale_and_are_killed_every_second() {
     let mut seed = 7u64;
     let started = Instant::now();
     let mut killed = 0;
-    while cons.0.try_wait().expect("wait").is_none() && lines(&log).len() < 2400 {
+    while cons.0.try_wait().expect("wait").is_none() && lines(&log).len() < 1200 {
         assert!(
             started.elapsed() < Duration::from_secs(240),
             "the job did not finish"
@@ -251,15 +263,57 @@ fn exactly_once_while_workers_scale_and_are_killed_every_second() {
         workers[victim] = worker(&addr, &format!("r{killed}"));
         killed += 1;
     }
-    for mut w in workers.drain(1..) {
-        kill(&mut w);
+    // Scale in by draining every registered worker but one: each finishes what it holds and
+    // exits by itself. First the killed ones must be declared lost (5 missed heartbeats), so
+    // that the dispatcher's workers are exactly the live processes.
+    let started = Instant::now();
+    let active: Vec<u64> = loop {
+        let status = ok(&lode(&[
+            "status", &addr, "--token", TOKEN, "--format", "json",
+        ]));
+        let status: Value = serde_json::from_str(&status).expect("status JSON");
+        let active: Vec<u64> = status["workers"]
+            .as_array()
+            .expect("workers")
+            .iter()
+            .filter(|w| w["status"] == 1)
+            .filter_map(|w| w["id"].as_u64())
+            .collect();
+        if active.len() == workers.len() {
+            break active;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "{status}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        cons.0.try_wait().expect("wait").is_none(),
+        "the job ended before the scale-in could be tested"
+    );
+    for id in &active[1..] {
+        ok(&lode(&[
+            "drain",
+            &addr,
+            "--token",
+            TOKEN,
+            "--worker",
+            &id.to_string(),
+        ]));
     }
     wait_ok(&mut cons, Duration::from_secs(240), "the consumer");
     assert!(
         killed >= 2,
         "workers were killed while the job ran ({killed})"
     );
-    kill(&mut workers[0]);
+    let endings: Vec<String> = workers.iter_mut().filter_map(ending).collect();
+    let drained = endings.iter().filter(|e| e.contains("Drained")).count();
+    assert_eq!(
+        drained,
+        active.len() - 1,
+        "drained workers exit by themselves: {endings:?}"
+    );
+    for mut w in workers.drain(..) {
+        kill(&mut w);
+    }
     kill(&mut disp);
     assert_exactly_once(&lines(&log), &want, rows);
 }
