@@ -204,6 +204,9 @@ pub struct DispatcherArgs {
     /// Write the bound address (http://host:port) to this file once listening.
     #[arg(long)]
     pub addr_file: Option<PathBuf>,
+    /// Serve Prometheus metrics (GET /metrics) on this address.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -264,6 +267,9 @@ pub struct ConsumeArgs {
     /// Steps the receiver buffers ahead of the next one it delivers.
     #[arg(long, default_value_t = 64)]
     pub capacity: u64,
+    /// Serve the receiver's Prometheus metrics (GET /metrics) on this address.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -160,6 +160,31 @@ pub fn run_dispatcher(args: DispatcherArgs, out: &mut dyn std::io::Write) -> any
         if let Some(file) = &args.addr_file {
             lode_proto::io::write_atomic(file, format!("http://{addr}").as_bytes())?;
         }
+        if let Some(metrics_addr) = &args.metrics {
+            let metrics = tokio::net::TcpListener::bind(metrics_addr)
+                .await
+                .with_context(|| format!("cannot serve metrics on {metrics_addr}"))?;
+            writeln!(out, "metrics on http://{}/metrics", metrics.local_addr()?)?;
+            out.flush()?;
+            let (job, token, url) = (args.job, token.clone(), format!("http://{addr}"));
+            tokio::spawn(crate::metrics::serve_metrics(
+                metrics,
+                move || {
+                    let (token, url) = (token.clone(), url.clone());
+                    async move {
+                        let status = async {
+                            let mut c = connect(&url, &token).await.ok()?;
+                            c.status(StatusRequest { job_id: job }).await.ok()
+                        }
+                        .await;
+                        status.map_or_else(String::new, |s| {
+                            crate::metrics::render_dispatcher(job, s.get_ref())
+                        })
+                    }
+                },
+                std::future::pending(),
+            ));
+        }
         lode_dispatcher::serve(listener, service, shutdown_signal()).await?;
         anyhow::Ok(())
     })
@@ -319,6 +344,21 @@ pub async fn consume(
         args.capacity,
     ))?);
     let service = ReceiverService::new(args.job, &args.token, buffer.clone());
+    if let Some(metrics_addr) = &args.metrics {
+        let metrics = tokio::net::TcpListener::bind(metrics_addr)
+            .await
+            .with_context(|| format!("cannot serve metrics on {metrics_addr}"))?;
+        tracing::info!(addr = %metrics.local_addr()?, "receiver metrics");
+        let (b, job) = (buffer.clone(), args.job);
+        tokio::spawn(crate::metrics::serve_metrics(
+            metrics,
+            move || {
+                let text = crate::metrics::render_receiver(job, &b.metrics());
+                async move { text }
+            },
+            std::future::pending(),
+        ));
+    }
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(serve_receiver(listener, service, async {
         let _ = stop_rx.await;
@@ -475,7 +515,7 @@ pub fn run_status(args: StatusArgs, out: &mut dyn std::io::Write) -> anyhow::Res
             )?;
             writeln!(
                 out,
-                "steps completed {}, steps per epoch {}",
+                "steps consumed {}, steps per epoch {}",
                 status.steps_completed, status.steps_per_epoch
             )?;
             writeln!(out, "workers {}:", status.workers.len())?;
@@ -553,6 +593,7 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
             steps: Some(steps_total),
             resume_from: None,
             capacity: 64,
+            metrics: None,
         };
         let bar = indicatif::ProgressBar::new(steps_total);
         bar.set_style(
