@@ -1,0 +1,402 @@
+//! Goodput of the step transfer on loopback, against a plain TCP copy of the same bytes.
+//!
+//! A receiver service (`serve_receiver` over a [`SharedReceiver`] with a wide window) on
+//! 127.0.0.1; N pusher tasks, each on its own connection, encode and push their share of the
+//! steps (pusher k sends steps k, k+N, ...) and retry on `RETRY`; a consumer thread pops the
+//! steps in order. Each step carries 1 MiB of float32 tensors: four [65536] tensors, two of
+//! uniform values in [0, 1) (poorly compressible) and two of values on a 1/16 grid (bucketized
+//! features, compressible). Goodput counts tensor payload bytes delivered to the consumer per
+//! second of wall time, encoding, gRPC, decoding and reordering included.
+//!
+//! The baseline is N tokio `TcpStream`s over loopback, each sending its share of the same number
+//! of frames of the same size (`write_all` of a length prefix and the bytes, `read_exact` on the
+//! other side), with no encoding at all.
+//!
+//! A plain `harness = false` main: the measured unit is a whole concurrent transfer with its
+//! own setup, and the interesting figure is the ratio of two such transfers.
+//!
+//! `wide off` / `wide lz4` run the same service on a tonic server and channels with large
+//! HTTP/2 flow-control windows, to show what the default 64 KiB windows cost.
+//!
+//! Run with `cargo bench -p lode-dataworker --bench goodput` (`-- --quick` for fewer steps;
+//! `LODE_BENCH_STEPS=<n>` and `LODE_BENCH_PUSHERS=<n>` override the defaults).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lode_dataworker::service::receiver::{serve_receiver, ReceiverService};
+use lode_dataworker::transfer::{
+    CodecConfig, Compression, ReceiverConfig, SharedReceiver, StepEncoder, StepMessage,
+};
+use lode_dataworker::{Tensor, TensorData};
+use lode_proto::service::v1::receiver_client::ReceiverClient;
+use lode_proto::service::v1::receiver_server::ReceiverServer;
+use lode_proto::service::v1::{PushRequest, PushStatus};
+use lode_proto::service::{connect_receiver, BearerAuth, MAX_MESSAGE_BYTES};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const JOB: u64 = 3;
+const TOKEN: &str = "bench-token";
+const TENSOR_VALUES: usize = 1 << 16;
+const TENSORS: usize = 4;
+const PAYLOAD_BYTES: usize = TENSORS * TENSOR_VALUES * 4;
+/// Steps the receiver buffers ahead of the consumer (256 MiB of payload).
+const WINDOW: u64 = 256;
+const REPEATS: usize = 3;
+/// HTTP/2 flow-control windows of the `wide windows` variant (h2's default is 64 KiB).
+const WIDE_STREAM_WINDOW: u32 = 8 << 20;
+const WIDE_CONNECTION_WINDOW: u32 = 32 << 20;
+
+/// A small deterministic generator (xorshift64*), so runs are comparable.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A float in [0, 1) from the top 24 bits.
+    fn unit(&mut self) -> f32 {
+        // 24 bits convert to f32 exactly.
+        #[allow(clippy::cast_precision_loss)]
+        let top = (self.next() >> 40) as f32;
+        top / 16_777_216.0
+    }
+}
+
+/// The tensors of one step; pushers vary only the step number.
+fn step_tensors(seed: u64) -> Vec<Tensor> {
+    let mut rng = Rng(seed | 1);
+    (0..TENSORS)
+        .map(|i| {
+            let values = (0..TENSOR_VALUES)
+                .map(|_| {
+                    let u = rng.unit();
+                    if i % 2 == 0 {
+                        u
+                    } else {
+                        (u * 16.0).floor() / 16.0
+                    }
+                })
+                .collect();
+            Tensor::new(vec![TENSOR_VALUES], TensorData::Float32(values)).expect("valid tensor")
+        })
+        .collect()
+}
+
+fn message(step: u64, tensors: Vec<Tensor>) -> StepMessage {
+    StepMessage {
+        job: JOB,
+        stage: 0,
+        step,
+        epoch: 0,
+        records: (step * 32..step * 32 + 32).collect(),
+        tensors,
+    }
+}
+
+fn mib_per_s(bytes: u64, elapsed: Duration) -> f64 {
+    #[allow(clippy::cast_precision_loss)]
+    let mib = bytes as f64 / f64::from(1u32 << 20);
+    mib / elapsed.as_secs_f64()
+}
+
+/// The HTTP/2 settings of a gRPC run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Windows {
+    /// What `serve_receiver` and `connect_receiver` use.
+    Default,
+    /// The same service on a server and channels with large flow-control windows.
+    Wide,
+}
+
+/// One gRPC transfer of `steps` steps; returns the wall time, the wire bytes pushed and the
+/// retries.
+async fn grpc_transfer(
+    steps: u64,
+    pushers: u64,
+    compression: Compression,
+    windows: Windows,
+) -> (Duration, u64, u64) {
+    let buffer = Arc::new(
+        SharedReceiver::new(ReceiverConfig::new(JOB, [0u32], 0, WINDOW)).expect("receiver"),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = format!("http://{}", listener.local_addr().expect("addr"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let service = ReceiverService::new(JOB, TOKEN, buffer.clone());
+    let shutdown = async {
+        let _ = stopped.await;
+    };
+    let server = match windows {
+        Windows::Default => tokio::spawn(serve_receiver(listener, service, shutdown)),
+        Windows::Wide => tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .initial_stream_window_size(WIDE_STREAM_WINDOW)
+                .initial_connection_window_size(WIDE_CONNECTION_WINDOW)
+                .add_service(
+                    ReceiverServer::new(service)
+                        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                        .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                )
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    shutdown,
+                )
+                .await
+                .expect("wide server");
+            Ok(())
+        }),
+    };
+    let mut clients = Vec::new();
+    for _ in 0..pushers {
+        clients.push(match windows {
+            Windows::Default => connect_receiver(&addr, TOKEN).await.expect("connect"),
+            Windows::Wide => {
+                let channel = tonic::transport::Endpoint::from_shared(addr.clone())
+                    .expect("endpoint")
+                    .initial_stream_window_size(WIDE_STREAM_WINDOW)
+                    .initial_connection_window_size(WIDE_CONNECTION_WINDOW)
+                    .connect()
+                    .await
+                    .expect("connect");
+                ReceiverClient::with_interceptor(channel, BearerAuth::new(TOKEN).expect("token"))
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES)
+            }
+        });
+    }
+
+    let start = Instant::now();
+    let consumer = {
+        let buffer = buffer.clone();
+        std::thread::spawn(move || {
+            let mut payload = 0u64;
+            for expected in 0..steps {
+                let step = buffer
+                    .pop(Duration::from_secs(60))
+                    .expect("a step within a minute");
+                assert_eq!(step.step, expected, "delivered in order");
+                payload += step.parts[0]
+                    .tensors
+                    .iter()
+                    .map(|t| u64::try_from(t.num_elements() * 4).expect("small"))
+                    .sum::<u64>();
+            }
+            (start.elapsed(), payload)
+        })
+    };
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .zip(0u64..)
+        .map(|(mut client, k)| {
+            tokio::spawn(async move {
+                // One message per pusher, renumbered for each step: the bench should not
+                // copy the payload more often than a worker would.
+                let mut msg = message(k, step_tensors(k + 1));
+                let mut encoder = StepEncoder::new(CodecConfig {
+                    compression,
+                    max_message_bytes: u64::try_from(MAX_MESSAGE_BYTES).expect("fits"),
+                });
+                let mut wire = 0u64;
+                let mut retries = 0u64;
+                for step in (k..steps).step_by(usize::try_from(pushers).expect("fits")) {
+                    msg.step = step;
+                    msg.records = (step * 32..step * 32 + 32).collect();
+                    loop {
+                        let frame = encoder.encode(&msg).expect("encodes");
+                        let len = u64::try_from(frame.len()).expect("fits");
+                        let answer = client
+                            .push(PushRequest { job_id: JOB, frame })
+                            .await
+                            .expect("push")
+                            .into_inner();
+                        match PushStatus::try_from(answer.status) {
+                            Ok(PushStatus::Accepted) => {
+                                wire += len;
+                                break;
+                            }
+                            Ok(PushStatus::Retry) => {
+                                retries += 1;
+                                tokio::time::sleep(Duration::from_millis(answer.retry_after_ms))
+                                    .await;
+                            }
+                            other => panic!("push answered {other:?}: {}", answer.reason),
+                        }
+                    }
+                }
+                (wire, retries)
+            })
+        })
+        .collect();
+    let mut wire = 0;
+    let mut retries = 0;
+    for task in tasks {
+        let (w, r) = task.await.expect("pusher");
+        wire += w;
+        retries += r;
+    }
+    let (elapsed, payload) = tokio::task::spawn_blocking(move || consumer.join())
+        .await
+        .expect("join")
+        .expect("consumer");
+    assert_eq!(payload, steps * u64::try_from(PAYLOAD_BYTES).expect("fits"));
+    let _ = stop.send(());
+    server.await.expect("server task").expect("served");
+    (elapsed, wire, retries)
+}
+
+/// A plain TCP copy of `steps` frames of `frame_len` bytes over `pushers` connections.
+async fn tcp_transfer(steps: u64, pushers: u64, frame_len: usize) -> Duration {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let share = |k: u64| {
+        (k..steps)
+            .step_by(usize::try_from(pushers).expect("fits"))
+            .count()
+    };
+    let readers = tokio::spawn(async move {
+        let mut tasks = Vec::new();
+        for _ in 0..pushers {
+            let (mut stream, _) = listener.accept().await.expect("accept");
+            tasks.push(tokio::spawn(async move {
+                let mut buf = vec![0u8; frame_len];
+                let mut got = 0u64;
+                loop {
+                    let mut len = [0u8; 4];
+                    if stream.read_exact(&mut len).await.is_err() {
+                        break;
+                    }
+                    let n = usize::try_from(u32::from_le_bytes(len)).expect("fits");
+                    stream.read_exact(&mut buf[..n]).await.expect("read frame");
+                    got += 1;
+                }
+                got
+            }));
+        }
+        let mut total = 0;
+        for task in tasks {
+            total += task.await.expect("reader");
+        }
+        total
+    });
+    let mut streams = Vec::new();
+    for _ in 0..pushers {
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        stream.set_nodelay(true).expect("nodelay");
+        streams.push(stream);
+    }
+    let start = Instant::now();
+    let writers: Vec<_> = streams
+        .into_iter()
+        .zip(0u64..)
+        .map(|(mut stream, k)| {
+            let frames = share(k);
+            tokio::spawn(async move {
+                let frame = vec![0x5au8; frame_len];
+                let len = u32::try_from(frame_len).expect("fits").to_le_bytes();
+                for _ in 0..frames {
+                    stream.write_all(&len).await.expect("write len");
+                    stream.write_all(&frame).await.expect("write frame");
+                }
+                stream.shutdown().await.expect("shutdown");
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.expect("writer");
+    }
+    let got = readers.await.expect("readers");
+    let elapsed = start.elapsed();
+    assert_eq!(got, steps);
+    elapsed
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let env = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default)
+    };
+    let steps = env("LODE_BENCH_STEPS", if quick { 256 } else { 1024 });
+    let pushers = env("LODE_BENCH_PUSHERS", 4);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let payload = steps * u64::try_from(PAYLOAD_BYTES).expect("fits");
+    let raw_frame_len = StepEncoder::new(CodecConfig {
+        compression: Compression::Off,
+        max_message_bytes: u64::try_from(MAX_MESSAGE_BYTES).expect("fits"),
+    })
+    .encode(&message(0, step_tensors(1)))
+    .expect("encodes")
+    .len();
+
+    println!(
+        "goodput bench: {steps} steps of {} KiB payload (frame {raw_frame_len} B), {pushers} pushers, median of {REPEATS}",
+        PAYLOAD_BYTES / 1024
+    );
+    let tcp: Vec<f64> = (0..REPEATS)
+        .map(|_| {
+            let elapsed = runtime.block_on(tcp_transfer(steps, pushers, raw_frame_len));
+            mib_per_s(payload, elapsed)
+        })
+        .collect();
+    let tcp_median = median(tcp.clone());
+    println!(
+        "{:<12} {:>10} {:>8} {:>8} {:>8}   runs MiB/s",
+        "transport", "MiB/s", "vs tcp", "wire/raw", "retries"
+    );
+    println!(
+        "{:<12} {:>10.0} {:>7.0}% {:>8} {:>8}   {:?}",
+        "tcp copy",
+        tcp_median,
+        100.0,
+        "-",
+        "-",
+        tcp.iter().map(|x| x.round()).collect::<Vec<_>>()
+    );
+    for (name, compression, windows) in [
+        ("grpc off", Compression::Off, Windows::Default),
+        ("grpc lz4", Compression::Lz4, Windows::Default),
+        ("wide off", Compression::Off, Windows::Wide),
+        ("wide lz4", Compression::Lz4, Windows::Wide),
+    ] {
+        let mut rates = Vec::new();
+        let mut wire_ratio = 0.0;
+        let mut retries = 0;
+        for _ in 0..REPEATS {
+            let (elapsed, wire, r) =
+                runtime.block_on(grpc_transfer(steps, pushers, compression, windows));
+            rates.push(mib_per_s(payload, elapsed));
+            #[allow(clippy::cast_precision_loss)]
+            {
+                wire_ratio = wire as f64 / payload as f64;
+            }
+            retries += r;
+        }
+        let rate = median(rates.clone());
+        println!(
+            "{:<12} {:>10.0} {:>7.0}% {:>8.3} {:>8}   {:?}",
+            name,
+            rate,
+            100.0 * rate / tcp_median,
+            wire_ratio,
+            retries,
+            rates.iter().map(|x| x.round()).collect::<Vec<_>>()
+        );
+    }
+}

@@ -1,0 +1,364 @@
+//! Lease throughput and latency of a dispatcher on loopback under many concurrent workers.
+//!
+//! One job of 10M records in batches of 32, repeating forever, with long leases and heartbeats
+//! so that nothing expires during a run. 64 workers (tokio tasks, each registered and on its
+//! own connection) loop Lease → Complete as fast as they can; a consumer task reports the
+//! contiguous prefix of completed steps as consumed every 10 ms, as the training side would.
+//!
+//! The run is repeated with the journal on disk (a temporary directory) and on `/dev/shm`, and
+//! the cost of a bare `write` + `fdatasync` of a journal-sized line is measured in each place,
+//! to show how much of a Lease is the journal's fsync.
+//!
+//! This is a plain `harness = false` main rather than a criterion group: what matters is the
+//! aggregate rate of many concurrent clients and the tail of the per-request latency, which
+//! criterion's one-routine-at-a-time model does not express.
+//!
+//! Run with `cargo bench -p lode-dispatcher --bench lease` (`-- --quick` for 2 s per case;
+//! `LODE_BENCH_SECS=<n>` and `LODE_BENCH_WORKERS=<n>` override the defaults).
+
+use std::collections::BTreeSet;
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use lode_dispatcher::service::endpoint_of;
+use lode_dispatcher::{serve, DispatcherConfig, JobId, ServiceConfig, Shuffle, PROTOCOL_VERSION};
+use lode_proto::service::v1::{self, lease_response::Outcome};
+use lode_proto::service::{connect, DispatcherClient};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+
+const JOB: u64 = 1;
+const TOKEN: &str = "bench-token";
+const RECORDS: u64 = 10_000_000;
+const BATCH: u64 = 32;
+const MAX_LEASES: u32 = 4;
+const DEFAULT_WORKERS: usize = 64;
+const WARMUP: Duration = Duration::from_millis(500);
+const CONSUME_EVERY: Duration = Duration::from_millis(10);
+
+fn dispatcher_config() -> DispatcherConfig {
+    DispatcherConfig {
+        records: RECORDS,
+        batch_size: BATCH,
+        drop_remainder: false,
+        shuffle: Shuffle::Seeded { seed: 42 },
+        epochs: None,
+        lease_duration: Duration::from_secs(3_600),
+        max_leases_per_worker: MAX_LEASES,
+        stages: 1,
+    }
+}
+
+/// What one worker saw inside the measured window.
+#[derive(Debug, Default)]
+struct WorkerStats {
+    lease_us: Vec<u64>,
+    complete_us: Vec<u64>,
+    granted: u64,
+    waits: u64,
+}
+
+/// What one case measured.
+#[derive(Debug)]
+struct CaseResult {
+    name: String,
+    secs: f64,
+    granted: u64,
+    waits: u64,
+    lease_us: Vec<u64>,
+    complete_us: Vec<u64>,
+    consumed_reports: u64,
+    watermark: u64,
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    // Nearest rank; the float is in [0, len) so the conversion cannot overflow.
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.saturating_sub(1).min(sorted.len() - 1)]
+}
+
+async fn worker(
+    endpoint: String,
+    start: Instant,
+    end: Instant,
+    done: mpsc::UnboundedSender<u64>,
+    per_epoch: u64,
+) -> WorkerStats {
+    let mut client = connect(&endpoint, TOKEN).await.expect("connect");
+    let worker_id = client
+        .register(v1::RegisterRequest {
+            job_id: JOB,
+            protocol_version: PROTOCOL_VERSION,
+            stage: 0,
+            worker_name: "bench-worker".into(),
+        })
+        .await
+        .expect("register")
+        .into_inner()
+        .worker_id;
+    let mut stats = WorkerStats::default();
+    loop {
+        let t0 = Instant::now();
+        if t0 >= end {
+            break;
+        }
+        let measured = t0 >= start;
+        let outcome = client
+            .lease(v1::LeaseRequest {
+                job_id: JOB,
+                worker_id,
+            })
+            .await
+            .expect("lease")
+            .into_inner()
+            .outcome
+            .expect("an outcome");
+        if measured {
+            stats.lease_us.push(micros(t0.elapsed()));
+        }
+        match outcome {
+            Outcome::Lease(lease) => {
+                let t1 = Instant::now();
+                client
+                    .complete(v1::CompleteRequest {
+                        job_id: JOB,
+                        worker_id,
+                        stage: lease.stage,
+                        epoch: lease.epoch,
+                        step: lease.step,
+                    })
+                    .await
+                    .expect("complete");
+                if measured {
+                    stats.granted += 1;
+                    stats.complete_us.push(micros(t1.elapsed()));
+                }
+                let _ = done.send(lease.epoch * per_epoch + lease.step);
+            }
+            Outcome::Wait(wait) => {
+                if measured {
+                    stats.waits += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(wait.retry_after_ms)).await;
+            }
+            other => panic!("the endless job answered {other:?}"),
+        }
+    }
+    stats
+}
+
+/// Reports the contiguous prefix of completed steps as consumed; returns the reports sent
+/// and the last watermark (as a global sequence number).
+async fn consumer(
+    mut client: DispatcherClient,
+    mut done: mpsc::UnboundedReceiver<u64>,
+    per_epoch: u64,
+) -> (u64, u64) {
+    let mut pending = BTreeSet::new();
+    let mut next = 0u64;
+    let mut reported = None;
+    let mut reports = 0;
+    let mut tick = tokio::time::interval(CONSUME_EVERY);
+    loop {
+        tokio::select! {
+            seq = done.recv() => match seq {
+                Some(seq) => { pending.insert(seq); }
+                None => break,
+            },
+            _ = tick.tick() => {
+                while pending.remove(&next) {
+                    next += 1;
+                }
+                if next > 0 && reported != Some(next - 1) {
+                    let last = next - 1;
+                    client
+                        .consumed(v1::ConsumedRequest {
+                            job_id: JOB,
+                            epoch: last / per_epoch,
+                            step: last % per_epoch,
+                        })
+                        .await
+                        .expect("consumed");
+                    reported = Some(last);
+                    reports += 1;
+                }
+            }
+        }
+    }
+    (reports, reported.unwrap_or(0))
+}
+
+async fn run_case(name: &str, journal_dir: &Path, workers: usize, secs: Duration) -> CaseResult {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let endpoint = endpoint_of(listener.local_addr().expect("local addr"));
+    let dispatcher = dispatcher_config();
+    let per_epoch = dispatcher.steps_per_epoch();
+    let mut config = ServiceConfig::new(
+        JobId(JOB),
+        TOKEN,
+        dispatcher,
+        r#"{"version":1}"#.to_owned(),
+        vec![b"stage 0".to_vec()],
+        journal_dir,
+    );
+    // Workers never heartbeat here; a long interval keeps them from being declared lost.
+    config.heartbeat_interval = Duration::from_secs(3_600);
+    let (shutdown, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(serve(listener, config, async {
+        let _ = stopped.await;
+    }));
+
+    let (done_tx, done_rx) = mpsc::unbounded_channel();
+    let consumer_client = connect(&endpoint, TOKEN).await.expect("connect");
+    let consumer = tokio::spawn(consumer(consumer_client, done_rx, per_epoch));
+
+    // Registration of 64 workers costs 64 fsyncs; start the clock after it.
+    let start = Instant::now()
+        + WARMUP
+        + Duration::from_millis(20) * u32::try_from(workers).unwrap_or(u32::MAX);
+    let end = start + secs;
+    let tasks: Vec<_> = (0..workers)
+        .map(|_| {
+            tokio::spawn(worker(
+                endpoint.clone(),
+                start,
+                end,
+                done_tx.clone(),
+                per_epoch,
+            ))
+        })
+        .collect();
+    drop(done_tx);
+    let mut result = CaseResult {
+        name: name.to_owned(),
+        secs: secs.as_secs_f64(),
+        granted: 0,
+        waits: 0,
+        lease_us: Vec::new(),
+        complete_us: Vec::new(),
+        consumed_reports: 0,
+        watermark: 0,
+    };
+    for task in tasks {
+        let stats = task.await.expect("worker task");
+        result.granted += stats.granted;
+        result.waits += stats.waits;
+        result.lease_us.extend(stats.lease_us);
+        result.complete_us.extend(stats.complete_us);
+    }
+    let (reports, watermark) = consumer.await.expect("consumer task");
+    result.consumed_reports = reports;
+    result.watermark = watermark;
+    let _ = shutdown.send(());
+    server
+        .await
+        .expect("server task")
+        .expect("server stopped cleanly");
+    result.lease_us.sort_unstable();
+    result.complete_us.sort_unstable();
+    result
+}
+
+/// The median time of appending a journal-sized line and `fdatasync`ing it, in `dir`.
+fn fsync_cost(dir: &Path) -> Duration {
+    let path = dir.join("fsync-probe");
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .expect("probe file");
+    let line = format!("{}\n", "x".repeat(180));
+    let mut times = Vec::new();
+    let until = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < until {
+        let t0 = Instant::now();
+        file.write_all(line.as_bytes()).expect("write");
+        file.sync_data().expect("fdatasync");
+        times.push(t0.elapsed());
+    }
+    drop(file);
+    let _ = std::fs::remove_file(&path);
+    times.sort_unstable();
+    times[times.len() / 2]
+}
+
+fn print_result(r: &CaseResult, fsync: Duration) {
+    #[allow(clippy::cast_precision_loss)]
+    let rate = r.granted as f64 / r.secs;
+    println!(
+        "{:<10} {:>10.0} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10.1}",
+        r.name,
+        rate,
+        r.waits,
+        percentile(&r.lease_us, 50.0),
+        percentile(&r.lease_us, 99.0),
+        r.lease_us.last().copied().unwrap_or(0),
+        percentile(&r.complete_us, 50.0),
+        percentile(&r.complete_us, 99.0),
+        r.watermark,
+        fsync.as_secs_f64() * 1e6,
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let secs = std::env::var("LODE_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(if quick { 2 } else { 5 });
+    let workers = std::env::var("LODE_BENCH_WORKERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(DEFAULT_WORKERS);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+
+    let disk = tempfile::tempdir().expect("tempdir");
+    let shm = tempfile::tempdir_in("/dev/shm").ok();
+    let mut cases = vec![("disk", disk.path().to_owned())];
+    if let Some(shm) = &shm {
+        cases.push(("/dev/shm", shm.path().to_owned()));
+    }
+    println!(
+        "lease bench: {workers} workers, {RECORDS} records, batch {BATCH}, max_leases {MAX_LEASES}, {secs} s per case"
+    );
+    println!(
+        "{:<10} {:>10} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
+        "journal",
+        "leases/s",
+        "waits",
+        "lease p50",
+        "lease p99",
+        "lease max",
+        "compl p50",
+        "compl p99",
+        "watermark",
+        "fsync µs"
+    );
+    println!(
+        "{:<10} {:>10} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
+        "", "", "", "µs", "µs", "µs", "µs", "µs", "", "(median)"
+    );
+    for (name, dir) in cases {
+        let fsync = fsync_cost(&dir);
+        let result = runtime.block_on(run_case(name, &dir, workers, Duration::from_secs(secs)));
+        print_result(&result, fsync);
+    }
+}
