@@ -121,6 +121,52 @@ pub struct Recovered {
 pub struct Journal {
     path: PathBuf,
     file: File,
+    sync: std::sync::Arc<SyncPoint>,
+}
+
+/// Durability, shared outside the service's lock so that concurrent requests share one
+/// `fdatasync` (group commit): a request appends its line under the lock, then waits, after
+/// releasing it, until the file is synced at least to the end of its line. Lines are
+/// sequential, so a sync that covers a line covers every line before it.
+#[derive(Debug)]
+pub struct SyncPoint {
+    file: File,
+    /// Bytes written to the file so far.
+    written: std::sync::atomic::AtomicU64,
+    /// Bytes known to be on disk; the lock also serializes the syncs.
+    synced: std::sync::Mutex<u64>,
+    /// A sync failed: nothing after it can be trusted to be on disk.
+    failed: std::sync::atomic::AtomicBool,
+}
+
+impl SyncPoint {
+    /// The offset everything written so far ends at.
+    pub fn written(&self) -> u64 {
+        self.written.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub fn has_failed(&self) -> bool {
+        self.failed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Returns once the file is on disk at least up to `offset`, syncing if nobody has yet.
+    pub fn sync_to(&self, offset: u64) -> std::io::Result<()> {
+        let mut synced = self
+            .synced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *synced >= offset {
+            return Ok(());
+        }
+        // Everything written before this sync starts is covered by it.
+        let target = self.written();
+        if let Err(e) = self.file.sync_data() {
+            self.failed.store(true, std::sync::atomic::Ordering::SeqCst);
+            return Err(e);
+        }
+        *synced = target.max(*synced);
+        Ok(())
+    }
 }
 
 impl Journal {
@@ -143,7 +189,17 @@ impl Journal {
             .create(true)
             .open(&path)
             .map_err(io_err)?;
-        let mut journal = Journal { path, file };
+        let sync_file = file.try_clone().map_err(io_err)?;
+        let mut journal = Journal {
+            path,
+            file,
+            sync: std::sync::Arc::new(SyncPoint {
+                file: sync_file,
+                written: std::sync::atomic::AtomicU64::new(0),
+                synced: std::sync::Mutex::new(0),
+                failed: std::sync::atomic::AtomicBool::new(false),
+            }),
+        };
         let scan = journal.scan()?;
         // Check everything before changing the file: a refused journal is left as it was.
         let mut lines = scan.lines.into_iter();
@@ -174,6 +230,21 @@ impl Journal {
         if header.is_none() {
             journal.write_header(job, config)?;
         }
+        // What is in the file now is on disk (checked, truncated or synced above).
+        let end = journal
+            .file
+            .metadata()
+            .map_err(|source| journal.io(source))?
+            .len();
+        journal
+            .sync
+            .written
+            .store(end, std::sync::atomic::Ordering::SeqCst);
+        *journal
+            .sync
+            .synced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = end;
         Ok(Recovered {
             journal,
             batches,
@@ -187,11 +258,31 @@ impl Journal {
 
     /// Appends `batch` as one line and waits until it is on disk.
     pub fn append(&mut self, batch: &Batch) -> Result<(), JournalError> {
+        let end = self.append_unsynced(batch)?;
+        self.sync.sync_to(end).map_err(|source| self.io(source))
+    }
+
+    /// Appends `batch` as one line without waiting for the disk; returns the offset that
+    /// [`SyncPoint::sync_to`] must reach before the change may be acknowledged.
+    pub fn append_unsynced(&mut self, batch: &Batch) -> Result<u64, JournalError> {
+        if self.sync.has_failed() {
+            return Err(self.io(std::io::Error::other("an earlier journal sync failed")));
+        }
         let line = self.encode(batch)?;
         self.file
             .write_all(line.as_bytes())
-            .and_then(|()| self.file.sync_data())
-            .map_err(|source| self.io(source))
+            .map_err(|source| self.io(source))?;
+        let bytes = line.len() as u64;
+        Ok(self
+            .sync
+            .written
+            .fetch_add(bytes, std::sync::atomic::Ordering::SeqCst)
+            + bytes)
+    }
+
+    /// The journal's durability point (see [`SyncPoint`]).
+    pub fn sync_point(&self) -> std::sync::Arc<SyncPoint> {
+        self.sync.clone()
     }
 
     /// Reads every complete line whose CRC holds, and finds a torn last line. The JSON is
@@ -458,6 +549,30 @@ mod tests {
             .expect("append after reopen");
         drop(rec);
         assert_eq!(open(dir.path()).expect("reopen").batches.len(), 3);
+    }
+
+    #[test]
+    fn one_sync_covers_every_line_written_before_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut rec = open(dir.path()).expect("create");
+        let sync = rec.journal.sync_point();
+        let start = sync.written();
+        let first = rec.journal.append_unsynced(&batch(1, 1)).expect("append");
+        let second = rec.journal.append_unsynced(&batch(2, 2)).expect("append");
+        assert!(start < first && first < second);
+        assert_eq!(sync.written(), second);
+        assert_eq!(
+            std::fs::metadata(file_of(dir.path())).expect("stat").len(),
+            second,
+            "offsets are file positions"
+        );
+        // Syncing to the first line's end syncs the second too (group commit) ...
+        sync.sync_to(first).expect("sync");
+        assert_eq!(*sync.synced.lock().expect("lock"), second);
+        // ... so a later request for the second returns without another sync.
+        sync.sync_to(second).expect("already synced");
+        drop(rec);
+        assert_eq!(open(dir.path()).expect("reopen").batches.len(), 2);
     }
 
     #[test]

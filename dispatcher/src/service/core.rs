@@ -154,13 +154,20 @@ impl Core {
         Ok(())
     }
 
+    /// Appends to the journal; the caller acknowledges only after [`Core::sync_point`]
+    /// reaches the journal's written offset (group commit, see `journal::SyncPoint`).
     fn write(&mut self, at: Time, records: Vec<Record>) -> Result<(), ApplyError> {
-        if let Err(err) = self.journal.append(&Batch { at, records }) {
+        if let Err(err) = self.journal.append_unsynced(&Batch { at, records }) {
             tracing::error!(cause = %err, "journal append failed; refusing further changes until restart");
             self.failed = true;
             return Err(ApplyError::JournalFailed);
         }
         Ok(())
+    }
+
+    /// The journal's durability point: sync to `written()` before answering a change.
+    pub(crate) fn sync_point(&self) -> std::sync::Arc<crate::journal::SyncPoint> {
+        self.journal.sync_point()
     }
 
     pub(crate) fn state(&self) -> &DispatcherState {

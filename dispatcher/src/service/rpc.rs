@@ -107,9 +107,23 @@ impl DispatcherService {
     {
         let mut core = Arc::clone(&self.inner.core).lock_owned().await;
         let now = self.now();
-        tokio::task::spawn_blocking(move || change(&mut core, now))
-            .await
-            .map_err(|err| Status::internal(format!("dispatcher task failed: {err}")))?
+        let (result, sync) = tokio::task::spawn_blocking(move || {
+            let result = change(&mut core, now);
+            let sync = core.sync_point();
+            // The lock goes here; the journal lines this change wrote are still to be synced.
+            drop(core);
+            let offset = sync.written();
+            (result, sync.sync_to(offset))
+        })
+        .await
+        .map_err(|err| Status::internal(format!("dispatcher task failed: {err}")))?;
+        if let Err(err) = sync {
+            tracing::error!(cause = %err, "journal sync failed; refusing further changes until restart");
+            return Err(Status::unavailable(
+                "the dispatcher's journal failed; it accepts no changes until it restarts",
+            ));
+        }
+        result
     }
 
     /// Reads the core under the lock.
@@ -120,7 +134,8 @@ impl DispatcherService {
 
     /// Waits until no change is in flight (the last journal write is on disk).
     pub(crate) async fn quiesce(&self) {
-        drop(self.inner.core.lock().await);
+        let sync = self.inner.core.lock().await.sync_point();
+        let _ = tokio::task::spawn_blocking(move || sync.sync_to(sync.written())).await;
     }
 
     /// Expires leases and declares silent workers lost; called by the ticker.
