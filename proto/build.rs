@@ -35,7 +35,13 @@ fn service() {
     tonic_build::configure()
         .out_dir(&out)
         // The stage graph is shared by every registration of its stage: no copy per answer.
-        .bytes([".lode.v1.RegisterResponse.stage_graph"])
+        // Step frames are decoded straight from the received buffer and encoded without a
+        // copy of the worker's frame.
+        .bytes([
+            ".lode.v1.RegisterResponse.stage_graph",
+            ".lode.v1.PushRequest.frame",
+            ".lode.v1.FetchResponse.frame",
+        ])
         .compile_fds(descriptors)
         .expect("tonic-build writes the service code");
 }

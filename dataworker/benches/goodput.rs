@@ -211,7 +211,10 @@ async fn grpc_transfer(
                         let frame = encoder.encode(&msg).expect("encodes");
                         let len = u64::try_from(frame.len()).expect("fits");
                         let answer = client
-                            .push(PushRequest { job_id: JOB, frame })
+                            .push(PushRequest {
+                                job_id: JOB,
+                                frame: frame.into(),
+                            })
                             .await
                             .expect("push")
                             .into_inner();

@@ -35,6 +35,10 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/service/lode.v1.rs"));
 }
 
+/// The byte buffer type of the protocol's `bytes` fields that are shared rather than copied
+/// (step frames, stage graphs).
+pub use prost::bytes::Bytes;
+
 /// The protocol version this build speaks; `Register` refuses a worker that speaks another.
 /// Bump it with any change a worker must understand.
 pub const PROTOCOL_VERSION: u32 = 1;

@@ -103,7 +103,7 @@ impl Receiver for ReceiverService {
         let Some(msg) = self.buffer.peek(req.stage, req.step) else {
             return Ok(Response::new(FetchResponse {
                 found: false,
-                frame: Vec::new(),
+                frame: lode_proto::service::Bytes::new(),
             }));
         };
         let mut encoder = StepEncoder::new(CodecConfig {
@@ -113,7 +113,10 @@ impl Receiver for ReceiverService {
         let frame = encoder
             .encode(&msg)
             .map_err(|e| Status::internal(format!("cannot re-encode a held frame: {e}")))?;
-        Ok(Response::new(FetchResponse { found: true, frame }))
+        Ok(Response::new(FetchResponse {
+            found: true,
+            frame: frame.into(),
+        }))
     }
 }
 
@@ -180,7 +183,12 @@ mod tests {
             let addr = addr.clone();
             async move {
                 let mut client = connect_receiver(&addr, token).await.expect("connect");
-                client.push(PushRequest { job_id: job, frame }).await
+                client
+                    .push(PushRequest {
+                        job_id: job,
+                        frame: frame.into(),
+                    })
+                    .await
             }
         };
         let good = frame(&message(5, 0, 0));

@@ -280,7 +280,7 @@ pub async fn run_worker(
             records: lease.records,
             tensors,
         };
-        let frame = encoder.encode(&msg)?;
+        let frame = lode_proto::service::Bytes::from(encoder.encode(&msg)?);
         // Push until taken; backpressure answers RETRY; an unreachable receiver (a consumer
         // restarting) is retried, at the address the heartbeat last reported.
         let mut delivered = false;
