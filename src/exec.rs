@@ -30,14 +30,16 @@ struct ExecReport {
     threads: usize,
 }
 
-/// One step's result: the records it took and stage I's send tensors.
+/// One step's result: the records it took and whether it produced stage I's send tensors
+/// (kept only when they are to be dumped).
 struct StepResult {
     samples: u64,
     skipped: u64,
+    produced: bool,
     tensors: Option<Vec<Arc<Tensor>>>,
 }
 
-fn run_step(stages: &[Stage], records: &[u64]) -> anyhow::Result<StepResult> {
+fn run_step(stages: &[Stage], records: &[u64], keep: bool) -> anyhow::Result<StepResult> {
     let mut received: HashMap<String, Arc<Tensor>> = HashMap::new();
     let mut skipped = 0;
     let mut last = None;
@@ -51,6 +53,7 @@ fn run_step(stages: &[Stage], records: &[u64]) -> anyhow::Result<StepResult> {
             return Ok(StepResult {
                 samples: 0,
                 skipped,
+                produced: false,
                 tensors: None,
             });
         };
@@ -62,7 +65,8 @@ fn run_step(stages: &[Stage], records: &[u64]) -> anyhow::Result<StepResult> {
     Ok(StepResult {
         samples: records.len() as u64 - skipped.min(records.len() as u64),
         skipped,
-        tensors: last,
+        produced: last.is_some(),
+        tensors: last.filter(|_| keep),
     })
 }
 
@@ -144,7 +148,7 @@ pub fn run_exec(args: ExecArgs, out: &mut dyn std::io::Write) -> anyhow::Result<
         steps
             .par_iter()
             .map(|(s, records)| {
-                run_step(&stages, records)
+                run_step(&stages, records, args.dump.is_some())
                     .map(|r| (*s, r))
                     .with_context(|| format!("{plan_name}: step {s}"))
             })
@@ -168,7 +172,7 @@ pub fn run_exec(args: ExecArgs, out: &mut dyn std::io::Write) -> anyhow::Result<
         report.steps += 1;
         report.samples += result.samples;
         report.skipped_records += result.skipped;
-        if result.tensors.is_none() {
+        if !result.produced {
             report.skipped_steps += 1;
         }
         done.push((s, result));

@@ -222,26 +222,14 @@ pub fn run_worker_command(args: WorkerArgs, out: &mut dyn std::io::Write) -> any
 
 /// Calls a dispatcher RPC, retrying while the dispatcher is unreachable (restarting from its
 /// journal) for up to 30 s.
-async fn patient<T, F, Fut>(name: &'static str, mut rpc: F) -> anyhow::Result<T>
+async fn patient<T, F, Fut>(name: &'static str, rpc: F) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
-    let started = Instant::now();
-    loop {
-        match rpc().await {
-            Ok(answer) => return Ok(answer.into_inner()),
-            Err(status)
-                if matches!(
-                    status.code(),
-                    tonic::Code::Unavailable | tonic::Code::Unknown
-                ) && started.elapsed() < Duration::from_secs(30) =>
-            {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(status) => return Err(anyhow::anyhow!("{name}: {status}")),
-        }
-    }
+    lode_proto::service::retry_unreachable(Duration::from_secs(30), rpc)
+        .await
+        .map_err(|status| anyhow::anyhow!("{name}: {status}"))
 }
 
 /// Reports the last consumed step, if one is unreported.

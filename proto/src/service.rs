@@ -81,6 +81,39 @@ pub fn check_bearer(metadata: &tonic::metadata::MetadataMap, expected: &str) -> 
     }
 }
 
+/// Whether a status means the peer could not be reached (restarting, gone): tonic reports a
+/// refused connection as UNAVAILABLE and a connection dropped mid-call as UNKNOWN.
+pub fn is_unreachable(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable | tonic::Code::Unknown
+    )
+}
+
+/// Calls `rpc` until it answers, retrying with backoff (10 ms doubling to 500 ms) while the
+/// peer is unreachable, for at most `window`; any other error is returned at once.
+pub async fn retry_unreachable<T, F, Fut>(
+    window: std::time::Duration,
+    mut rpc: F,
+) -> Result<T, Status>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+{
+    let started = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(10);
+    loop {
+        match rpc().await {
+            Ok(answer) => return Ok(answer.into_inner()),
+            Err(status) if is_unreachable(&status) && started.elapsed() < window => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_millis(500));
+            }
+            Err(status) => return Err(status),
+        }
+    }
+}
+
 /// Byte equality whose time does not depend on where the first difference is.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0

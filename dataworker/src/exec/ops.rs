@@ -1,7 +1,8 @@
 //! The kernel of each op, built from a node's attributes at load time: attributes are read
 //! (and checked) once, and the returned closure only runs the kernel.
 
-use std::sync::{Arc, RwLock};
+// Table kernels never panic midway, so a lock poisoned elsewhere still guards a whole table.
+use std::sync::{Arc, PoisonError, RwLock};
 
 use lode_proto::attr::NodeAttrs;
 use lode_proto::tf::attr_value::attr_value::Value as AttrKind;
@@ -714,10 +715,7 @@ pub fn build(node: &NodeDef, ctx: &BuildCtx<'_>) -> Result<Option<Built>> {
         }
         "LookupTableFindV2" => built(1, |a| {
             let table = table_of(a)?;
-            let guard = table.read().map_err(|_| Failure::Input {
-                index: 0,
-                reason: "the table's lock is poisoned",
-            })?;
+            let guard = table.read().unwrap_or_else(PoisonError::into_inner);
             Ok(wrap(lookup::lookup_table_find_v2(
                 &guard,
                 t(a, 1)?,
@@ -726,18 +724,12 @@ pub fn build(node: &NodeDef, ctx: &BuildCtx<'_>) -> Result<Option<Built>> {
         }),
         "LookupTableSizeV2" => built(1, |a| {
             let table = table_of(a)?;
-            let guard = table.read().map_err(|_| Failure::Input {
-                index: 0,
-                reason: "the table's lock is poisoned",
-            })?;
+            let guard = table.read().unwrap_or_else(PoisonError::into_inner);
             Ok(wrap(lookup::lookup_table_size_v2(&guard)?))
         }),
         "LookupTableImportV2" => built(0, |a| {
             let table = table_of(a)?;
-            let mut guard = table.write().map_err(|_| Failure::Input {
-                index: 0,
-                reason: "the table's lock is poisoned",
-            })?;
+            let mut guard = table.write().unwrap_or_else(PoisonError::into_inner);
             lookup::lookup_table_import_v2(&mut guard, t(a, 1)?, t(a, 2)?)?;
             Ok(Vec::new())
         }),
@@ -754,10 +746,7 @@ pub fn build(node: &NodeDef, ctx: &BuildCtx<'_>) -> Result<Option<Built>> {
                 let table = table_of(a)?;
                 let name = t(a, 1)?;
                 let resolved = resolve_file(name, &root)?;
-                let mut guard = table.write().map_err(|_| Failure::Input {
-                    index: 0,
-                    reason: "the table's lock is poisoned",
-                })?;
+                let mut guard = table.write().unwrap_or_else(PoisonError::into_inner);
                 lookup::initialize_table_from_text_file_v2(
                     &mut guard,
                     &resolved,

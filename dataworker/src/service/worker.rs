@@ -20,7 +20,8 @@ use lode_proto::service::v1::{
     RegisterRequest,
 };
 use lode_proto::service::{
-    connect, connect_receiver, ReceiverClient, MAX_MESSAGE_BYTES, PROTOCOL_VERSION,
+    connect, connect_receiver, is_unreachable, retry_unreachable, ReceiverClient,
+    MAX_MESSAGE_BYTES, PROTOCOL_VERSION,
 };
 use lode_proto::tf::graph::GraphDef;
 
@@ -229,7 +230,7 @@ pub async fn run_worker(
         let client = receiver_client(&shared, &mut receiver, &config.token).await?;
         // Inputs from earlier stages, held by the receiver until the step is complete.
         let mut received: HashMap<String, Arc<Tensor>> = HashMap::new();
-        for r in &stage_recv(&stage) {
+        for r in stage.recv_plan() {
             let from = u32::try_from(r.from_stage).map_err(|e| bad("plan", e))?;
             let answer = client
                 .clone()
@@ -416,41 +417,17 @@ async fn receiver_client(
     }
 }
 
-/// Whether a status means the peer could not be reached (restarting, gone): tonic reports a
-/// refused connection as UNAVAILABLE and a connection dropped mid-call as UNKNOWN.
-fn is_unreachable(status: &tonic::Status) -> bool {
-    matches!(
-        status.code(),
-        tonic::Code::Unavailable | tonic::Code::Unknown
-    )
-}
-
 /// How long a worker keeps retrying an RPC whose peer is unreachable (a dispatcher or
 /// receiver restarting) before it gives up.
 pub const RECONNECT_WINDOW: Duration = Duration::from_secs(30);
 
-/// Calls `rpc` until it answers, retrying with backoff while the peer is unavailable, for at
-/// most [`RECONNECT_WINDOW`]; any other error is returned at once.
-async fn retrying<T, F, Fut>(name: &'static str, mut rpc: F) -> Result<T, ServiceError>
+/// [`retry_unreachable`] within [`RECONNECT_WINDOW`], naming the RPC in its error.
+async fn retrying<T, F, Fut>(name: &'static str, rpc: F) -> Result<T, ServiceError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
-    let started = std::time::Instant::now();
-    let mut pause = Duration::from_millis(10);
-    loop {
-        match rpc().await {
-            Ok(answer) => return Ok(answer.into_inner()),
-            Err(status) if is_unreachable(&status) && started.elapsed() < RECONNECT_WINDOW => {
-                tracing::debug!(rpc = name, %status, "peer unavailable; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(500));
-            }
-            Err(status) => return Err(ServiceError::Rpc { rpc: name, status }),
-        }
-    }
-}
-
-fn stage_recv(stage: &Stage) -> Vec<lode_proto::plan::RecvPlan> {
-    stage.recv_plan().to_vec()
+    retry_unreachable(RECONNECT_WINDOW, rpc)
+        .await
+        .map_err(|status| ServiceError::Rpc { rpc: name, status })
 }

@@ -9,8 +9,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lode_proto::service::check_bearer;
 use lode_proto::service::v1::{self, dispatcher_server::Dispatcher, lease_response::Outcome};
-use lode_proto::service::{AUTHORIZATION, BEARER};
 use prost::bytes::Bytes;
 use tokio::sync::Mutex;
 use tonic::{Request, Response, Status};
@@ -154,23 +154,9 @@ impl DispatcherService {
         job_id: u64,
     ) -> Result<(), Status> {
         let remote = request.remote_addr();
-        let presented = request
-            .metadata()
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix(BEARER));
-        match presented {
-            None => {
-                tracing::warn!(rpc, ?remote, "rejected: no bearer token");
-                return Err(Status::unauthenticated(
-                    "missing `authorization: Bearer <token>` metadata",
-                ));
-            }
-            Some(token) if !constant_time_eq(token.as_bytes(), self.inner.token.as_bytes()) => {
-                tracing::warn!(rpc, ?remote, "rejected: wrong token");
-                return Err(Status::unauthenticated("wrong token for this dispatcher"));
-            }
-            Some(_) => {}
+        if let Err(status) = check_bearer(request.metadata(), &self.inner.token) {
+            tracing::warn!(rpc, ?remote, "rejected: {}", status.message());
+            return Err(status);
         }
         if job_id != self.inner.job.0 {
             tracing::warn!(rpc, ?remote, job_id, "rejected: request for another job");
@@ -185,7 +171,6 @@ impl DispatcherService {
 
 /// Compares without an early exit, so that the time taken does not reveal how much of a
 /// guessed token was right.
-use lode_proto::service::constant_time_eq;
 
 #[tonic::async_trait]
 impl Dispatcher for DispatcherService {
@@ -442,7 +427,7 @@ impl Dispatcher for DispatcherService {
 
 #[cfg(test)]
 mod tests {
-    use super::constant_time_eq;
+    use lode_proto::service::constant_time_eq;
 
     #[test]
     fn constant_time_eq_is_equality() {
