@@ -47,6 +47,35 @@ pub enum Command {
     Run(RunArgs),
     /// Simulate a GPU cluster's jobs under Lode's schedulers and the paper's baselines.
     Simulate(crate::simulate::SimulateArgs),
+    /// Write a synthetic one-stage plan whose steps take a fixed time (for benchmarks and
+    /// scheduler tests); run it with `lode run PLANDIR` or `lode dispatcher --plan PLANDIR`.
+    Synthetic(SyntheticArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SyntheticArgs {
+    /// The plan directory to create (must not exist, or be empty).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Time one step's work takes on a data worker.
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    pub latency: std::time::Duration,
+    /// Spin on a CPU for the latency instead of sleeping (sleeping models a worker's CPU time
+    /// without using this machine's CPUs).
+    #[arg(long)]
+    pub spin: bool,
+    /// Records in one epoch (generated into DIR/data/records.tfrecord).
+    #[arg(long, default_value_t = 100_000)]
+    pub records: u64,
+    /// Records per step.
+    #[arg(long, default_value_t = 32)]
+    pub batch: u64,
+    /// Float values per record in each step's output tensor.
+    #[arg(long, default_value_t = 16)]
+    pub width: u64,
+    /// Passes over the records (the plan's repeat count).
+    #[arg(long, default_value_t = 1)]
+    pub epochs: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -195,8 +224,9 @@ pub struct DispatcherArgs {
     /// How long a worker may hold a step before it is leased again.
     #[arg(long, default_value_t = 10_000)]
     pub lease_ms: u64,
-    /// Steps one worker may hold at once.
-    #[arg(long, default_value_t = 2)]
+    /// Steps one worker may hold at once: the one it runs, the one it leased ahead, and the
+    /// one whose completion is on its way.
+    #[arg(long, default_value_t = 3)]
     pub max_leases: u32,
     /// Where the graph's relative data paths resolve (default: the plan's data_root).
     #[arg(long)]

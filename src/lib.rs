@@ -43,6 +43,7 @@ pub fn run(command: Command, out: &mut dyn std::io::Write) -> anyhow::Result<()>
         Command::Run(args) => runtime::run_run(args, out),
         Command::Drain(args) => runtime::run_drain(args, out),
         Command::Simulate(args) => simulate::run_simulate(args, out),
+        Command::Synthetic(args) => run_synthetic(args, out),
     }
 }
 
@@ -257,3 +258,28 @@ impl std::fmt::Display for NegativeAnswer {
 }
 
 impl std::error::Error for NegativeAnswer {}
+
+/// `lode synthetic`: writes a fixed-latency one-stage plan.
+fn run_synthetic(args: cli::SyntheticArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    let spec = lode_dataworker::synthetic::SyntheticSpec {
+        records: args.records,
+        batch: args.batch,
+        latency: args.latency,
+        spin: args.spin,
+        width: args.width,
+        epochs: args.epochs,
+    };
+    spec.write(&args.output)?;
+    writeln!(
+        out,
+        "wrote {}: {} records, {} steps per epoch of {} records, {} epoch(s), {:?} per step ({})",
+        args.output.display(),
+        spec.records,
+        spec.steps_per_epoch(),
+        spec.batch,
+        spec.epochs,
+        spec.latency,
+        if spec.spin { "spinning" } else { "sleeping" }
+    )?;
+    Ok(())
+}

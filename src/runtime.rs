@@ -50,7 +50,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 /// The dispatcher's settings for a plan: the record count comes from indexing the source.
-fn dispatcher_config(
+pub fn dispatcher_config(
     plan: &PlanDir,
     data_root: Option<&Path>,
     epochs: Option<u64>,
@@ -96,7 +96,8 @@ fn dispatcher_config(
     })
 }
 
-fn service_config(
+/// The dispatcher service for a plan: its plan.json and stage graphs, served to workers.
+pub fn service_config(
     plan: &PlanDir,
     job: u64,
     token: &str,
@@ -538,7 +539,7 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
     let plan = PlanDir::open(&plan_dir)?;
     let token = generate_token();
     let job = 1;
-    let config = dispatcher_config(&plan, None, args.epochs, Duration::from_secs(10), 2)?;
+    let config = dispatcher_config(&plan, None, args.epochs, Duration::from_secs(10), 3)?;
     let steps_total = args.steps;
     let service = service_config(
         &plan,

@@ -23,6 +23,8 @@
 //!   rayon.
 //! - [`service`]: the network side (tokio + tonic): the receiver endpoint and the
 //!   data-worker loop.
+//! - [`synthetic`]: synthetic one-stage plans whose step takes a fixed time (benchmarks, the
+//!   scheduler's live tests).
 //! - [`error`]: the crate's [`Error`].
 //!
 //! # Invariants
@@ -45,6 +47,7 @@ pub mod hash;
 pub mod kernels;
 pub mod records;
 pub mod service;
+pub mod synthetic;
 pub mod tensor;
 pub mod transfer;
 

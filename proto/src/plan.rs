@@ -76,7 +76,7 @@ pub struct SendTensor {
     pub bytes: Option<u64>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Summary {
     pub nodes: usize,
     pub state: usize,

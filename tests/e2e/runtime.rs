@@ -388,3 +388,58 @@ fn lode_run_runs_the_bundled_example() {
     ]));
     assert!(out.contains("20 steps, 640 samples"), "{out}");
 }
+
+#[test]
+fn synthetic_plans_run_through_the_runtime_exactly_once() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let plan = tmp.path().join("plan");
+    let p = plan.to_str().expect("UTF-8");
+    let out = ok(&lode(&[
+        "synthetic",
+        "-o",
+        p,
+        "--latency",
+        "5ms",
+        "--records",
+        "803",
+        "--batch",
+        "8",
+    ]));
+    assert!(out.contains("100 steps per epoch"), "{out}");
+    let run = |workers: &str, name: &str| {
+        let log = tmp.path().join(name);
+        let out = ok(&lode(&[
+            "run",
+            p,
+            "--workers",
+            workers,
+            "--steps",
+            "100",
+            "--log",
+            log.to_str().expect("UTF-8"),
+        ]));
+        assert!(out.contains("100 steps, 800 samples"), "{out}");
+        lines(&log)
+    };
+    let one = run("1", "one.jsonl");
+    let three = run("3", "three.jsonl");
+    // The partial last batch (3 records) is dropped; every other record once, in order, and
+    // the same tensors whichever worker computed them.
+    assert_exactly_once(&three, &one, 800);
+
+    // The plan directory is not written over.
+    let again = lode(&["synthetic", "-o", p]);
+    assert_eq!(again.status.code(), Some(2));
+    let err = crate::support::stderr(&again);
+    assert!(err.contains("refusing"), "{err}");
+    assert!(plan.join("plan.json").is_file());
+    let bad = lode(&[
+        "synthetic",
+        "-o",
+        tmp.path().join("b").to_str().expect("UTF-8"),
+        "--batch",
+        "0",
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(crate::support::stderr(&bad).contains("batch is 0"));
+}

@@ -118,6 +118,7 @@ pub const SUPPORTED: &[&str] = &[
     "LookupTableFindV2",
     "LookupTableSizeV2",
     "LookupTableImportV2",
+    crate::synthetic::FIXED_LATENCY_OP,
     "InitializeTableFromTextFileV2",
 ];
 
@@ -414,6 +415,29 @@ pub fn build(node: &NodeDef, ctx: &BuildCtx<'_>) -> Result<Option<Built>> {
                     t(a, 3)?,
                     axis,
                 )?))
+            })
+        }
+        crate::synthetic::FIXED_LATENCY_OP => {
+            let latency_us = node.attr_int("latency_us")?;
+            let width = node.attr_int("width")?;
+            let latency = u64::try_from(latency_us)
+                .ok()
+                .map(std::time::Duration::from_micros)
+                .filter(|l| *l <= crate::synthetic::MAX_LATENCY)
+                .ok_or_else(|| attr_err(node, "latency_us must be in [0, 60 s]"))?;
+            let width = u64::try_from(width)
+                .ok()
+                .filter(|w| (1..=crate::synthetic::MAX_WIDTH).contains(w))
+                .and_then(|w| usize::try_from(w).ok())
+                .ok_or_else(|| attr_err(node, "width must be in [1, 2^20]"))?;
+            let spin = node.attr_bool("spin")?;
+            built(1, move |a| {
+                Ok(wrap(vec![crate::synthetic::fixed_latency(
+                    t(a, 0)?,
+                    latency,
+                    spin,
+                    width,
+                )?]))
             })
         }
         "StringToHashBucketFast" => {

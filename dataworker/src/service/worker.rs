@@ -199,13 +199,44 @@ pub async fn run_worker(
     let mut steps = 0u64;
     let steps_per_epoch = reg.steps_per_epoch.max(1);
     tokio::pin!(shutdown);
+    let lease_rpc = {
+        let dispatcher = dispatcher.clone();
+        let job = config.job;
+        move || {
+            let dispatcher = dispatcher.clone();
+            async move {
+                retrying("Lease", || {
+                    let mut d = dispatcher.clone();
+                    async move {
+                        d.lease(LeaseRequest {
+                            job_id: job,
+                            worker_id,
+                        })
+                        .await
+                    }
+                })
+                .await
+            }
+        }
+    };
+    // The next lease, asked for while the current step runs (lease-ahead), so that a step's
+    // lease round trip and the dispatcher's journal sync overlap the work of the one before.
+    let mut next_lease: Option<tokio::task::JoinHandle<Result<_, ServiceError>>> = None;
+    // Completions in flight: a step is reported after its frame was taken, without holding up
+    // the next step; all are awaited before the worker stops.
+    let mut completions = tokio::task::JoinSet::new();
     let end = loop {
+        let pending = next_lease.take();
         let lease = tokio::select! {
             () = &mut shutdown => break WorkerEnd::Shutdown,
-            answer = retrying("Lease", || {
-                let mut d = dispatcher.clone();
-                async move { d.lease(LeaseRequest { job_id: config.job, worker_id }).await }
-            }) => answer?,
+            answer = async {
+                match pending {
+                    Some(handle) => handle
+                        .await
+                        .map_err(|e| ServiceError::Join(e.to_string()))?,
+                    None => lease_rpc().await,
+                }
+            } => answer?,
         };
         let lease = match lease.outcome {
             Some(Outcome::Lease(lease)) => lease,
@@ -253,6 +284,10 @@ pub async fn run_worker(
             for (name, t) in names.into_iter().zip(msg.tensors) {
                 received.insert(name, Arc::new(t));
             }
+        }
+        let draining = shared.lock().map(|s| s.draining).unwrap_or(false);
+        if !draining {
+            next_lease = Some(tokio::spawn(lease_rpc()));
         }
         let records = lease.records.clone();
         let run_stage = stage.clone();
@@ -352,21 +387,31 @@ pub async fn run_worker(
             epoch: lease.epoch,
             step: lease.step,
         };
-        if let Err(status) = retrying("Complete", || {
-            let mut d = dispatcher.clone();
-            let request = complete;
-            async move { d.complete(request).await }
-        })
-        .await
-        {
-            // The lease expired and went elsewhere; the receiver drops the duplicate.
-            tracing::warn!(%status, step = global, "complete refused");
-        }
+        let client = dispatcher.clone();
+        completions.spawn(async move {
+            if let Err(status) = retrying("Complete", || {
+                let mut d = client.clone();
+                let request = complete;
+                async move { d.complete(request).await }
+            })
+            .await
+            {
+                // The lease expired and went elsewhere; the receiver drops the duplicate.
+                tracing::warn!(%status, step = global, "complete refused");
+            }
+        });
+        while completions.try_join_next().is_some() {}
         steps += 1;
         if shared.lock().map(|s| s.draining).unwrap_or(false) {
             tracing::info!("draining: finishing held steps");
         }
     };
+    // A lease asked for ahead and not taken expires at the dispatcher (or, once drained or at
+    // end of data, was never granted).
+    if let Some(handle) = next_lease {
+        handle.abort();
+    }
+    while completions.join_next().await.is_some() {}
     heartbeat.abort();
     tracing::info!(worker_id, steps, ?end, "worker stops");
     Ok(WorkerSummary {

@@ -1,0 +1,526 @@
+//! Synthetic jobs: a one-stage plan whose step costs a fixed, known time.
+//!
+//! Benchmarks and the scheduler's live tests need pipelines whose cost is known exactly, so
+//! that throughput can be compared with an ideal: `lode synthetic` writes a plan directory whose
+//! stage batches `batch` records of a generated TFRecord file and runs one
+//! [`FIXED_LATENCY_OP`] node per step, which takes `latency` (sleeping, or spinning on the CPU
+//! with `spin`) and returns a `[batch, width]` float tensor derived from the records. Everything
+//! else (dispatcher, leases, transfer, receiver) is the real runtime.
+//!
+//! A sleeping stage models a data worker whose CPU time per step is `latency` without using this
+//! machine's CPUs, so that many workers (or two jobs of different appetite) can share a small
+//! machine; a spinning one really uses a core for `latency`.
+//!
+//! The plan is written like `lode partition` writes one: into a temporary sibling directory,
+//! renamed into place at the end; an existing non-empty directory is refused.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use lode_proto::plan::{
+    Plan, RecvPlan, SendPlan, SendTensor, Source, StagePlan, Summary, TrainingPlan, PLAN_VERSION,
+};
+use lode_proto::tf::graph::GraphDef;
+use protobuf::Message;
+
+use crate::hash::fingerprint64;
+use crate::records::tfrecord::encode_record;
+use crate::tensor::{Tensor, TensorData};
+
+/// The op of the synthetic stage's work node (Lode's own; TensorFlow has no such op).
+pub const FIXED_LATENCY_OP: &str = "LodeFixedLatency";
+
+/// The file of generated records, relative to the plan directory.
+pub const RECORDS_FILE: &str = "data/records.tfrecord";
+
+/// Largest accepted latency per step.
+pub const MAX_LATENCY: Duration = Duration::from_secs(60);
+/// Largest accepted output width (values per record).
+pub const MAX_WIDTH: u64 = 1 << 20;
+/// Largest accepted record count.
+pub const MAX_RECORDS: u64 = 1 << 32;
+
+/// What a synthetic plan looks like.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SyntheticSpec {
+    /// Records in the generated file (one epoch).
+    pub records: u64,
+    /// Records per step.
+    pub batch: u64,
+    /// Time one step's work takes.
+    pub latency: Duration,
+    /// Spin on the CPU for `latency` instead of sleeping.
+    pub spin: bool,
+    /// Float values per record in the step's output.
+    pub width: u64,
+    /// Passes over the records (the plan's repeat count).
+    pub epochs: u64,
+}
+
+impl Default for SyntheticSpec {
+    fn default() -> Self {
+        Self {
+            records: 100_000,
+            batch: 32,
+            latency: Duration::from_millis(100),
+            spin: false,
+            width: 16,
+            epochs: 1,
+        }
+    }
+}
+
+/// Why a synthetic plan could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum SyntheticError {
+    #[error("{field} is {value}; {reason}")]
+    Spec {
+        field: &'static str,
+        value: String,
+        reason: &'static str,
+    },
+    #[error("{}: {reason}", path.display())]
+    Target { path: PathBuf, reason: String },
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> SyntheticError + '_ {
+    move |source| SyntheticError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+impl SyntheticSpec {
+    /// Checks every field's range.
+    pub fn validate(&self) -> Result<(), SyntheticError> {
+        let bad = |field, value: String, reason| {
+            Err(SyntheticError::Spec {
+                field,
+                value,
+                reason,
+            })
+        };
+        if self.batch == 0 || self.batch > self.records {
+            return bad(
+                "batch",
+                self.batch.to_string(),
+                "it must be at least 1 and at most the record count",
+            );
+        }
+        if self.records > MAX_RECORDS {
+            return bad("records", self.records.to_string(), "at most 2^32 records");
+        }
+        if self.width == 0 || self.width > MAX_WIDTH {
+            return bad(
+                "width",
+                self.width.to_string(),
+                "it must be between 1 and 2^20",
+            );
+        }
+        if self.latency > MAX_LATENCY {
+            return bad(
+                "latency",
+                format!("{:?}", self.latency),
+                "at most 60 s per step",
+            );
+        }
+        if self.epochs == 0 {
+            return bad("epochs", "0".into(), "at least one epoch");
+        }
+        if i64::try_from(self.epochs).is_err() {
+            return bad("epochs", self.epochs.to_string(), "too many epochs");
+        }
+        Ok(())
+    }
+
+    /// Steps per epoch (partial last batches are dropped).
+    pub fn steps_per_epoch(&self) -> u64 {
+        self.records / self.batch.max(1)
+    }
+
+    fn latency_us(&self) -> u64 {
+        u64::try_from(self.latency.as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// The stage graph (text form first: it is the readable definition).
+    pub fn stage_graph(&self) -> GraphDef {
+        let text = self.stage_graph_text();
+        lode_proto::text::parse::<GraphDef>(&text)
+            .unwrap_or_else(|e| unreachable!("the synthetic stage template parses: {e}\n{text}"))
+    }
+
+    fn stage_graph_text(&self) -> String {
+        let b = self.batch;
+        let w = self.width;
+        let strings = format!(
+            r#"attr {{ key: "output_types" value {{ list {{ type: DT_STRING }} }} }}
+  attr {{ key: "output_shapes" value {{ list {{ shape {{ dim {{ size: {b} }} }} }} }} }}"#
+        );
+        format!(
+            r#"node {{
+  name: "batch_size" op: "Const"
+  attr {{ key: "dtype" value {{ type: DT_INT64 }} }}
+  attr {{ key: "value" value {{ tensor {{ dtype: DT_INT64 tensor_shape {{ }} int64_val: {b} }} }} }}
+}}
+node {{
+  name: "drop_remainder" op: "Const"
+  attr {{ key: "dtype" value {{ type: DT_BOOL }} }}
+  attr {{ key: "value" value {{ tensor {{ dtype: DT_BOOL tensor_shape {{ }} bool_val: true }} }} }}
+}}
+node {{
+  name: "lode/DWSource" op: "DWSource"
+  attr {{ key: "reader" value {{ s: "tfrecord" }} }}
+  attr {{ key: "compression" value {{ s: "" }} }}
+  attr {{ key: "output_types" value {{ list {{ type: DT_STRING }} }} }}
+  attr {{ key: "output_shapes" value {{ list {{ shape {{ }} }} }} }}
+}}
+node {{
+  name: "batch" op: "BatchDatasetV2"
+  input: "lode/DWSource" input: "batch_size" input: "drop_remainder"
+  attr {{ key: "parallel_copy" value {{ b: false }} }}
+  {strings}
+}}
+node {{
+  name: "iterator" op: "IteratorV2"
+  attr {{ key: "container" value {{ s: "" }} }}
+  attr {{ key: "shared_name" value {{ s: "" }} }}
+  {strings}
+}}
+node {{ name: "make_iterator" op: "MakeIterator" input: "batch" input: "iterator" }}
+node {{
+  name: "get_next" op: "IteratorGetNext" input: "iterator"
+  {strings}
+}}
+node {{
+  name: "work" op: "{FIXED_LATENCY_OP}" input: "get_next"
+  attr {{ key: "latency_us" value {{ i: {latency} }} }}
+  attr {{ key: "spin" value {{ b: {spin} }} }}
+  attr {{ key: "width" value {{ i: {w} }} }}
+}}
+node {{
+  name: "lode/DWSend_stage_0" op: "DWSend" input: "work"
+  attr {{ key: "T" value {{ list {{ type: DT_FLOAT }} }} }}
+  attr {{ key: "shapes" value {{ list {{ shape {{ dim {{ size: {b} }} dim {{ size: {w} }} }} }} }} }}
+  attr {{ key: "stage" value {{ i: 0 }} }}
+}}
+"#,
+            latency = self.latency_us(),
+            spin = self.spin,
+        )
+    }
+
+    /// The plan.json of the synthetic job; `data_root` is where `data/` lives.
+    pub fn plan(&self, data_root: &Path) -> Plan {
+        let batch = i64::try_from(self.batch).unwrap_or(i64::MAX);
+        let width = i64::try_from(self.width).unwrap_or(i64::MAX);
+        let send = SendPlan {
+            node: "lode/DWSend_stage_0".into(),
+            tensors: vec![SendTensor {
+                tensor: "work:0".into(),
+                dtype: "DT_FLOAT".into(),
+                shape: Some(vec![batch, width]),
+                bytes: Some(self.batch.saturating_mul(self.width).saturating_mul(4)),
+            }],
+        };
+        Plan {
+            version: PLAN_VERSION,
+            simple: false,
+            data_root: Some(data_root.display().to_string()),
+            training: TrainingPlan {
+                graph: String::new(),
+                recv: vec![RecvPlan {
+                    node: "lode/DWRecv_stage_0".into(),
+                    from_stage: 0,
+                    tensors: vec!["work:0".into()],
+                }],
+            },
+            stages: vec![StagePlan {
+                index: 0,
+                device: "CPU".into(),
+                graph: "stage_0.pb".into(),
+                nodes: vec!["work".into()],
+                recv: Vec::new(),
+                send,
+                missing_kernels: Default::default(),
+            }],
+            copied: Vec::new(),
+            stubs: Default::default(),
+            source: Some(Source {
+                reader: "tfrecord".into(),
+                files: vec![RECORDS_FILE.into()],
+                compression: String::new(),
+                batching: "before_map".into(),
+                batch_size: Some(batch),
+                drop_remainder: Some(true),
+                repeat: Some(i64::try_from(self.epochs).unwrap_or(i64::MAX)),
+                chain: vec![
+                    "TFRecordDataset".into(),
+                    "BatchDatasetV2".into(),
+                    "RepeatDataset".into(),
+                ],
+                replaced_by: Some("lode/DWSource".into()),
+                ..Source::default()
+            }),
+            summary: Summary {
+                nodes: 9,
+                data_nodes: 9,
+                crossing_tensors: 1,
+                ..Summary::default()
+            },
+        }
+    }
+
+    /// Writes the plan directory `dir`: plan.json, stage_0.pb and the records.
+    pub fn write(&self, dir: &Path) -> Result<(), SyntheticError> {
+        self.validate()?;
+        if dir.exists() {
+            let non_empty = std::fs::read_dir(dir)
+                .map_err(io_err(dir))?
+                .next()
+                .is_some();
+            if non_empty || !dir.is_dir() {
+                return Err(SyntheticError::Target {
+                    path: dir.to_owned(),
+                    reason: "exists and is not an empty directory; refusing to write over it"
+                        .into(),
+                });
+            }
+        }
+        let parent = match dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+            _ => PathBuf::from("."),
+        };
+        std::fs::create_dir_all(&parent).map_err(io_err(&parent))?;
+        let tmp = tempfile::Builder::new()
+            .prefix(".lode-synthetic-")
+            .tempdir_in(&parent)
+            .map_err(io_err(&parent))?;
+        let result = self.write_into(tmp.path(), dir);
+        match result {
+            Ok(()) => {
+                let staged = tmp.keep();
+                if dir.exists() {
+                    std::fs::remove_dir(dir).map_err(io_err(dir))?;
+                }
+                std::fs::rename(&staged, dir).map_err(|source| {
+                    let _ = std::fs::remove_dir_all(&staged);
+                    SyntheticError::Io {
+                        path: dir.to_owned(),
+                        source,
+                    }
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn write_into(&self, tmp: &Path, final_dir: &Path) -> Result<(), SyntheticError> {
+        let data = tmp.join("data");
+        std::fs::create_dir_all(&data).map_err(io_err(&data))?;
+        let records_path = tmp.join(RECORDS_FILE);
+        {
+            use std::io::Write;
+            let file = std::fs::File::create(&records_path).map_err(io_err(&records_path))?;
+            let mut out = std::io::BufWriter::new(file);
+            let mut buf = Vec::new();
+            for i in 0..self.records {
+                buf.clear();
+                encode_record(format!("record-{i}").as_bytes(), &mut buf);
+                out.write_all(&buf).map_err(io_err(&records_path))?;
+            }
+            out.flush().map_err(io_err(&records_path))?;
+        }
+        let graph_path = tmp.join("stage_0.pb");
+        let bytes = self
+            .stage_graph()
+            .write_to_bytes()
+            .map_err(|e| SyntheticError::Io {
+                path: graph_path.clone(),
+                source: std::io::Error::other(e),
+            })?;
+        std::fs::write(&graph_path, bytes).map_err(io_err(&graph_path))?;
+        // data_root is where the directory will be once renamed, as an absolute path.
+        let root = absolute(final_dir).map_err(io_err(final_dir))?;
+        let plan_path = tmp.join("plan.json");
+        let json =
+            serde_json::to_vec_pretty(&self.plan(&root)).map_err(|e| SyntheticError::Io {
+                path: plan_path.clone(),
+                source: std::io::Error::other(e),
+            })?;
+        std::fs::write(&plan_path, json).map_err(io_err(&plan_path))?;
+        Ok(())
+    }
+}
+
+fn absolute(path: &Path) -> std::io::Result<PathBuf> {
+    if path.is_absolute() {
+        Ok(path.to_owned())
+    } else {
+        Ok(std::env::current_dir()?.join(path))
+    }
+}
+
+/// The work of [`FIXED_LATENCY_OP`]: takes `latency` (sleeping, or spinning when `spin`) and
+/// returns `[n, width]` floats, row `i` derived from record `i`'s bytes alone.
+pub fn fixed_latency(
+    records: &Tensor,
+    latency: Duration,
+    spin: bool,
+    width: usize,
+) -> crate::kernels::Result<Tensor> {
+    let started = Instant::now();
+    let values = crate::kernels::strings_of(FIXED_LATENCY_OP, "records", records)?;
+    let mut out = Vec::with_capacity(values.len().saturating_mul(width));
+    for v in values {
+        let h = fingerprint64(v);
+        for j in 0..width {
+            let bits = h.rotate_left([0, 16, 32, 48][j % 4]) & 0xffff;
+            // 16 bits convert to f32 exactly.
+            #[allow(clippy::cast_precision_loss)]
+            out.push(bits as f32 / 65_535.0 + (j / 4) as f32);
+        }
+    }
+    if spin {
+        let mut x = 0u64;
+        while started.elapsed() < latency {
+            for _ in 0..256 {
+                x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            }
+            std::hint::black_box(x);
+        }
+    } else if let Some(rest) = latency.checked_sub(started.elapsed()) {
+        std::thread::sleep(rest);
+    }
+    crate::kernels::output(
+        FIXED_LATENCY_OP,
+        vec![values.len(), width],
+        TensorData::Float32(out),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::{ExecOptions, Stage, StepInput};
+    use lode_proto::plan::PlanDir;
+
+    fn spec(latency_ms: u64) -> SyntheticSpec {
+        SyntheticSpec {
+            records: 100,
+            batch: 8,
+            latency: Duration::from_millis(latency_ms),
+            spin: false,
+            width: 3,
+            epochs: 2,
+        }
+    }
+
+    #[test]
+    fn plan_runs_in_the_executor_and_takes_its_latency() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let dir = tmp.path().join("plan");
+        spec(30).write(&dir).expect("write");
+        let plan = PlanDir::open(&dir).expect("plan");
+        assert_eq!(plan.plan.stages.len(), 1);
+        let stage = Stage::load(&plan, 0, &ExecOptions::default()).expect("load");
+        assert_eq!(stage.records_per_step(), Some(8));
+        assert_eq!(stage.records().expect("records").epoch_len(), 100);
+        let records: Vec<u64> = (16..24).collect();
+        let started = Instant::now();
+        let out = stage
+            .run_step(StepInput {
+                records: &records,
+                received: &Default::default(),
+            })
+            .expect("run");
+        assert!(started.elapsed() >= Duration::from_millis(30));
+        let tensors = out.tensors.expect("tensors");
+        assert_eq!(tensors.len(), 1);
+        assert_eq!(tensors[0].shape(), &[8, 3]);
+        // Row i depends on record 16 + i only.
+        let direct = fixed_latency(
+            &Tensor::new(vec![1], TensorData::String(vec![b"record-17".to_vec()])).expect("tensor"),
+            Duration::ZERO,
+            false,
+            3,
+        )
+        .expect("direct");
+        let TensorData::Float32(all) = tensors[0].data() else {
+            panic!("float output")
+        };
+        let TensorData::Float32(one) = direct.data() else {
+            panic!("float output")
+        };
+        assert_eq!(&all[3..6], &one[..]);
+    }
+
+    #[test]
+    fn spinning_uses_the_cpu_for_the_latency() {
+        let records = Tensor::new(
+            vec![2],
+            TensorData::String(vec![b"a".to_vec(), b"b".to_vec()]),
+        )
+        .expect("tensor");
+        let started = Instant::now();
+        let out = fixed_latency(&records, Duration::from_millis(20), true, 5).expect("run");
+        assert!(started.elapsed() >= Duration::from_millis(20));
+        assert_eq!(out.shape(), &[2, 5]);
+        let err = fixed_latency(&out, Duration::ZERO, false, 1).expect_err("float input");
+        assert!(err.to_string().contains("expected string"), "{err}");
+    }
+
+    #[test]
+    fn bad_specs_and_targets_are_refused() {
+        let mut s = spec(1);
+        s.batch = 0;
+        assert!(s
+            .validate()
+            .expect_err("refused")
+            .to_string()
+            .contains("batch is 0"));
+        let mut s = spec(1);
+        s.batch = 101;
+        assert!(s.validate().is_err());
+        let mut s = spec(1);
+        s.width = 0;
+        assert!(s
+            .validate()
+            .expect_err("refused")
+            .to_string()
+            .contains("width"));
+        let mut s = spec(1);
+        s.latency = Duration::from_secs(61);
+        assert!(s
+            .validate()
+            .expect_err("refused")
+            .to_string()
+            .contains("latency"));
+        let mut s = spec(1);
+        s.epochs = 0;
+        assert!(s.validate().is_err());
+
+        let tmp = tempfile::tempdir().expect("tmp");
+        let dir = tmp.path().join("taken");
+        std::fs::create_dir(&dir).expect("mkdir");
+        std::fs::write(dir.join("mine.txt"), "keep me").expect("write");
+        let err = spec(1).write(&dir).expect_err("non-empty");
+        assert!(err.to_string().contains("refusing"), "{err}");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("mine.txt")).expect("kept"),
+            "keep me"
+        );
+        // Nothing left behind beside it.
+        let leftovers: Vec<_> = std::fs::read_dir(tmp.path())
+            .expect("ls")
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".lode"))
+            .collect();
+        assert!(leftovers.is_empty());
+    }
+}
