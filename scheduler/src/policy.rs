@@ -7,6 +7,13 @@
 //! can use one (production matches consumption, no gain, or no machine has room). The target is
 //! then diffed with the current placement into removals, migrations and additions.
 //!
+//! Floors come first: a job whose projected throughput is below its `floor_throughput` (what
+//! it trained at on its own CPUs before the job-level tuner gave them up for data workers)
+//! ranks before every job at or above its floor, under every policy. The job-level tuner
+//! decouples a job only when data workers beat that baseline and shrinks its training worker
+//! only while throughput holds; the floor keeps the cluster level from undoing that, so that no
+//! job holds its GPUs with nothing to feed them. Within each group the policy's metric orders.
+//!
 //! Metrics, for a job holding `c` CPUs (training worker plus data workers) at throughput `t`
 //! (steps/s) and one more worker of `Δc` CPUs adding `Δt`:
 //! - MaxTP: the largest `Δt / t_i · g / Δc`, GPUs' worth of training gained per CPU. `Δt` is
@@ -104,6 +111,10 @@ pub struct JobView {
     pub consumption: f64,
     /// Steps/s the last data worker added (see [`Feedback`]).
     pub gain_per_dw: f64,
+    /// Steps/s the job is owed before any job gets a worker for the policy's metric: what it
+    /// trained at on its own CPUs before its training worker gave them up for data workers
+    /// (the tuner's baseline). 0 when the job gave nothing up.
+    pub floor_throughput: f64,
 }
 
 impl JobView {
@@ -196,9 +207,28 @@ impl Feedback {
     }
 }
 
-/// The policy's value for giving job `j` its `k+1`-th worker, as a key where smaller is
-/// better, or `None` when the worker would not help.
-fn score(policy: Policy, job: &JobView, k: u32, config: &DecideConfig) -> Option<(f64, f64)> {
+/// How a job ranks for its next worker; smaller is better. Jobs below their floor come
+/// before every job above it; within each group the policy's metric orders them, then the id.
+#[derive(Debug, Clone, Copy)]
+struct Rank {
+    above_floor: bool,
+    key: f64,
+    id: JobId,
+}
+
+impl Rank {
+    fn better_than(&self, other: &Rank) -> bool {
+        self.above_floor
+            .cmp(&other.above_floor)
+            .then(self.key.total_cmp(&other.key))
+            .then(self.id.cmp(&other.id))
+            .is_lt()
+    }
+}
+
+/// The policy's value for giving job `j` its `k+1`-th worker, as a [`Rank`] and the metric,
+/// or `None` when the worker would not help.
+fn score(policy: Policy, job: &JobView, k: u32, config: &DecideConfig) -> Option<(Rank, f64)> {
     let t = job.projected(k);
     if t >= job.consumption * (1.0 - config.ideal_tolerance) {
         return None;
@@ -222,7 +252,14 @@ fn score(policy: Policy, job: &JobView, k: u32, config: &DecideConfig) -> Option
         Policy::MaxTp => -value,
         Policy::Srtf | Policy::Fair => value,
     };
-    Some((key, value))
+    // Written so that a NaN floor counts as none.
+    let below_floor = t < job.floor_throughput;
+    let rank = Rank {
+        above_floor: !below_floor,
+        key,
+        id: job.id,
+    };
+    Some((rank, value))
 }
 
 /// Ranking of a machine for one data worker of a job; smaller is better.
@@ -304,27 +341,23 @@ pub fn target(policy: Policy, snapshot: &Snapshot, config: &DecideConfig) -> Tar
     let mut blocked = vec![false; snapshot.jobs.len()];
     let mut metrics: Vec<Vec<f64>> = vec![Vec::new(); snapshot.jobs.len()];
     // A job's score depends only on its own count, so it is recomputed only when it changes.
-    let mut scores: Vec<Option<(f64, f64)>> = snapshot
+    let mut scores: Vec<Option<(Rank, f64)>> = snapshot
         .jobs
         .iter()
         .map(|job| score(policy, job, 0, config))
         .collect();
     loop {
-        let mut best: Option<((f64, JobId), f64, usize)> = None;
-        for (j, job) in snapshot.jobs.iter().enumerate() {
+        let mut best: Option<(Rank, f64, usize)> = None;
+        for j in 0..snapshot.jobs.len() {
             if blocked[j] {
                 continue;
             }
-            let Some((key, value)) = scores[j] else {
+            let Some((rank, value)) = scores[j] else {
                 blocked[j] = true;
                 continue;
             };
-            let key = (key, job.id);
-            if best
-                .as_ref()
-                .is_none_or(|(k, _, _)| key.0 < k.0 || (key.0 == k.0 && key.1 < k.1))
-            {
-                best = Some((key, value, j));
+            if best.as_ref().is_none_or(|(b, _, _)| rank.better_than(b)) {
+                best = Some((rank, value, j));
             }
         }
         let Some((_, value, j)) = best else { break };
@@ -466,6 +499,7 @@ mod tests {
             ideal_throughput: 1.0,
             consumption: 1.0,
             gain_per_dw: gain,
+            floor_throughput: 0.0,
         }
     }
 
@@ -555,6 +589,30 @@ mod tests {
         assert_eq!(one_worker(Policy::Srtf, &s), Some(JobId(11)));
         // Fair: 0.3, 0.9, 0.05 → job 12.
         assert_eq!(one_worker(Policy::Fair, &s), Some(JobId(12)));
+    }
+
+    #[test]
+    fn floors_come_before_the_policys_metric() {
+        // Job 1: long, 0.1 per worker, owed 0.3 (three workers). Job 2: short, 0.2 per worker,
+        // preferred by SRTF and MaxTP. Room for four workers: job 1 is brought to its floor
+        // first under every policy, and the metric decides only what is left.
+        let mut j1 = job(1, 1, 50_000.0, 0.1, 4);
+        j1.floor_throughput = 0.3;
+        let s = Snapshot {
+            machines: vec![machine(0, 16)],
+            jobs: vec![j1, job(2, 1, 500.0, 0.2, 4)],
+        };
+        let config = DecideConfig::default();
+        for p in Policy::ALL {
+            let t = target(p, &s, &config);
+            assert_eq!([t.count(JobId(1)), t.count(JobId(2))], [3, 1], "{p:?}");
+        }
+        // Without the floor, SRTF and MaxTP give job 1 nothing.
+        let mut s = s;
+        s.jobs[0].floor_throughput = 0.0;
+        for p in [Policy::Srtf, Policy::MaxTp] {
+            assert_eq!(target(p, &s, &config).count(JobId(1)), 0, "{p:?}");
+        }
     }
 
     #[test]

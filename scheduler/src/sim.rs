@@ -29,7 +29,7 @@ use crate::model::ModelType;
 use crate::policy::{DecideConfig, Decision, Feedback, JobView, MachineView, Policy, Snapshot};
 use crate::rng::SplitMix64;
 use crate::trace::{Trace, TraceJob};
-use crate::tuner::{JobConfig, Observation, TunerConfig, TunerState};
+use crate::tuner::{JobConfig, Observation, TunerConfig, TunerEvent, TunerState};
 use crate::Error;
 
 /// The schedulers of the paper's cluster experiment.
@@ -219,6 +219,8 @@ struct Running {
     start_s: f64,
     train_from_s: f64,
     feedback: Feedback,
+    /// Steps/s the job is owed by the cluster allocation (see [`JobView::floor_throughput`]).
+    floor: f64,
 }
 
 impl Running {
@@ -240,6 +242,8 @@ struct Tuned {
     probes: u32,
     /// Steps trained while profiling (the job trains on each probe's configuration).
     profiled_steps: f64,
+    /// Steps/s the tuner measured without data workers, on the CPUs the job started with.
+    baseline: f64,
 }
 
 /// The simulated cluster: machines and running jobs. Lode's policies reach it only through
@@ -569,6 +573,7 @@ impl Backend for SimCluster<'_> {
                 ideal_throughput: ideal,
                 consumption: job.model.tw_consumption(job.gpus, f64::from(tw_cpus)) * ideal,
                 gain_per_dw: gain,
+                floor_throughput: run.floor,
             });
         }
         Ok(Snapshot { machines, jobs })
@@ -630,6 +635,7 @@ fn tune(job: &TraceJob, config: &SimConfig, rng: &mut SplitMix64) -> Result<Tune
     let mut now = 0.0;
     let mut probes = 0u32;
     let mut profiled_steps = 0.0;
+    let mut baseline = 0.0;
     while !tuner.is_settled() && probes < 1_000 {
         let c = tuner.desired().clone();
         let mut jitter = |v: f64| (v * (1.0 + config.noise * rng.uniform(-1.0, 1.0))).max(0.0);
@@ -663,13 +669,18 @@ fn tune(job: &TraceJob, config: &SimConfig, rng: &mut SplitMix64) -> Result<Tune
         };
         now += config.probe_s;
         probes += 1;
-        tuner.apply(&obs, now)?;
+        for event in tuner.apply(&obs, now)? {
+            if let TunerEvent::Baseline { throughput } = event {
+                baseline = throughput;
+            }
+        }
     }
     Ok(Tuned {
         config: tuner.desired().clone(),
         dw_rate: tuner.stage_rates()[0],
         probes,
         profiled_steps,
+        baseline,
     })
 }
 
@@ -739,6 +750,7 @@ pub fn simulate(
                     dw_rate: 0.0,
                     probes: 0,
                     profiled_steps: 0.0,
+                    floor: 0.0,
                 }
             }
             SchedulerKind::Lode(_) => {
@@ -752,6 +764,7 @@ pub fn simulate(
                         dw_rate: tuned.dw_rate,
                         probes: tuned.probes,
                         profiled_steps: tuned.profiled_steps,
+                        floor: tuned.baseline,
                     }
                 } else {
                     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -867,14 +880,15 @@ pub fn simulate(
             sim.take_tw(&parts);
             #[allow(clippy::cast_precision_loss)]
             let steps = job.steps as f64;
-            let (mode, train_from_s, gain, remaining) = match *ask {
-                Ask::NoDw { .. } => (Mode::NoDw, sim.now, 0.0, steps),
+            let (mode, train_from_s, gain, remaining, floor) = match *ask {
+                Ask::NoDw { .. } => (Mode::NoDw, sim.now, 0.0, steps, 0.0),
                 Ask::Dw {
                     size,
                     fixed_target,
                     dw_rate,
                     probes,
                     profiled_steps,
+                    floor,
                     ..
                 } => (
                     Mode::Dw {
@@ -886,6 +900,7 @@ pub fn simulate(
                     dw_rate,
                     // At least one step is left for after profiling.
                     (steps - profiled_steps).max(1.0),
+                    floor,
                 ),
             };
             sim.running.push(Running {
@@ -897,6 +912,7 @@ pub fn simulate(
                 start_s: sim.now,
                 train_from_s,
                 feedback: Feedback::new(gain),
+                floor,
             });
         }
         // The scheduler acts.
@@ -943,6 +959,8 @@ enum Ask {
         dw_rate: f64,
         probes: u32,
         profiled_steps: f64,
+        /// Steps/s the job trained at before giving its CPUs up (0 for fixed-dw).
+        floor: f64,
     },
 }
 
@@ -1020,6 +1038,31 @@ mod tests {
     }
 
     #[test]
+    fn a_long_multi_gpu_job_never_trains_below_its_baseline() {
+        // An 8-GPU detection job (1 h at ideal speed) under a stream of short single-GPU
+        // detection jobs that want far more CPUs than the cluster has. SRTF ranks the long job
+        // last; its floor still gives it at least what it trained at before giving its CPUs
+        // up, so it runs no slower than with the hardware ratio and no data workers.
+        let mut csv = String::from("0,0,8,6000,detection\n");
+        for i in 1..=120 {
+            csv.push_str(&format!("{i},{},1,2000,detection\n", 60 * i));
+        }
+        let trace = Trace::parse_csv(&csv).expect("valid");
+        let config = SimConfig::default();
+        let run_s = |kind| {
+            let r = simulate(&trace, kind, &config).expect("simulates");
+            let j = &r.jobs[0];
+            j.finish_s - j.start_s
+        };
+        let hw = run_s(SchedulerKind::NoDwHw);
+        for policy in Policy::ALL {
+            let lode = run_s(SchedulerKind::Lode(policy));
+            // Profiling trains at the probes' rates for a few minutes.
+            assert!(lode <= hw + 600.0, "{policy:?}: {lode:.0} s vs {hw:.0} s");
+        }
+    }
+
+    #[test]
     fn oversized_jobs_are_an_error() {
         let trace = Trace::parse_csv("0,0,128,10,resnet\n").expect("valid");
         let err = simulate(&trace, SchedulerKind::NoDwHw, &SimConfig::default())
@@ -1043,20 +1086,22 @@ mod ordering {
 
     /// The paper's Table 5 gains over `no-dw-tuned` (GoldMiner §5.6) and the ±25% band the
     /// issue allows. These are the targets the test compares with, not inputs of the model.
+    /// Fair's 1.5x is not among them: it does not hold (see below).
     const PAPER: [(SchedulerKind, f64); 4] = [
         (SchedulerKind::NoDwHw, 1.1),
         (SchedulerKind::FixedDw, 1.5),
-        (SchedulerKind::Lode(Policy::Fair), 1.5),
         (SchedulerKind::Lode(Policy::MaxTp), 2.3),
+        (SchedulerKind::Lode(Policy::Srtf), 2.5),
     ];
 
     /// The claims that hold on the full 8-hour synthetic trace (seeds 1 to 5 with the
-    /// example; one seed here to keep the debug build fast): no-dw-hw, fixed-dw, Fair and
-    /// MaxTP within ±25% of the paper's gains, and the ordering MaxTP < Fair ≈ fixed-dw <
-    /// no-dw-hw ≤ no-dw-tuned in average JCT, with every Lode policy queuing less than the
-    /// no-data-worker baselines. SRTF's 2.5x, SRTF ≤ MaxTP and near-zero queuing for Lode
-    /// do not hold on every seed (scheduler/README.md says which and why), so they are not
-    /// asserted.
+    /// example; one seed here to keep the debug build fast): no-dw-hw, fixed-dw, MaxTP and
+    /// SRTF within ±25% of the paper's gains; MaxTP < Fair < fixed-dw < no-dw-hw ≤
+    /// no-dw-tuned in average JCT; every Lode policy queuing less than both no-data-worker
+    /// baselines. Since each job's floor is served first (scheduler/README.md), Fair runs
+    /// within a few percent of MaxTP, so Fair's 1.5x and Fair ≈ fixed-dw no longer hold and
+    /// Fair < fixed-dw is asserted instead; SRTF ≤ MaxTP holds on seeds 1 and 3 only and is
+    /// not asserted.
     #[test]
     fn reproduces_table5_gains_and_ordering() {
         for seed in [3] {
@@ -1079,16 +1124,13 @@ mod ordering {
                     kind.name()
                 );
             }
-            let [hw, fixed, fair, maxtp] = [0, 1, 2, 3].map(|i| &results[i].1);
+            let [hw, fixed, maxtp, srtf] = [0, 1, 2, 3].map(|i| &results[i].1);
+            let fair = &run(SchedulerKind::Lode(Policy::Fair));
             assert!(jct(maxtp) < jct(fair), "seed {seed}");
-            assert!(jct(fair) < jct(hw) && jct(fixed) < jct(hw), "seed {seed}");
+            assert!(jct(fair) < jct(fixed), "seed {seed}");
+            assert!(jct(fixed) < jct(hw), "seed {seed}");
             assert!(jct(hw) <= jct(&tuned), "seed {seed}");
-            let ratio = jct(fair) / jct(fixed);
-            assert!(
-                (0.85..1.15).contains(&ratio),
-                "seed {seed}: fair/fixed {ratio:.2}"
-            );
-            for lode in [fair, maxtp] {
+            for lode in [fair, maxtp, srtf] {
                 assert!(lode.avg_queue_min() < hw.avg_queue_min(), "seed {seed}");
                 assert!(lode.avg_queue_min() < tuned.avg_queue_min(), "seed {seed}");
             }
