@@ -50,6 +50,9 @@ pub enum Command {
     /// Write a synthetic one-stage plan whose steps take a fixed time (for benchmarks and
     /// scheduler tests); run it with `lode run PLANDIR` or `lode dispatcher --plan PLANDIR`.
     Synthetic(SyntheticArgs),
+    /// Move data workers between running jobs under MaxTP, SRTF or Fair, from each job's
+    /// queue metrics, on an interval.
+    Scheduler(SchedulerArgs),
 }
 
 #[derive(Debug, Args)]
@@ -337,6 +340,50 @@ pub struct RunArgs {
     /// Keep the consumer's log here.
     #[arg(long)]
     pub log: Option<PathBuf>,
+    /// Announce the job to `lode scheduler --jobs DIR`: write DIR/NAME.json (dispatcher
+    /// address, job id and token; readable by this user only) while the job runs.
+    #[arg(long, value_name = "DIR")]
+    pub announce: Option<PathBuf>,
+    /// The job's name in the announcement (default: the input's file name and this process id).
+    #[arg(long)]
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SchedulerBackend {
+    /// `lode worker` processes on this machine, for jobs started with `lode run --announce`.
+    Local,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PolicyArg {
+    Maxtp,
+    Srtf,
+    Fair,
+}
+
+#[derive(Debug, Args)]
+pub struct SchedulerArgs {
+    /// The cluster-level allocation policy.
+    #[arg(long, value_enum)]
+    pub policy: PolicyArg,
+    #[arg(long, value_enum, default_value_t = SchedulerBackend::Local)]
+    pub backend: SchedulerBackend,
+    /// The directory jobs are announced in (`lode run --announce DIR`); read every round.
+    #[arg(long, value_name = "DIR")]
+    pub jobs: PathBuf,
+    /// Time between rounds.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub interval: std::time::Duration,
+    /// Data workers this machine may run, over all jobs (default: one per core).
+    #[arg(long)]
+    pub max_workers: Option<u32>,
+    /// Stop after this many rounds (default: until interrupted). Workers the scheduler started
+    /// are drained when it stops.
+    #[arg(long)]
+    pub rounds: Option<u64>,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text, env = "LODE_FORMAT")]
+    pub format: OutputFormat,
 }
 
 #[derive(Debug, Args)]

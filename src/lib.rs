@@ -20,6 +20,7 @@ pub mod exec;
 pub mod inspect;
 pub mod metrics;
 pub mod runtime;
+pub mod scheduler;
 pub mod simulate;
 
 use anyhow::{bail, Context as _};
@@ -44,6 +45,7 @@ pub fn run(command: Command, out: &mut dyn std::io::Write) -> anyhow::Result<()>
         Command::Drain(args) => runtime::run_drain(args, out),
         Command::Simulate(args) => simulate::run_simulate(args, out),
         Command::Synthetic(args) => run_synthetic(args, out),
+        Command::Scheduler(args) => scheduler::run_scheduler(args, out),
     }
 }
 

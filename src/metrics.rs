@@ -152,7 +152,7 @@ pub fn render_dispatcher(job: u64, s: &StatusResponse) -> String {
         (w.epoch * s.steps_per_epoch.max(1) + w.step) as f64
     });
     let draining = s.workers.iter().filter(|w| w.status == 2).count();
-    let rows: [(&str, &str, &str, f64); 7] = [
+    let rows: [(&str, &str, &str, f64); 10] = [
         (
             "lode_dispatcher_epoch",
             "gauge",
@@ -188,6 +188,24 @@ pub fn render_dispatcher(job: u64, s: &StatusResponse) -> String {
             "counter",
             "Steps consumed through the watermark.",
             s.steps_completed as f64,
+        ),
+        (
+            "lode_dispatcher_steps_computed_total",
+            "counter",
+            "Step completions accepted (every stage) since the dispatcher started.",
+            s.steps_computed as f64,
+        ),
+        (
+            "lode_dispatcher_compute_seconds_total",
+            "counter",
+            "Workers' compute time for those steps.",
+            s.compute_us as f64 / 1e6,
+        ),
+        (
+            "lode_dispatcher_consumer_busy_seconds_total",
+            "counter",
+            "Time the training side reported training (not waiting for data).",
+            s.consumer_busy_us as f64 / 1e6,
         ),
         (
             "lode_dispatcher_end_of_data",

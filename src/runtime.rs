@@ -129,6 +129,29 @@ async fn shutdown_signal() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
+/// SIGINT, or SIGTERM on Unix.
+async fn stop_requested() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
 pub fn run_dispatcher(args: DispatcherArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
     let plan = PlanDir::open(&args.plan)?;
     let (token, generated) = match &args.token {
@@ -233,13 +256,25 @@ where
         .map_err(|status| anyhow::anyhow!("{name}: {status}"))
 }
 
-/// Reports the last consumed step, if one is unreported.
+/// What the consumer has not told the dispatcher yet.
+#[derive(Debug, Default)]
+struct Unreported {
+    /// The last consumed step (epoch, step within the epoch).
+    watermark: Option<(u64, u64)>,
+    /// Time spent training (not waiting for data) since the last report.
+    busy: Duration,
+}
+
+/// Reports the last consumed step and the busy time since the last report, if a step is
+/// unreported.
 async fn report_consumed(
     dispatcher: &lode_proto::service::DispatcherClient,
     job: u64,
-    unreported: &mut Option<(u64, u64)>,
+    unreported: &mut Unreported,
 ) -> anyhow::Result<()> {
-    if let Some((epoch, step)) = unreported.take() {
+    if let Some((epoch, step)) = unreported.watermark.take() {
+        let busy_us =
+            u64::try_from(std::mem::take(&mut unreported.busy).as_micros()).unwrap_or(u64::MAX);
         patient("Consumed", || {
             let mut d = dispatcher.clone();
             async move {
@@ -247,6 +282,7 @@ async fn report_consumed(
                     job_id: job,
                     epoch,
                     step,
+                    busy_us,
                 })
                 .await
             }
@@ -360,7 +396,7 @@ pub async fn consume(
     let mut summary = ConsumeSummary::default();
     let started = Instant::now();
     let mut last_report = Instant::now();
-    let mut unreported: Option<(u64, u64)> = None;
+    let mut unreported = Unreported::default();
     let step_time = args.step_time;
     let mut done = reg.end_of_data;
     while !done && args.steps.is_none_or(|n| summary.steps < n) {
@@ -378,6 +414,7 @@ pub async fn consume(
             done = status.end_of_data;
             continue;
         };
+        let training = Instant::now();
         let records = step
             .parts
             .first()
@@ -397,7 +434,8 @@ pub async fn consume(
         }
         summary.steps += 1;
         let within = step.step % per_epoch;
-        unreported = Some((step.epoch, within));
+        unreported.watermark = Some((step.epoch, within));
+        unreported.busy += training.elapsed();
         if last_report.elapsed() >= Duration::from_millis(50) {
             log.flush()?;
             report_consumed(&dispatcher, args.job, &mut unreported).await?;
@@ -454,6 +492,14 @@ pub fn run_drain(args: DrainArgs, out: &mut dyn std::io::Write) -> anyhow::Resul
     Ok(())
 }
 
+fn worker_status(status: i32) -> &'static str {
+    match lode_proto::service::v1::WorkerStatus::try_from(status) {
+        Ok(lode_proto::service::v1::WorkerStatus::Active) => "active",
+        Ok(lode_proto::service::v1::WorkerStatus::Draining) => "draining",
+        _ => "unknown",
+    }
+}
+
 pub fn run_status(args: StatusArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
     let rt = runtime()?;
     let status = rt.block_on(async {
@@ -471,7 +517,7 @@ pub fn run_status(args: StatusArgs, out: &mut dyn std::io::Write) -> anyhow::Res
                 .workers
                 .iter()
                 .map(|w| {
-                    serde_json::json!({"id": w.id, "stage": w.stage, "status": w.status, "leases": w.leases, "last_seen_ms": w.last_seen_ms})
+                    serde_json::json!({"id": w.id, "name": w.name, "stage": w.stage, "status": worker_status(w.status), "leases": w.leases, "last_seen_ms": w.last_seen_ms})
                 })
                 .collect();
             let value = serde_json::json!({
@@ -482,6 +528,10 @@ pub fn run_status(args: StatusArgs, out: &mut dyn std::io::Write) -> anyhow::Res
                 "leases": status.leases.len(),
                 "steps_completed": status.steps_completed,
                 "steps_per_epoch": status.steps_per_epoch,
+                "epochs": status.epochs,
+                "steps_computed": status.steps_computed,
+                "compute_us": status.compute_us,
+                "consumer_busy_us": status.consumer_busy_us,
             });
             serde_json::to_writer_pretty(&mut *out, &value)?;
             writeln!(out)?;
@@ -511,8 +561,13 @@ pub fn run_status(args: StatusArgs, out: &mut dyn std::io::Write) -> anyhow::Res
             for w in &status.workers {
                 writeln!(
                     out,
-                    "  worker-{} stage {} status {} leases {} last seen {} ms",
-                    w.id, w.stage, w.status, w.leases, w.last_seen_ms
+                    "  worker-{} {:?} stage {} {} leases {} last seen {} ms",
+                    w.id,
+                    w.name,
+                    w.stage,
+                    worker_status(w.status),
+                    w.leases,
+                    w.last_seen_ms
                 )?;
             }
             writeln!(out, "leases {}", status.leases.len())?;
@@ -561,6 +616,25 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
         let dispatcher = tokio::spawn(lode_dispatcher::serve(listener, service, async {
             let _ = stop_rx.await;
         }));
+        // Removed (by drop) when the job ends, however it ends.
+        let _announced = match &args.announce {
+            Some(dir) => {
+                let name = args.name.clone().unwrap_or_else(|| {
+                    let stem = input
+                        .file_stem()
+                        .map_or_else(|| "job".into(), |s| s.to_string_lossy().into_owned());
+                    format!("{stem}-{}", std::process::id())
+                });
+                let announcement = crate::scheduler::Announcement {
+                    name,
+                    dispatcher: addr.clone(),
+                    job,
+                    token: token.clone(),
+                };
+                Some(announcement.publish(dir)?)
+            }
+            None => None,
+        };
         let mut workers = Vec::new();
         for i in 0..args.workers {
             let child = std::process::Command::new(&exe)
@@ -593,7 +667,18 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
             let progress = progress.clone();
             async move { consume(&consume_args, Some(progress)).await }
         });
-        while !consumer.is_finished() {
+        // SIGINT or SIGTERM ends the job early, as cleanly as its end: workers stopped, the
+        // announcement removed.
+        let interrupted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        tokio::spawn({
+            let interrupted = interrupted.clone();
+            async move {
+                stop_requested().await;
+                interrupted.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        let stopped = || interrupted.load(std::sync::atomic::Ordering::SeqCst);
+        while !consumer.is_finished() && !stopped() {
             tokio::time::sleep(Duration::from_millis(200)).await;
             let p = progress.lock().map(|p| p.clone()).unwrap_or_default();
             let alive = workers
@@ -612,7 +697,14 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
             ));
         }
         bar.finish_and_clear();
-        let summary = consumer.await.context("the consumer task")??;
+        let summary = if stopped() {
+            consumer.abort();
+            let _ = consumer.await;
+            tracing::warn!("interrupted");
+            progress.lock().map(|p| p.clone()).unwrap_or_default()
+        } else {
+            consumer.await.context("the consumer task")??
+        };
         for mut w in workers {
             let _ = w.kill();
             let _ = w.wait();

@@ -140,6 +140,7 @@ async fn worker(
                         stage: lease.stage,
                         epoch: lease.epoch,
                         step: lease.step,
+                        compute_us: 0,
                     })
                     .await
                     .expect("complete");
@@ -190,6 +191,7 @@ async fn consumer(
                             job_id: JOB,
                             epoch: last / per_epoch,
                             step: last % per_epoch,
+                            busy_us: 0,
                         })
                         .await
                         .expect("consumed");

@@ -11,6 +11,8 @@
 //! - [`policy`]: `decide(policy, snapshot)`, the cluster-level allocation and placement, and
 //!   the speedup [`policy::Feedback`].
 //! - [`backend`]: the `Backend` trait and one scheduling `round`.
+//! - [`live`]: a live job's dispatcher counters turned into rates and a `JobView` (the local
+//!   backend's measurements, pure).
 //! - [`sim`]: the discrete-event simulator (a `Backend`) and the paper's baseline schedulers.
 //! - [`model`]: the simulator's ground-truth workload model (scaling curves per model type).
 //! - [`trace`]: the job trace CSV format and synthetic Philly-like traces.
@@ -32,6 +34,7 @@
 pub mod backend;
 pub mod cluster;
 pub mod ids;
+pub mod live;
 pub mod model;
 pub mod policy;
 pub mod report;

@@ -7,5 +7,6 @@ mod exec;
 mod fixtures;
 mod partition;
 mod runtime;
+mod scheduler;
 mod simulate;
 mod support;

@@ -276,7 +276,7 @@ fn exactly_once_while_workers_scale_and_are_killed_every_second() {
             .as_array()
             .expect("workers")
             .iter()
-            .filter(|w| w["status"] == 1)
+            .filter(|w| w["status"] == "active")
             .filter_map(|w| w["id"].as_u64())
             .collect();
         if active.len() == workers.len() {

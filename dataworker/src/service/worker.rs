@@ -291,6 +291,7 @@ pub async fn run_worker(
         }
         let records = lease.records.clone();
         let run_stage = stage.clone();
+        let computing = std::time::Instant::now();
         let run_pool = pool.clone();
         let output = tokio::task::spawn_blocking(move || {
             run_pool.install(|| {
@@ -302,6 +303,7 @@ pub async fn run_worker(
         })
         .await
         .map_err(|e| ServiceError::Join(e.to_string()))??;
+        let compute_us = u64::try_from(computing.elapsed().as_micros()).unwrap_or(u64::MAX);
         let tensors: Vec<Tensor> = output
             .tensors
             .unwrap_or_default()
@@ -386,6 +388,7 @@ pub async fn run_worker(
             stage: stage_index,
             epoch: lease.epoch,
             step: lease.step,
+            compute_us,
         };
         let client = dispatcher.clone();
         completions.spawn(async move {

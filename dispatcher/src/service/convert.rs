@@ -85,6 +85,7 @@ pub(crate) fn worker_entry(worker: WorkerId, info: &WorkerInfo) -> v1::WorkerEnt
         status: status.into(),
         leases: u32::try_from(info.lease_count()).unwrap_or(u32::MAX),
         last_seen_ms: info.last_seen.as_millis(),
+        name: String::new(),
     }
 }
 

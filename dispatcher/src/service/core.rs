@@ -48,6 +48,18 @@ pub(crate) struct Core {
     /// A journal write failed: the live state may be ahead of the file, so nothing more is
     /// accepted; a restart replays the file and continues from what was answered.
     failed: bool,
+    /// Queue counters for the scheduler; not journaled (they restart at zero).
+    pub(crate) counters: Counters,
+    /// Names workers registered with; not journaled.
+    pub(crate) names: std::collections::BTreeMap<WorkerId, String>,
+}
+
+/// What the scheduler reads as rates: monotonic within one dispatcher process.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Counters {
+    pub(crate) steps_computed: u64,
+    pub(crate) compute_us: u64,
+    pub(crate) consumer_busy_us: u64,
 }
 
 /// A core rebuilt from its journal.
@@ -111,6 +123,8 @@ impl Core {
                 receiver_addr,
                 next_worker,
                 failed: false,
+                counters: Counters::default(),
+                names: std::collections::BTreeMap::new(),
             },
             resume_at,
         })

@@ -12,7 +12,9 @@ use std::time::Duration;
 use lode_proto::service::check_bearer;
 use lode_proto::service::v1::{self, dispatcher_server::Dispatcher, lease_response::Outcome};
 use prost::bytes::Bytes;
+use std::collections::BTreeSet;
 use tokio::sync::Mutex;
+
 use tonic::{Request, Response, Status};
 
 use super::clock::Clock;
@@ -187,6 +189,7 @@ impl Dispatcher for DispatcherService {
             )));
         }
         let protocol_version = req.protocol_version;
+        let name = req.worker_name.clone();
         let (worker, stage, receiver_addr) = self
             .mutate(move |core, now| {
                 if core.state().workers().count() >= MAX_WORKERS_PER_JOB {
@@ -205,6 +208,10 @@ impl Dispatcher for DispatcherService {
                     protocol_version,
                 };
                 core.apply(command, now)?;
+                core.names.insert(worker, name);
+                // Names of workers lost or gone are dropped here, so the map stays bounded.
+                let live: BTreeSet<WorkerId> = core.state().workers().map(|(w, _)| w).collect();
+                core.names.retain(|w, _| live.contains(w));
                 Ok((worker, stage, core.receiver_addr().to_owned()))
             })
             .await
@@ -327,8 +334,14 @@ impl Dispatcher for DispatcherService {
             stage: StageId(req.stage),
             step: StepId::new(req.epoch, req.step),
         };
-        self.mutate(move |core, now| Ok(core.apply(command, now)?))
-            .await?;
+        let compute_us = req.compute_us;
+        self.mutate(move |core, now| {
+            core.apply(command, now)?;
+            core.counters.steps_computed += 1;
+            core.counters.compute_us = core.counters.compute_us.saturating_add(compute_us);
+            Ok(())
+        })
+        .await?;
         Ok(Response::new(v1::CompleteResponse {}))
     }
 
@@ -339,8 +352,14 @@ impl Dispatcher for DispatcherService {
         self.authorize("Consumed", &request, request.get_ref().job_id)?;
         let req = request.into_inner();
         let watermark = StepId::new(req.epoch, req.step);
+        let busy_us = req.busy_us;
         let events = self
-            .mutate(move |core, now| Ok(core.apply(Command::Consumed { watermark }, now)?))
+            .mutate(move |core, now| {
+                let events = core.apply(Command::Consumed { watermark }, now)?;
+                core.counters.consumer_busy_us =
+                    core.counters.consumer_busy_us.saturating_add(busy_us);
+                Ok(events)
+            })
             .await?;
         if let Some(Event::EndOfData { last }) = events.last() {
             tracing::info!(%last, "end of data: the training side consumed the last step");
@@ -408,7 +427,11 @@ impl Dispatcher for DispatcherService {
                     end_of_data: state.is_end_of_data(),
                     workers: state
                         .workers()
-                        .map(|(worker, info)| convert::worker_entry(worker, info))
+                        .map(|(worker, info)| {
+                            let mut entry = convert::worker_entry(worker, info);
+                            entry.name = core.names.get(&worker).cloned().unwrap_or_default();
+                            entry
+                        })
                         .collect(),
                     leases: state
                         .leases()
@@ -418,6 +441,10 @@ impl Dispatcher for DispatcherService {
                     steps_completed: core.steps_consumed(),
                     steps_per_epoch: state.config().steps_per_epoch(),
                     now_ms: now.as_millis(),
+                    epochs: state.config().epochs.unwrap_or(0),
+                    steps_computed: core.counters.steps_computed,
+                    compute_us: core.counters.compute_us,
+                    consumer_busy_us: core.counters.consumer_busy_us,
                 }
             })
             .await;

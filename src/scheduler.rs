@@ -1,0 +1,684 @@
+//! `lode scheduler`: the live scheduler, with the local backend.
+//!
+//! Jobs started with `lode run --announce DIR` publish `DIR/<name>.json` (dispatcher address,
+//! job id, token). Every round the scheduler reads the directory, asks each job's dispatcher
+//! for its counters (`Status`), turns two readings into rates and a `JobView`
+//! (`lode_scheduler::live`), runs the same pure `decide` as the simulator under the chosen
+//! policy, prints the decisions with the values that made them, and carries them out: an added
+//! worker is a new `lode worker` process for that job, a removed one is drained (it finishes
+//! what it holds, delivers it and exits). Workers the scheduler started are drained when it
+//! stops.
+//!
+//! The local machine is one `MachineView` whose data-worker budget is `--max-workers`
+//! one-CPU workers, counting the workers jobs started themselves.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use lode_proto::service::v1::{self, DrainRequest, StatusRequest};
+use lode_proto::service::{connect, DispatcherClient};
+use lode_scheduler::live::{LiveJob, QueueReading};
+use lode_scheduler::policy::MachineView;
+use lode_scheduler::{decide, Backend, DecideConfig, Decision, JobId, MachineId, Policy, Snapshot};
+use serde::{Deserialize, Serialize};
+
+use crate::cli::{OutputFormat, PolicyArg, SchedulerArgs};
+
+/// Largest announcement file read.
+const MAX_ANNOUNCEMENT_BYTES: u64 = 64 * 1024;
+/// How long one RPC to a job's dispatcher may take before the job is skipped for the round.
+const RPC_TIMEOUT: Duration = Duration::from_secs(5);
+/// Names of workers the scheduler starts begin with this.
+const WORKER_PREFIX: &str = "sched-";
+/// The one machine of the local backend.
+const LOCAL: MachineId = MachineId(0);
+
+/// A running job, as `lode run --announce` publishes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Announcement {
+    pub name: String,
+    /// `http://host:port` of the job's dispatcher.
+    pub dispatcher: String,
+    pub job: u64,
+    pub token: String,
+}
+
+/// A published announcement; the file is removed when this is dropped.
+#[derive(Debug)]
+pub struct Published(PathBuf);
+
+impl Drop for Published {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+impl Announcement {
+    /// Writes `DIR/<name>.json` atomically, readable by this user only.
+    pub fn publish(&self, dir: &Path) -> anyhow::Result<Published> {
+        anyhow::ensure!(
+            valid_name(&self.name),
+            "job name {:?}: use 1 to 128 letters, digits, '-', '_' or '.', not starting with '.'",
+            self.name
+        );
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("{}: cannot create the jobs directory", dir.display()))?;
+        let path = dir.join(format!("{}.json", self.name));
+        anyhow::ensure!(
+            !path.exists(),
+            "{}: a job of this name is already announced",
+            path.display()
+        );
+        let tmp = dir.join(format!(".{}.json.{}", self.name, std::process::id()));
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            options.mode(0o600);
+        }
+        let write = || -> std::io::Result<()> {
+            let mut file = options.open(&tmp)?;
+            file.write_all(&serde_json::to_vec_pretty(self)?)?;
+            file.sync_all()?;
+            std::fs::rename(&tmp, &path)
+        };
+        write().map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            anyhow::anyhow!("{}: cannot announce the job: {e}", path.display())
+        })?;
+        Ok(Published(path))
+    }
+
+    /// Reads an announcement file.
+    pub fn read(path: &Path) -> anyhow::Result<Announcement> {
+        let bytes = lode_proto::io::read_limited(path, MAX_ANNOUNCEMENT_BYTES)?;
+        let a: Announcement = serde_json::from_slice(&bytes)
+            .with_context(|| format!("{}: not a job announcement", path.display()))?;
+        anyhow::ensure!(
+            valid_name(&a.name),
+            "{}: job name {:?} is not valid",
+            path.display(),
+            a.name
+        );
+        Ok(a)
+    }
+}
+
+/// Why the local backend failed as a whole (a job's trouble only skips the job).
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    #[error("{}: cannot read the jobs directory: {source}", dir.display())]
+    JobsDir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A job the backend follows.
+#[derive(Debug)]
+struct Tracked {
+    announcement: Announcement,
+    live: LiveJob,
+    client: Option<DispatcherClient>,
+    /// Its workers at the last reading.
+    workers: Vec<v1::WorkerEntry>,
+    /// Workers drained by the scheduler that may still be listed as active.
+    drained: BTreeSet<u64>,
+    /// Whether the last reading succeeded.
+    seen: bool,
+}
+
+#[derive(Debug)]
+struct Spawned {
+    job: String,
+    child: Child,
+}
+
+/// `lode worker` processes on this machine.
+#[derive(Debug)]
+pub struct LocalBackend {
+    rt: tokio::runtime::Runtime,
+    jobs_dir: PathBuf,
+    budget: u32,
+    exe: PathBuf,
+    clock: Instant,
+    jobs: BTreeMap<String, Tracked>,
+    ids: BTreeMap<String, JobId>,
+    spawned: Vec<Spawned>,
+    spawn_seq: u64,
+}
+
+impl LocalBackend {
+    pub fn new(jobs_dir: &Path, budget: u32, exe: PathBuf) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            jobs_dir.is_dir(),
+            "{}: the jobs directory does not exist",
+            jobs_dir.display()
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?;
+        Ok(Self {
+            rt,
+            jobs_dir: jobs_dir.to_owned(),
+            budget,
+            exe,
+            clock: Instant::now(),
+            jobs: BTreeMap::new(),
+            ids: BTreeMap::new(),
+            spawned: Vec::new(),
+            spawn_seq: 0,
+        })
+    }
+
+    /// The job of an id, for reports.
+    fn name_of(&self, id: JobId) -> &str {
+        self.ids
+            .iter()
+            .find(|(_, &j)| j == id)
+            .map_or("?", |(n, _)| n.as_str())
+    }
+
+    /// Reads the directory: new announcements are followed, removed ones dropped.
+    fn scan(&mut self) -> Result<(), LocalError> {
+        let entries = std::fs::read_dir(&self.jobs_dir).map_err(|source| LocalError::JobsDir {
+            dir: self.jobs_dir.clone(),
+            source,
+        })?;
+        let mut present = BTreeSet::new();
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let file = entry.file_name().to_string_lossy().into_owned();
+            if file.starts_with('.') || path.extension().is_none_or(|e| e != "json") {
+                continue;
+            }
+            let announcement = match Announcement::read(&path) {
+                Ok(a) => a,
+                Err(err) => {
+                    tracing::warn!(file = %path.display(), "skipped: {err:#}");
+                    continue;
+                }
+            };
+            present.insert(announcement.name.clone());
+            if self
+                .jobs
+                .get(&announcement.name)
+                .is_some_and(|t| t.announcement == announcement)
+            {
+                continue;
+            }
+            let next = JobId(u64::try_from(self.ids.len()).unwrap_or(u64::MAX) + 1);
+            let id = *self.ids.entry(announcement.name.clone()).or_insert(next);
+            tracing::info!(job = %announcement.name, dispatcher = %announcement.dispatcher, "following job");
+            self.jobs.insert(
+                announcement.name.clone(),
+                Tracked {
+                    announcement,
+                    live: LiveJob::new(id),
+                    client: None,
+                    workers: Vec::new(),
+                    drained: BTreeSet::new(),
+                    seen: false,
+                },
+            );
+        }
+        self.jobs.retain(|name, _| present.contains(name));
+        Ok(())
+    }
+
+    /// Reads one job's counters; `None` (logged) when its dispatcher does not answer.
+    fn read(&mut self, name: &str) -> Option<(QueueReading, Vec<v1::WorkerEntry>)> {
+        let at_s = self.clock.elapsed().as_secs_f64();
+        let tracked = self.jobs.get_mut(name)?;
+        let a = tracked.announcement.clone();
+        let mut client = tracked.client.clone();
+        let status = self.rt.block_on(async {
+            let mut c = match client.take() {
+                Some(c) => c,
+                None => tokio::time::timeout(RPC_TIMEOUT, connect(&a.dispatcher, &a.token))
+                    .await
+                    .map_err(|_| anyhow::anyhow!("connecting timed out"))??,
+            };
+            let status =
+                tokio::time::timeout(RPC_TIMEOUT, c.status(StatusRequest { job_id: a.job }))
+                    .await
+                    .map_err(|_| anyhow::anyhow!("Status timed out"))??
+                    .into_inner();
+            anyhow::Ok((c, status))
+        });
+        let (c, status) = match status {
+            Ok(ok) => ok,
+            Err(err) => {
+                tracing::warn!(job = %name, "no reading this round: {err:#}");
+                tracked.client = None;
+                tracked.seen = false;
+                return None;
+            }
+        };
+        tracked.client = Some(c);
+        tracked.seen = true;
+        let active: Vec<v1::WorkerEntry> = status
+            .workers
+            .iter()
+            .filter(|w| w.status == v1::WorkerStatus::Active as i32)
+            .cloned()
+            .collect();
+        let listed: BTreeSet<u64> = active.iter().map(|w| w.id).collect();
+        tracked.drained.retain(|id| listed.contains(id));
+        let workers = active
+            .iter()
+            .filter(|w| !tracked.drained.contains(&w.id))
+            .count();
+        let remaining = (status.epochs > 0).then(|| {
+            status
+                .epochs
+                .saturating_mul(status.steps_per_epoch)
+                .saturating_sub(status.steps_completed)
+        });
+        let reading = QueueReading {
+            at_s,
+            steps_consumed: status.steps_completed,
+            steps_computed: status.steps_computed,
+            compute_us: status.compute_us,
+            consumer_busy_us: status.consumer_busy_us,
+            workers: u32::try_from(workers).unwrap_or(u32::MAX),
+            remaining_steps: remaining,
+        };
+        Some((reading, active))
+    }
+
+    fn spawn_worker(&mut self, name: &str) {
+        let Some(tracked) = self.jobs.get(name) else {
+            return;
+        };
+        self.spawn_seq += 1;
+        let a = &tracked.announcement;
+        let worker_name = format!("{WORKER_PREFIX}{}-{}", a.name, self.spawn_seq);
+        let child = std::process::Command::new(&self.exe)
+            .args(["worker", "--dispatcher", &a.dispatcher])
+            .args(["--job", &a.job.to_string(), "--threads", "1", "-q"])
+            .args(["--name", &worker_name])
+            .env("LODE_TOKEN", &a.token)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        match child {
+            Ok(child) => {
+                tracing::info!(job = %name, worker = %worker_name, pid = child.id(), "worker started");
+                self.spawned.push(Spawned {
+                    job: name.to_owned(),
+                    child,
+                });
+            }
+            Err(err) => tracing::error!(job = %name, "cannot start a worker: {err}"),
+        }
+    }
+
+    /// Drains one active worker of the job: the newest one the scheduler started, else the
+    /// newest. Returns its id.
+    fn drain_worker(&mut self, name: &str) -> Option<u64> {
+        let tracked = self.jobs.get_mut(name)?;
+        let candidates = tracked
+            .workers
+            .iter()
+            .filter(|w| !tracked.drained.contains(&w.id));
+        let pick = candidates
+            .max_by_key(|w| (w.name.starts_with(WORKER_PREFIX), w.id))?
+            .id;
+        let a = tracked.announcement.clone();
+        let client = tracked.client.clone()?;
+        let answer = self.rt.block_on(async move {
+            let mut c = client;
+            tokio::time::timeout(
+                RPC_TIMEOUT,
+                c.drain(DrainRequest {
+                    job_id: a.job,
+                    worker_id: pick,
+                }),
+            )
+            .await
+        });
+        match answer {
+            Ok(Ok(_)) => {
+                tracked.drained.insert(pick);
+                tracing::info!(job = %name, worker = pick, "worker draining");
+                Some(pick)
+            }
+            Ok(Err(status)) => {
+                tracing::warn!(job = %name, worker = pick, %status, "drain refused");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(job = %name, worker = pick, "drain timed out");
+                None
+            }
+        }
+    }
+
+    /// Reaps workers that exited.
+    fn reap(&mut self) {
+        self.spawned
+            .retain_mut(|s| matches!(s.child.try_wait(), Ok(None)));
+    }
+
+    /// Drains the workers the scheduler started, waits for them up to `grace`, then kills the
+    /// rest.
+    pub fn shutdown(&mut self, grace: Duration) {
+        self.reap();
+        let names: Vec<String> = self.spawned.iter().map(|s| s.job.clone()).collect();
+        for name in names {
+            if let Some((_, workers)) = self.read(&name) {
+                if let Some(t) = self.jobs.get_mut(&name) {
+                    t.workers = workers;
+                }
+            }
+            let ours = self.jobs.get(&name).map_or(0, |t| {
+                t.workers
+                    .iter()
+                    .filter(|w| w.name.starts_with(WORKER_PREFIX) && !t.drained.contains(&w.id))
+                    .count()
+            });
+            for _ in 0..ours {
+                self.drain_worker(&name);
+            }
+        }
+        let deadline = Instant::now() + grace;
+        while !self.spawned.is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+            self.reap();
+        }
+        for s in &mut self.spawned {
+            let _ = s.child.kill();
+            let _ = s.child.wait();
+        }
+        self.spawned.clear();
+    }
+}
+
+impl Backend for LocalBackend {
+    type Error = LocalError;
+
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    fn snapshot(&mut self) -> Result<Snapshot, LocalError> {
+        self.reap();
+        self.scan()?;
+        let names: Vec<String> = self.jobs.keys().cloned().collect();
+        let mut jobs = Vec::new();
+        let mut unplanned = 0u32;
+        for name in names {
+            let Some((reading, workers)) = self.read(&name) else {
+                continue;
+            };
+            let Some(tracked) = self.jobs.get_mut(&name) else {
+                continue;
+            };
+            tracked.workers = workers;
+            tracked.live.observe(reading);
+            match tracked.live.view(LOCAL) {
+                Some(view) => jobs.push(view),
+                // Not measured yet: its workers stay where they are and use the budget.
+                None => unplanned = unplanned.saturating_add(reading.workers),
+            }
+        }
+        Ok(Snapshot {
+            machines: vec![MachineView {
+                id: LOCAL,
+                dw_cpus: self.budget.saturating_sub(unplanned),
+                dw_mem_gb: f64::from(self.budget),
+            }],
+            jobs,
+        })
+    }
+
+    fn apply(&mut self, decisions: &[Decision]) -> Result<(), LocalError> {
+        for d in decisions {
+            match d {
+                Decision::Remove { job, .. } => {
+                    let name = self.name_of(*job).to_owned();
+                    self.drain_worker(&name);
+                }
+                Decision::Add { job, .. } => {
+                    let name = self.name_of(*job).to_owned();
+                    self.spawn_worker(&name);
+                }
+                // One machine: nothing to move between.
+                Decision::Migrate { .. } => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One job in a round's report.
+#[derive(Debug, Serialize)]
+struct JobLine {
+    name: String,
+    job: u64,
+    workers: u32,
+    /// Steps/s one worker produces (per second of compute).
+    per_worker: Option<f64>,
+    /// Steps/s the training side can consume (per second of busy time).
+    consumption: Option<f64>,
+    /// Steps/s consumed over the last interval.
+    throughput: f64,
+}
+
+/// One decision in a round's report.
+#[derive(Debug, Serialize)]
+struct DecisionLine {
+    action: &'static str,
+    job: String,
+    metric: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct RoundLine {
+    round: u64,
+    policy: &'static str,
+    jobs: Vec<JobLine>,
+    decisions: Vec<DecisionLine>,
+}
+
+fn policy_of(p: PolicyArg) -> Policy {
+    match p {
+        PolicyArg::Maxtp => Policy::MaxTp,
+        PolicyArg::Srtf => Policy::Srtf,
+        PolicyArg::Fair => Policy::Fair,
+    }
+}
+
+fn fmt_rate(r: Option<f64>) -> String {
+    r.map_or_else(|| "unmeasured".into(), |r| format!("{r:.1} steps/s"))
+}
+
+/// `lode scheduler`.
+pub fn run_scheduler(args: SchedulerArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    let policy = policy_of(args.policy);
+    anyhow::ensure!(!args.interval.is_zero(), "--interval must be above 0");
+    let budget = args.max_workers.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
+    });
+    let exe = std::env::current_exe().context("cannot find the lode executable")?;
+    let mut backend = LocalBackend::new(&args.jobs, budget, exe)?;
+    let config = DecideConfig::default();
+    let mut round = 0u64;
+    let result = (|| -> anyhow::Result<()> {
+        loop {
+            round += 1;
+            let snapshot = backend.snapshot()?;
+            let decisions = decide(policy, &snapshot, &config);
+            let line = RoundLine {
+                round,
+                policy: policy.name(),
+                jobs: backend
+                    .jobs
+                    .iter()
+                    .filter(|(_, t)| t.seen)
+                    .map(|(name, t)| {
+                        let r = t.live.rates();
+                        JobLine {
+                            name: name.clone(),
+                            job: t.announcement.job,
+                            workers: t.live.workers(),
+                            per_worker: r.per_worker,
+                            consumption: r.consumption,
+                            throughput: r.throughput,
+                        }
+                    })
+                    .collect(),
+                decisions: decisions
+                    .iter()
+                    .map(|d| match d {
+                        Decision::Add { job, metric, .. } => DecisionLine {
+                            action: "add",
+                            job: backend.name_of(*job).to_owned(),
+                            metric: Some(*metric),
+                        },
+                        Decision::Remove { job, .. } => DecisionLine {
+                            action: "remove",
+                            job: backend.name_of(*job).to_owned(),
+                            metric: None,
+                        },
+                        Decision::Migrate { job, .. } => DecisionLine {
+                            action: "migrate",
+                            job: backend.name_of(*job).to_owned(),
+                            metric: None,
+                        },
+                    })
+                    .collect(),
+            };
+            report(out, args.format, &line)?;
+            for d in &line.decisions {
+                tracing::info!(round, action = d.action, job = %d.job, metric = ?d.metric, "decision");
+            }
+            backend.apply(&decisions)?;
+            if args.rounds.is_some_and(|n| round >= n) {
+                return Ok(());
+            }
+            let interrupted = backend.rt.block_on(async {
+                tokio::select! {
+                    () = tokio::time::sleep(args.interval) => false,
+                    _ = tokio::signal::ctrl_c() => true,
+                }
+            });
+            if interrupted {
+                return Ok(());
+            }
+        }
+    })();
+    backend.shutdown(Duration::from_secs(15));
+    result
+}
+
+fn report(
+    out: &mut dyn std::io::Write,
+    format: OutputFormat,
+    line: &RoundLine,
+) -> anyhow::Result<()> {
+    match format {
+        OutputFormat::Json => {
+            serde_json::to_writer(&mut *out, line)?;
+            writeln!(out)?;
+        }
+        OutputFormat::Text => {
+            let jobs: Vec<String> = line
+                .jobs
+                .iter()
+                .map(|j| {
+                    format!(
+                        "{} ({} worker(s); one worker {}, consumption {}, throughput {:.1} steps/s)",
+                        j.name,
+                        j.workers,
+                        fmt_rate(j.per_worker),
+                        fmt_rate(j.consumption),
+                        j.throughput
+                    )
+                })
+                .collect();
+            writeln!(
+                out,
+                "round {} ({}): {}",
+                line.round,
+                line.policy,
+                if jobs.is_empty() {
+                    "no job announced".into()
+                } else {
+                    jobs.join("; ")
+                }
+            )?;
+            for d in &line.decisions {
+                match d.metric {
+                    Some(m) => writeln!(
+                        out,
+                        "  {} a worker: {} ({} {m:.4})",
+                        d.action, d.job, line.policy
+                    )?,
+                    None => writeln!(out, "  {} a worker: {}", d.action, d.job)?,
+                }
+            }
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn announcements_round_trip_and_bad_ones_are_refused() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let a = Announcement {
+            name: "job-a".into(),
+            dispatcher: "http://127.0.0.1:1".into(),
+            job: 3,
+            token: "secret".into(),
+        };
+        let published = a.publish(dir.path()).expect("publish");
+        let path = dir.path().join("job-a.json");
+        assert_eq!(Announcement::read(&path).expect("read"), a);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        let twice = a.publish(dir.path()).expect_err("taken");
+        assert!(twice.to_string().contains("already announced"), "{twice}");
+        drop(published);
+        assert!(!path.exists(), "removed when the job ends");
+
+        let mut bad = a.clone();
+        bad.name = "../escape".into();
+        assert!(bad.publish(dir.path()).is_err());
+        std::fs::write(dir.path().join("x.json"), "{\"name\": 1}").expect("write");
+        let err = Announcement::read(&dir.path().join("x.json")).expect_err("bad");
+        assert!(
+            format!("{err:#}").contains("not a job announcement"),
+            "{err:#}"
+        );
+    }
+}

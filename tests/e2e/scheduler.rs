@@ -1,0 +1,187 @@
+//! `lode scheduler --backend local` against two real jobs (`lode run --announce`) of different
+//! appetite on this machine, each started with one worker: a synthetic stage of 40 ms per step
+//! feeding a training side of 10 ms per step, and one of 2 ms per step feeding 20 ms. With room
+//! for four workers, every policy must give the two spare workers to the 40 ms job (one worker
+//! reaches a quarter of its consumption; another adds as much) and none to the 2 ms job (one
+//! worker feeds it several times over, even when the machine is loaded and a step's measured
+//! compute time grows), and the workers it started must be drained when it stops.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::{lode, ok, stderr};
+
+/// A child killed (SIGINT first, then SIGKILL) when dropped, so a failing test leaves nothing.
+struct Job(Child);
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-INT", &self.0.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_job(plan: &Path, jobs: &Path, name: &str, step_time: &str) -> Job {
+    let child = Command::new(env!("CARGO_BIN_EXE_lode"))
+        .env_remove("LODE_TOKEN")
+        .args(["run", plan.to_str().expect("UTF-8")])
+        .args([
+            "--workers",
+            "1",
+            "--steps",
+            "10000000",
+            "--step-time",
+            "10ms",
+        ])
+        .args(["--announce", jobs.to_str().expect("UTF-8"), "--name", name])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start lode run");
+    Job(child)
+}
+
+fn synthetic(dir: &Path, name: &str, latency: &str) -> std::path::PathBuf {
+    let plan = dir.join(name);
+    ok(&lode(&[
+        "synthetic",
+        "-o",
+        plan.to_str().expect("UTF-8"),
+        "--latency",
+        latency,
+        "--records",
+        "400000",
+        "--batch",
+        "8",
+    ]));
+    plan
+}
+
+/// Active workers of an announced job, by `lode status`.
+fn active_workers(jobs: &Path, name: &str) -> usize {
+    let a: Value = serde_json::from_str(
+        &std::fs::read_to_string(jobs.join(format!("{name}.json"))).expect("announcement"),
+    )
+    .expect("JSON");
+    let out = Command::new(env!("CARGO_BIN_EXE_lode"))
+        .args(["status", a["dispatcher"].as_str().expect("address")])
+        .args(["--job", &a["job"].to_string(), "--format", "json"])
+        .env("LODE_TOKEN", a["token"].as_str().expect("token"))
+        .output()
+        .expect("lode status");
+    let status: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("status JSON: {e}: {}", stderr(&out)));
+    status["workers"]
+        .as_array()
+        .expect("workers")
+        .iter()
+        .filter(|w| w["status"] == "active")
+        .count()
+}
+
+#[test]
+fn the_scheduler_moves_workers_to_the_job_that_gains_more() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let jobs = tmp.path().join("jobs");
+    std::fs::create_dir(&jobs).expect("mkdir");
+    let heavy = synthetic(tmp.path(), "heavy", "40ms");
+    let light = synthetic(tmp.path(), "light", "2ms");
+    let _heavy_job = start_job(&heavy, &jobs, "heavy", "10ms");
+    let _light_job = start_job(&light, &jobs, "light", "20ms");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(jobs.join("heavy.json").is_file() && jobs.join("light.json").is_file()) {
+        assert!(
+            Instant::now() < deadline,
+            "the jobs did not announce themselves"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    for policy in ["maxtp", "srtf", "fair"] {
+        let out = lode(&[
+            "scheduler",
+            "--policy",
+            policy,
+            "--backend",
+            "local",
+            "--jobs",
+            jobs.to_str().expect("UTF-8"),
+            "--interval",
+            "2s",
+            "--max-workers",
+            "4",
+            "--rounds",
+            "4",
+            "--format",
+            "json",
+        ]);
+        let text = ok(&out);
+        let rounds: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("one JSON object per round"))
+            .collect();
+        assert_eq!(rounds.len(), 4, "{policy}: {text}");
+        let decisions: Vec<&Value> = rounds
+            .iter()
+            .flat_map(|r| r["decisions"].as_array().expect("decisions"))
+            .collect();
+        let count = |action: &str, job: &str| {
+            decisions
+                .iter()
+                .filter(|d| d["action"] == action && d["job"] == job)
+                .count()
+        };
+        assert_eq!(count("add", "heavy"), 2, "{policy}: {text}");
+        assert_eq!(count("add", "light"), 0, "{policy}: {text}");
+        assert_eq!(
+            count("remove", "heavy") + count("remove", "light"),
+            0,
+            "{policy}: {text}"
+        );
+        // Every add carries the metric that chose it, and the rates it came from are shown.
+        assert!(
+            decisions.iter().all(|d| d["metric"].is_f64()),
+            "{policy}: {text}"
+        );
+        let last = rounds.last().expect("a round");
+        let job = |name: &str| {
+            last["jobs"]
+                .as_array()
+                .expect("jobs")
+                .iter()
+                .find(|j| j["name"] == name)
+                .cloned()
+                .unwrap_or_else(|| panic!("{policy}: {name} missing in {text}"))
+        };
+        assert_eq!(job("heavy")["workers"], 3, "{policy}: {text}");
+        assert_eq!(job("light")["workers"], 1, "{policy}: {text}");
+        let per_worker = job("heavy")["per_worker"].as_f64().expect("measured");
+        assert!(
+            (10.0..26.0).contains(&per_worker),
+            "{policy}: a 40 ms worker makes at most 25 steps/s, got {per_worker}"
+        );
+        // After the scheduler stopped, the workers it started were drained and have left.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while active_workers(&jobs, "heavy") != 1 {
+            assert!(
+                Instant::now() < deadline,
+                "{policy}: the scheduler's workers were not drained"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
