@@ -62,9 +62,10 @@ pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Data-plane connections served at once; later ones are refused in the hello answer.
 pub const MAX_DATA_CONNECTIONS: usize = 1024;
 
-/// The most a frame buffer grows ahead of the bytes received, and the largest piece summed at
-/// once (small enough to still be in cache when summed).
-const READ_CHUNK: usize = 256 << 10;
+/// The most a frame buffer grows ahead of the bytes received, and the most one read asks for:
+/// a 1 MiB step frame takes one or two reads (each read is a system call; smaller reads cost
+/// more than the cache they keep warm for the checksum).
+const READ_CHUNK: usize = 1 << 20;
 
 const WELCOME: u8 = 0;
 const REFUSED: u8 = 1;
@@ -204,9 +205,16 @@ impl DataPlaneClient {
             }
             IoSlice::advance_slices(&mut unsent, sent);
         }
-        let code = self.stream.read_u8().await.map_err(io)?;
-        let retry_after_ms = self.stream.read_u32_le().await.map_err(io)?;
-        let reason = read_reason(&mut self.stream).await.map_err(io)?;
+        // Status, retry_after_ms and the reason's length in one read.
+        let mut head = [0u8; 7];
+        self.stream.read_exact(&mut head).await.map_err(io)?;
+        let [code, r0, r1, r2, r3, l0, l1] = head;
+        let retry_after_ms = u32::from_le_bytes([r0, r1, r2, r3]);
+        let mut reason = vec![0u8; usize::from(u16::from_le_bytes([l0, l1]))];
+        if !reason.is_empty() {
+            self.stream.read_exact(&mut reason).await.map_err(io)?;
+        }
+        let reason = String::from_utf8_lossy(&reason).into_owned();
         let status = PushStatus::try_from(i32::from(code))
             .ok()
             .filter(|s| *s != PushStatus::Unspecified)
