@@ -6,24 +6,35 @@
 //! steps in order. Each step carries 1 MiB of float32 tensors: four [65536] tensors, two of
 //! uniform values in [0, 1) (poorly compressible) and two of values on a 1/16 grid (bucketized
 //! features, compressible). Goodput counts tensor payload bytes delivered to the consumer per
-//! second of wall time, encoding, gRPC, decoding and reordering included.
+//! second of wall time, encoding, transport, decoding and reordering included.
+//!
+//! Transports: `lode off` / `lode lz4` push through the receiver's data plane (what a worker
+//! uses: the frame written from the tensors' memory with vectored writes, one answer per
+//! frame); `grpc off` / `grpc lz4` through gRPC `Push` as before the data plane; `wide off`
+//! through gRPC on a server and channels with large HTTP/2 flow-control windows.
 //!
 //! The baseline is N tokio `TcpStream`s over loopback, each sending its share of the same number
 //! of frames of the same size (`write_all` of a length prefix and the bytes, `read_exact` on the
-//! other side), with no encoding at all.
+//! other side), with no encoding, no answers and no allocation per frame.
 //!
 //! A plain `harness = false` main: the measured unit is a whole concurrent transfer with its
-//! own setup, and the interesting figure is the ratio of two such transfers.
-//!
-//! `wide off` / `wide lz4` run the same service on a tonic server and channels with large
-//! HTTP/2 flow-control windows, to show what the default 64 KiB windows cost.
+//! own setup, and the interesting figure is the ratio of two such transfers. One unmeasured
+//! round of every transport comes first; then each of the measured rounds runs the TCP copy
+//! and every transport in turn, so that load from elsewhere on the machine weighs on both
+//! sides of a ratio alike. `vs tcp` is the median rate over the median TCP rate; `paired` the
+//! median of each round's own ratio.
 //!
 //! Run with `cargo bench -p lode-dataworker --bench goodput` (`-- --quick` for fewer steps;
-//! `LODE_BENCH_STEPS=<n>` and `LODE_BENCH_PUSHERS=<n>` override the defaults).
+//! `LODE_BENCH_STEPS=<n>` and `LODE_BENCH_PUSHERS=<n>` override the defaults;
+//! `LODE_BENCH_ONLY=<text>` runs only the transports whose name contains it, beside TCP).
+//!
+//! Figures (2 vCPU AMD EPYC, shared with other builds): see the README's goodput paragraph.
 
 use std::sync::Arc;
+
 use std::time::{Duration, Instant};
 
+use lode_dataworker::service::data_plane::DataPlaneClient;
 use lode_dataworker::service::receiver::{serve_receiver, ReceiverService};
 use lode_dataworker::transfer::{
     CodecConfig, Compression, ReceiverConfig, SharedReceiver, StepEncoder, StepMessage,
@@ -105,6 +116,52 @@ fn mib_per_s(bytes: u64, elapsed: Duration) -> f64 {
     mib / elapsed.as_secs_f64()
 }
 
+/// How the pushers reach the receiver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    /// The data plane on the receiver's port: what a worker uses.
+    DataPlane,
+    /// gRPC `Push`, with the given HTTP/2 settings.
+    Grpc(Windows),
+}
+
+/// A pusher's connection.
+enum Pusher {
+    DataPlane(DataPlaneClient),
+    Grpc(lode_proto::service::ReceiverClient),
+}
+
+impl Pusher {
+    /// Encodes and pushes one step as a worker would; returns the wire bytes, the status, the
+    /// retry pause and the reason. The data plane writes the frame in parts (values from the
+    /// tensors' memory); gRPC takes the encoded frame's buffer (no copy into the request).
+    async fn push(
+        &mut self,
+        encoder: &mut StepEncoder,
+        msg: &StepMessage,
+    ) -> (u64, PushStatus, u64, String) {
+        match self {
+            Pusher::DataPlane(client) => {
+                let frame = encoder.encode_parts(msg).expect("encodes");
+                let len = u64::try_from(frame.len()).expect("fits");
+                let a = client.push_parts(&frame).await.expect("push");
+                (len, a.status, a.retry_after_ms, a.reason)
+            }
+            Pusher::Grpc(client) => {
+                let frame = encoder.encode(msg).expect("encodes");
+                let len = u64::try_from(frame.len()).expect("fits");
+                let request = PushRequest {
+                    job_id: JOB,
+                    frame: frame.into(),
+                };
+                let answer = client.push(request).await.expect("push").into_inner();
+                let status = PushStatus::try_from(answer.status).expect("a known status");
+                (len, status, answer.retry_after_ms, answer.reason)
+            }
+        }
+    }
+}
+
 /// The HTTP/2 settings of a gRPC run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Windows {
@@ -114,14 +171,18 @@ enum Windows {
     Wide,
 }
 
-/// One gRPC transfer of `steps` steps; returns the wall time, the wire bytes pushed and the
-/// retries.
-async fn grpc_transfer(
+/// One transfer of `steps` steps through the receiver service; returns the wall time, the wire
+/// bytes pushed and the retries.
+async fn service_transfer(
     steps: u64,
     pushers: u64,
     compression: Compression,
-    windows: Windows,
+    transport: Transport,
 ) -> (Duration, u64, u64) {
+    let windows = match transport {
+        Transport::Grpc(w) => w,
+        Transport::DataPlane => Windows::Default,
+    };
     let buffer = Arc::new(
         SharedReceiver::new(ReceiverConfig::new(JOB, [0u32], 0, WINDOW)).expect("receiver"),
     );
@@ -154,9 +215,16 @@ async fn grpc_transfer(
     };
     let mut clients = Vec::new();
     for _ in 0..pushers {
-        clients.push(match windows {
-            Windows::Default => connect_receiver(&addr, TOKEN).await.expect("connect"),
-            Windows::Wide => {
+        clients.push(match transport {
+            Transport::DataPlane => Pusher::DataPlane(
+                DataPlaneClient::connect(&addr, JOB, TOKEN)
+                    .await
+                    .expect("connect"),
+            ),
+            Transport::Grpc(Windows::Default) => {
+                Pusher::Grpc(connect_receiver(&addr, TOKEN).await.expect("connect"))
+            }
+            Transport::Grpc(Windows::Wide) => {
                 let channel = tonic::transport::Endpoint::from_shared(addr.clone())
                     .expect("endpoint")
                     .initial_stream_window_size(WIDE_STREAM_WINDOW)
@@ -164,9 +232,14 @@ async fn grpc_transfer(
                     .connect()
                     .await
                     .expect("connect");
-                ReceiverClient::with_interceptor(channel, BearerAuth::new(TOKEN).expect("token"))
+                Pusher::Grpc(
+                    ReceiverClient::with_interceptor(
+                        channel,
+                        BearerAuth::new(TOKEN).expect("token"),
+                    )
                     .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                    .max_encoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                )
             }
         });
     }
@@ -208,27 +281,18 @@ async fn grpc_transfer(
                     msg.step = step;
                     msg.records = (step * 32..step * 32 + 32).collect();
                     loop {
-                        let frame = encoder.encode(&msg).expect("encodes");
-                        let len = u64::try_from(frame.len()).expect("fits");
-                        let answer = client
-                            .push(PushRequest {
-                                job_id: JOB,
-                                frame: frame.into(),
-                            })
-                            .await
-                            .expect("push")
-                            .into_inner();
-                        match PushStatus::try_from(answer.status) {
-                            Ok(PushStatus::Accepted) => {
+                        let (len, status, retry_after_ms, reason) =
+                            client.push(&mut encoder, &msg).await;
+                        match status {
+                            PushStatus::Accepted => {
                                 wire += len;
                                 break;
                             }
-                            Ok(PushStatus::Retry) => {
+                            PushStatus::Retry => {
                                 retries += 1;
-                                tokio::time::sleep(Duration::from_millis(answer.retry_after_ms))
-                                    .await;
+                                tokio::time::sleep(Duration::from_millis(retry_after_ms)).await;
                             }
-                            other => panic!("push answered {other:?}: {}", answer.reason),
+                            other => panic!("push answered {other:?}: {reason}"),
                         }
                     }
                 }
@@ -335,6 +399,7 @@ fn main() {
     };
     let steps = env("LODE_BENCH_STEPS", if quick { 256 } else { 1024 });
     let pushers = env("LODE_BENCH_PUSHERS", 4);
+    let only = std::env::var("LODE_BENCH_ONLY").ok();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -352,54 +417,79 @@ fn main() {
         "goodput bench: {steps} steps of {} KiB payload (frame {raw_frame_len} B), {pushers} pushers, median of {REPEATS}",
         PAYLOAD_BYTES / 1024
     );
-    let tcp: Vec<f64> = (0..REPEATS)
-        .map(|_| {
-            let elapsed = runtime.block_on(tcp_transfer(steps, pushers, raw_frame_len));
-            mib_per_s(payload, elapsed)
-        })
-        .collect();
+    let transports: Vec<(&str, Compression, Transport)> = [
+        ("lode off", Compression::Off, Transport::DataPlane),
+        ("lode lz4", Compression::Lz4, Transport::DataPlane),
+        (
+            "grpc off",
+            Compression::Off,
+            Transport::Grpc(Windows::Default),
+        ),
+        (
+            "grpc lz4",
+            Compression::Lz4,
+            Transport::Grpc(Windows::Default),
+        ),
+        ("wide off", Compression::Off, Transport::Grpc(Windows::Wide)),
+    ]
+    .into_iter()
+    .filter(|(name, _, _)| only.as_deref().is_none_or(|only| name.contains(only)))
+    .collect();
+    // Rounds interleave the baseline and every transport, so that load from elsewhere on
+    // the machine weighs on both sides of each ratio alike.
+    let mut tcp = Vec::new();
+    let mut rates = vec![Vec::new(); transports.len()];
+    let mut wire_ratio = vec![0.0; transports.len()];
+    let mut retries = vec![0u64; transports.len()];
+    // One unmeasured round first: what is measured is the steady state, not the process's
+    // first touch of its memory (the allocator keeps freed memory for a while, so later
+    // rounds reuse it).
+    runtime.block_on(tcp_transfer(steps, pushers, raw_frame_len));
+    for &(_, compression, transport) in &transports {
+        runtime.block_on(service_transfer(steps, pushers, compression, transport));
+    }
+    for _ in 0..REPEATS {
+        let elapsed = runtime.block_on(tcp_transfer(steps, pushers, raw_frame_len));
+        tcp.push(mib_per_s(payload, elapsed));
+        for (i, &(_, compression, transport)) in transports.iter().enumerate() {
+            let (elapsed, wire, r) =
+                runtime.block_on(service_transfer(steps, pushers, compression, transport));
+            rates[i].push(mib_per_s(payload, elapsed));
+            #[allow(clippy::cast_precision_loss)]
+            {
+                wire_ratio[i] = wire as f64 / payload as f64;
+            }
+            retries[i] += r;
+        }
+    }
     let tcp_median = median(tcp.clone());
     println!(
-        "{:<12} {:>10} {:>8} {:>8} {:>8}   runs MiB/s",
-        "transport", "MiB/s", "vs tcp", "wire/raw", "retries"
+        "{:<12} {:>10} {:>8} {:>8} {:>8} {:>8}   runs MiB/s",
+        "transport", "MiB/s", "vs tcp", "paired", "wire/raw", "retries"
     );
     println!(
-        "{:<12} {:>10.0} {:>7.0}% {:>8} {:>8}   {:?}",
+        "{:<12} {:>10.0} {:>7.0}% {:>7.0}% {:>8} {:>8}   {:?}",
         "tcp copy",
         tcp_median,
+        100.0,
         100.0,
         "-",
         "-",
         tcp.iter().map(|x| x.round()).collect::<Vec<_>>()
     );
-    for (name, compression, windows) in [
-        ("grpc off", Compression::Off, Windows::Default),
-        ("grpc lz4", Compression::Lz4, Windows::Default),
-        ("wide off", Compression::Off, Windows::Wide),
-        ("wide lz4", Compression::Lz4, Windows::Wide),
-    ] {
-        let mut rates = Vec::new();
-        let mut wire_ratio = 0.0;
-        let mut retries = 0;
-        for _ in 0..REPEATS {
-            let (elapsed, wire, r) =
-                runtime.block_on(grpc_transfer(steps, pushers, compression, windows));
-            rates.push(mib_per_s(payload, elapsed));
-            #[allow(clippy::cast_precision_loss)]
-            {
-                wire_ratio = wire as f64 / payload as f64;
-            }
-            retries += r;
-        }
-        let rate = median(rates.clone());
+    for (i, (name, _, _)) in transports.iter().enumerate() {
+        let rate = median(rates[i].clone());
+        // The median of each round's ratio to the TCP copy of the same round.
+        let paired = median(rates[i].iter().zip(&tcp).map(|(r, t)| r / t).collect());
         println!(
-            "{:<12} {:>10.0} {:>7.0}% {:>8.3} {:>8}   {:?}",
+            "{:<12} {:>10.0} {:>7.0}% {:>7.0}% {:>8.3} {:>8}   {:?}",
             name,
             rate,
             100.0 * rate / tcp_median,
-            wire_ratio,
-            retries,
-            rates.iter().map(|x| x.round()).collect::<Vec<_>>()
+            100.0 * paired,
+            wire_ratio[i],
+            retries[i],
+            rates[i].iter().map(|x| x.round()).collect::<Vec<_>>()
         );
     }
 }

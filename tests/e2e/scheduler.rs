@@ -44,7 +44,7 @@ fn start_job(plan: &Path, jobs: &Path, name: &str, step_time: &str) -> Job {
             "--steps",
             "10000000",
             "--step-time",
-            "10ms",
+            step_time,
         ])
         .args(["--announce", jobs.to_str().expect("UTF-8"), "--name", name])
         .stdin(Stdio::null())

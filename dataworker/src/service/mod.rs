@@ -2,11 +2,14 @@
 //!
 //! - [`receiver`]: the `lode.v1.Receiver` endpoint over a [`SharedReceiver`]: data workers push
 //!   step frames, later stages fetch their inputs, the consumer pops complete steps in order.
+//! - [`data_plane`]: step frames over plain TCP on the receiver's port (hello with job and
+//!   token, then length-prefixed frames, one answer each): the workers' push path.
 //! - [`worker`]: the data-worker loop: register, load the stage, lease → read → execute →
 //!   push → complete, heartbeat, drain.
 //!
 //! [`SharedReceiver`]: crate::transfer::SharedReceiver
 
+pub mod data_plane;
 pub mod receiver;
 pub mod worker;
 
@@ -26,6 +29,8 @@ pub enum ServiceError {
     Exec(#[from] crate::exec::ExecError),
     #[error(transparent)]
     Transfer(#[from] crate::transfer::TransferError),
+    #[error(transparent)]
+    DataPlane(#[from] data_plane::DataPlaneError),
     #[error("cannot serve on {addr}")]
     Serve {
         addr: String,

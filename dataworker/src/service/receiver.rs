@@ -2,19 +2,27 @@
 //! checked for the job's token and id before it touches the buffer; a malformed frame is
 //! rejected with its reason and logged; a full buffer answers `RETRY` (backpressure: the
 //! worker pushes again later) rather than blocking a server thread.
+//!
+//! [`serve_receiver`] serves gRPC and the data plane ([`super::data_plane`]) on one port; both
+//! offer frames through [`ReceiverService::offer_frame`], so they answer alike.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use lode_proto::service::v1::receiver_server::{Receiver, ReceiverServer};
 use lode_proto::service::v1::{FetchRequest, FetchResponse, PushRequest, PushResponse, PushStatus};
 use lode_proto::service::{check_bearer, MAX_MESSAGE_BYTES};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch, Semaphore};
 use tonic::{Request, Response, Status};
 
+use super::data_plane::{self, DATA_PLANE_MAGIC, HELLO_TIMEOUT, MAX_DATA_CONNECTIONS};
 use super::ServiceError;
-use crate::transfer::{CodecConfig, Compression, Offer, SharedReceiver, StepDecoder, StepEncoder};
+use crate::transfer::{
+    CodecConfig, Compression, FrameChecksum, Offer, SharedReceiver, StepDecoder, StepEncoder,
+};
 
 /// How long a pushing worker waits before retrying when the buffer is full.
 pub const RETRY_AFTER: Duration = Duration::from_millis(20);
@@ -33,6 +41,45 @@ impl ReceiverService {
             job,
             token: token.into(),
             buffer,
+        }
+    }
+
+    pub(crate) fn job(&self) -> u64 {
+        self.job
+    }
+
+    pub(crate) fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// Decodes `frame` and offers it to the buffer: the answer both transports give. The
+    /// caller has checked the token and job of the connection or request.
+    pub(crate) fn offer_frame(
+        &self,
+        decoder: &mut StepDecoder,
+        frame: &[u8],
+        sum: Option<&FrameChecksum>,
+    ) -> (PushStatus, String) {
+        let decoded = match sum {
+            Some(sum) => decoder.decode_summed(frame, sum),
+            None => decoder.decode(frame),
+        };
+        let msg = match decoded {
+            Ok(msg) => msg,
+            Err(e) => {
+                tracing::warn!(cause = %e, "rejected a malformed step frame");
+                return (PushStatus::Rejected, e.to_string());
+            }
+        };
+        let (step, stage) = (msg.step, msg.stage);
+        match self.buffer.try_push(msg) {
+            Offer::Accepted => (PushStatus::Accepted, String::new()),
+            Offer::Duplicate | Offer::Stale => (PushStatus::Duplicate, String::new()),
+            Offer::TooFarAhead => (PushStatus::Retry, String::new()),
+            Offer::Rejected(why) => {
+                tracing::warn!(step, stage, reason = ?why, "rejected a step message");
+                (PushStatus::Rejected, format!("{why:?}"))
+            }
         }
     }
 
@@ -58,11 +105,16 @@ impl ReceiverService {
     }
 }
 
+/// [`RETRY_AFTER`] in milliseconds, as both transports send it.
+pub(crate) fn retry_after_ms() -> u64 {
+    u64::try_from(RETRY_AFTER.as_millis()).unwrap_or(u64::MAX)
+}
+
 fn answer(status: PushStatus, reason: String) -> Response<PushResponse> {
     Response::new(PushResponse {
         status: status.into(),
         retry_after_ms: if status == PushStatus::Retry {
-            u64::try_from(RETRY_AFTER.as_millis()).unwrap_or(u64::MAX)
+            retry_after_ms()
         } else {
             0
         },
@@ -75,23 +127,9 @@ impl Receiver for ReceiverService {
     async fn push(&self, request: Request<PushRequest>) -> Result<Response<PushResponse>, Status> {
         self.authorize("Push", &request, request.get_ref().job_id)?;
         let frame = request.into_inner().frame;
-        let msg = match StepDecoder::new(MAX_MESSAGE_BYTES as u64).decode(&frame) {
-            Ok(msg) => msg,
-            Err(e) => {
-                tracing::warn!(cause = %e, "rejected a malformed step frame");
-                return Ok(answer(PushStatus::Rejected, e.to_string()));
-            }
-        };
-        let (step, stage) = (msg.step, msg.stage);
-        Ok(match self.buffer.try_push(msg) {
-            Offer::Accepted => answer(PushStatus::Accepted, String::new()),
-            Offer::Duplicate | Offer::Stale => answer(PushStatus::Duplicate, String::new()),
-            Offer::TooFarAhead => answer(PushStatus::Retry, String::new()),
-            Offer::Rejected(why) => {
-                tracing::warn!(step, stage, reason = ?why, "rejected a step message");
-                answer(PushStatus::Rejected, format!("{why:?}"))
-            }
-        })
+        let mut decoder = StepDecoder::new(MAX_MESSAGE_BYTES as u64);
+        let (status, reason) = self.offer_frame(&mut decoder, &frame, None);
+        Ok(answer(status, reason))
     }
 
     async fn fetch(
@@ -120,7 +158,12 @@ impl Receiver for ReceiverService {
     }
 }
 
-/// Serves `service` on `listener` until `shutdown` resolves.
+/// Accepted connections waiting for the gRPC server to take them.
+const GRPC_BACKLOG: usize = 64;
+
+/// Serves `service` on `listener` until `shutdown` resolves: gRPC, and the data plane on the
+/// same port (see [`super::data_plane`]). On shutdown, no connection is accepted any more,
+/// data-plane connections close after the frame in hand, and gRPC drains its calls.
 pub async fn serve_receiver(
     listener: TcpListener,
     service: ReceiverService,
@@ -129,16 +172,96 @@ pub async fn serve_receiver(
     let addr = listener
         .local_addr()
         .map_or_else(|_| "?".to_owned(), |a| a.to_string());
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    tonic::transport::Server::builder()
-        .add_service(
-            ReceiverServer::new(service)
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
-        )
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
-        .map_err(|source| ServiceError::Serve { addr, source })
+    let (to_grpc, grpc_incoming) = mpsc::channel::<std::io::Result<TcpStream>>(GRPC_BACKLOG);
+    let (stop, stopped) = watch::channel(false);
+    let grpc = {
+        let mut stopped = stopped.clone();
+        tonic::transport::Server::builder()
+            .add_service(
+                ReceiverServer::new(service.clone())
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            )
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::ReceiverStream::new(grpc_incoming),
+                async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                },
+            )
+    };
+    let admission = Arc::new(Semaphore::new(MAX_DATA_CONNECTIONS));
+    let accept = async move {
+        tokio::pin!(shutdown);
+        loop {
+            let (stream, peer) = tokio::select! {
+                () = &mut shutdown => break,
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        // Out of descriptors or a connection reset before accept: wait a
+                        // little rather than spin.
+                        tracing::warn!(cause = %e, "receiver: accept failed");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                },
+            };
+            tokio::spawn(route(
+                stream,
+                peer,
+                service.clone(),
+                to_grpc.clone(),
+                admission.clone(),
+                stopped.clone(),
+            ));
+        }
+        let _ = stop.send(true);
+    };
+    let ((), served) = tokio::join!(accept, grpc);
+    served.map_err(|source| ServiceError::Serve { addr, source })
+}
+
+/// Hands a new connection to the data plane or to gRPC by its first four bytes.
+async fn route(
+    stream: TcpStream,
+    peer: SocketAddr,
+    service: ReceiverService,
+    to_grpc: mpsc::Sender<std::io::Result<TcpStream>>,
+    admission: Arc<Semaphore>,
+    stopped: watch::Receiver<bool>,
+) {
+    let mut head = [0u8; 4];
+    match tokio::time::timeout(HELLO_TIMEOUT, peek_head(&stream, &mut head)).await {
+        Ok(Ok(true)) if head == DATA_PLANE_MAGIC => {
+            let permit = admission.try_acquire_owned().ok();
+            let admitted = permit.is_some();
+            data_plane::serve_connection(stream, Some(peer), service, admitted, stopped).await;
+            drop(permit);
+        }
+        // Closed before saying anything.
+        Ok(Ok(false)) => {}
+        // Anything else is HTTP/2's business (it refuses what is not HTTP/2).
+        _ => {
+            let _ = to_grpc.send(Ok(stream)).await;
+        }
+    }
+}
+
+/// Waits for the first `head.len()` bytes of `stream` without consuming them; false if the
+/// peer closed first.
+async fn peek_head(stream: &TcpStream, head: &mut [u8]) -> std::io::Result<bool> {
+    loop {
+        let n = stream.peek(head).await?;
+        if n == 0 {
+            return Ok(false);
+        }
+        if n == head.len() {
+            return Ok(true);
+        }
+        // A first segment shorter than four bytes: rare (clients send their hello or
+        // preface in one write); `peek` would answer at once again, so wait a moment.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The data-worker loop: register with the job's dispatcher, load the stage it assigns, then
 //! lease → read the records (or fetch the earlier stage's tensors) → execute on rayon → push
-//! one frame to the receiver → report the step complete; heartbeat meanwhile; stop at end of
-//! data, when drained, or on shutdown.
+//! one frame to the receiver over its data plane ([`super::data_plane`]) → report the step
+//! complete; heartbeat meanwhile; stop at end of data, when drained, or on shutdown.
 //!
 //! A step is reported complete only after the receiver accepted its frame (or already had
 //! it), so a worker killed at any point loses nothing: its lease expires or its silence gets
@@ -16,15 +16,15 @@ use std::time::Duration;
 use lode_proto::plan::Plan;
 use lode_proto::service::v1::lease_response::Outcome;
 use lode_proto::service::v1::{
-    CompleteRequest, FetchRequest, HeartbeatRequest, LeaseRequest, PushRequest, PushStatus,
-    RegisterRequest,
+    CompleteRequest, FetchRequest, HeartbeatRequest, LeaseRequest, PushStatus, RegisterRequest,
 };
 use lode_proto::service::{
-    connect, connect_receiver, is_unreachable, retry_unreachable, ReceiverClient,
-    MAX_MESSAGE_BYTES, PROTOCOL_VERSION,
+    connect, connect_receiver, retry_unreachable, ReceiverClient, MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
 };
 use lode_proto::tf::graph::GraphDef;
 
+use super::data_plane::{DataPlaneClient, DataPlaneError};
 use super::ServiceError;
 use crate::exec::{ExecOptions, Stage, StepInput};
 use crate::tensor::Tensor;
@@ -195,7 +195,9 @@ pub async fn run_worker(
         compression: config.compression,
         max_message_bytes: MAX_MESSAGE_BYTES as u64,
     });
+    // gRPC for `Fetch`; the data plane for pushes.
     let mut receiver: Option<(String, ReceiverClient)> = None;
+    let mut plane: Option<(String, DataPlaneClient)> = None;
     let mut steps = 0u64;
     let steps_per_epoch = reg.steps_per_epoch.max(1);
     tokio::pin!(shutdown);
@@ -258,10 +260,10 @@ pub async fn run_worker(
             .epoch
             .saturating_mul(steps_per_epoch)
             .saturating_add(lease.step);
-        let client = receiver_client(&shared, &mut receiver, &config.token).await?;
         // Inputs from earlier stages, held by the receiver until the step is complete.
         let mut received: HashMap<String, Arc<Tensor>> = HashMap::new();
         for r in stage.recv_plan() {
+            let client = receiver_client(&shared, &mut receiver, &config.token).await?;
             let from = u32::try_from(r.from_stage).map_err(|e| bad("plan", e))?;
             let answer = client
                 .clone()
@@ -318,7 +320,7 @@ pub async fn run_worker(
             records: lease.records,
             tensors,
         };
-        let frame = lode_proto::service::Bytes::from(encoder.encode(&msg)?);
+        let frame = encoder.encode_parts(&msg)?;
         // Push until taken; backpressure answers RETRY; an unreachable receiver (a consumer
         // restarting) is retried, at the address the heartbeat last reported.
         let mut delivered = false;
@@ -326,16 +328,12 @@ pub async fn run_worker(
         let started = std::time::Instant::now();
         let mut pause = Duration::from_millis(10);
         loop {
-            let mut client = receiver_client(&shared, &mut receiver, &config.token).await?;
-            let request = PushRequest {
-                job_id: config.job,
-                frame: frame.clone(),
-            };
-            let answer = match client.push(request).await {
-                Ok(answer) => answer.into_inner(),
-                Err(status) if is_unreachable(&status) && started.elapsed() < RECONNECT_WINDOW => {
-                    tracing::debug!(%status, "receiver unavailable; retrying");
-                    receiver = None;
+            let client = data_plane_client(&shared, &mut plane, config.job, &config.token).await?;
+            let answer = match client.push_parts(&frame).await {
+                Ok(answer) => answer,
+                Err(e) if e.is_unreachable() && started.elapsed() < RECONNECT_WINDOW => {
+                    tracing::debug!(cause = %e, "receiver unavailable; retrying");
+                    plane = None;
                     tokio::select! {
                         () = &mut shutdown => break,
                         () = tokio::time::sleep(pause) => {}
@@ -343,19 +341,14 @@ pub async fn run_worker(
                     pause = (pause * 2).min(Duration::from_millis(500));
                     continue;
                 }
-                Err(status) => {
-                    return Err(ServiceError::Rpc {
-                        rpc: "Push",
-                        status,
-                    })
-                }
+                Err(e) => return Err(e.into()),
             };
-            match PushStatus::try_from(answer.status) {
-                Ok(PushStatus::Accepted | PushStatus::Duplicate) => {
+            match answer.status {
+                PushStatus::Accepted | PushStatus::Duplicate => {
                     delivered = true;
                     break;
                 }
-                Ok(PushStatus::Retry) => {
+                PushStatus::Retry => {
                     if std::time::Instant::now() >= expires {
                         // The receiver is waiting for an earlier step, and our lease has gone
                         // back to the dispatcher: drop this frame (whoever holds the step now
@@ -370,7 +363,7 @@ pub async fn run_worker(
                         () = tokio::time::sleep(pause) => {}
                     }
                 }
-                _ => {
+                PushStatus::Rejected | PushStatus::Unspecified => {
                     tracing::error!(step = global, reason = %answer.reason, "the receiver refused the step");
                     break;
                 }
@@ -462,6 +455,45 @@ async fn receiver_client(
             }
             Err(e) => return Err(e.into()),
         }
+    }
+}
+
+/// A data-plane connection to the receiver the dispatcher last named, like
+/// [`receiver_client`]: waits until a receiver is named and reachable, reconnects when the
+/// address changed. A refused hello (wrong token, another job) is an error.
+async fn data_plane_client<'a>(
+    shared: &Mutex<Shared>,
+    cached: &'a mut Option<(String, DataPlaneClient)>,
+    job: u64,
+    token: &str,
+) -> Result<&'a mut DataPlaneClient, ServiceError> {
+    loop {
+        let addr = shared
+            .lock()
+            .map(|s| s.receiver_addr.clone())
+            .unwrap_or_default();
+        if addr.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        if cached.as_ref().is_some_and(|(known, _)| *known == addr) {
+            break;
+        }
+        match DataPlaneClient::connect(&addr, job, token).await {
+            Ok(client) => {
+                *cached = Some((addr, client));
+                break;
+            }
+            Err(DataPlaneError::Io { .. }) => {
+                // Not up (yet, or any more): wait for the heartbeat to name another.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    match cached {
+        Some((_, client)) => Ok(client),
+        None => Err(bad("receiver", "no data-plane connection")),
     }
 }
 

@@ -41,11 +41,18 @@
 //! it chooses LZ4 for the rest of the window when LZ4 saved at least
 //! [`AUTO_MIN_SAVING_PERCENT`]% over the probed messages, and no compression otherwise.
 //! [`StepEncoder::chosen`] says what it chose.
+//!
+//! # Frames in parts
+//! [`StepEncoder::encode_parts`] gives the same bytes as [`StepEncoder::encode_into`] as a list
+//! of pieces: the header, metadata and strings in one owned buffer, and, for an uncompressed
+//! frame on a little-endian machine, each numeric tensor's values borrowed from the tensor
+//! itself (their memory already is their little-endian wire form). A transport writes the
+//! pieces with one vectored write, so the values are copied only into the socket.
 
 use bincode::de::read::BorrowReader;
 use bincode::de::{BorrowDecode, BorrowDecoder};
 use bincode::enc::write::Writer;
-use bincode::enc::{Encode, Encoder};
+use bincode::enc::{Encode, Encoder, EncoderImpl};
 use bincode::error::{DecodeError, EncodeError};
 
 use super::error::TransferError;
@@ -334,6 +341,67 @@ impl StepEncoder {
         Ok(stored)
     }
 
+    /// Encodes `msg` into a frame in parts (see the module documentation's Frames in parts):
+    /// the same bytes as [`StepEncoder::encode_into`], with an uncompressed frame's numeric
+    /// values borrowed from `msg` rather than copied.
+    pub fn encode_parts<'m>(
+        &mut self,
+        msg: &'m StepMessage,
+    ) -> Result<FrameParts<'m>, TransferError> {
+        let uncompressed = match self.config.compression {
+            Compression::Off => true,
+            Compression::Lz4 => false,
+            Compression::Auto => {
+                let probing = self.encoded % AUTO_RECHECK_INTERVAL < AUTO_PROBE_MESSAGES;
+                !probing && self.auto_choice == Some(FrameCompression::None)
+            }
+        };
+        if !uncompressed || !cfg!(target_endian = "little") {
+            let mut owned = Vec::new();
+            self.encode_into(msg, &mut owned)?;
+            let len = owned.len();
+            return Ok(FrameParts {
+                owned,
+                pieces: vec![Piece::Owned(0..len)],
+                len,
+            });
+        }
+        let limit = self.config.max_message_bytes;
+        let decoded = decoded_size(msg);
+        if decoded > limit {
+            return Err(TransferError::MessageTooLarge {
+                bytes: decoded,
+                limit,
+            });
+        }
+        let mut parts = FrameParts {
+            owned: vec![0; HEADER_LEN],
+            pieces: Vec::with_capacity(2 * msg.tensors.len() + 1),
+            len: HEADER_LEN,
+        };
+        parts.pieces.push(Piece::Owned(0..HEADER_LEN));
+        write_payload_parts(msg, &mut parts)?;
+        let payload_len = parts.len - HEADER_LEN;
+        check_payload_len(payload_len, limit)?;
+        let mut header = [0u8; HEADER_LEN];
+        header[..4].copy_from_slice(&MAGIC);
+        header[4] = FORMAT_VERSION;
+        header[5] = FrameCompression::None.flag();
+        header[6..14].copy_from_slice(&len_u64(payload_len).to_le_bytes());
+        // The payload starts after the header, inside the first (owned) piece.
+        let mut crc = crc32c::crc32c(&header[..14]);
+        let mut skip = HEADER_LEN;
+        for piece in parts.slices() {
+            let cut = skip.min(piece.len());
+            skip -= cut;
+            crc = crc32c::crc32c_append(crc, &piece[cut..]);
+        }
+        header[14..].copy_from_slice(&crc.to_le_bytes());
+        parts.owned[..HEADER_LEN].copy_from_slice(&header);
+        self.encoded += 1;
+        Ok(parts)
+    }
+
     fn record_probe(&mut self, raw: usize, lz4: usize) {
         self.probe.messages += 1;
         self.probe.raw_bytes += len_u64(raw);
@@ -352,6 +420,160 @@ impl StepEncoder {
             self.probe = AutoProbe::default();
         }
     }
+}
+
+/// A frame as pieces in wire order (see [`StepEncoder::encode_parts`]).
+#[derive(Debug)]
+pub struct FrameParts<'m> {
+    /// The header, metadata and strings.
+    owned: Vec<u8>,
+    pieces: Vec<Piece<'m>>,
+    /// The frame's length in bytes.
+    len: usize,
+}
+
+#[derive(Debug)]
+enum Piece<'m> {
+    /// A range of `FrameParts::owned`.
+    Owned(std::ops::Range<usize>),
+    /// A tensor's values as they are in memory.
+    Borrowed(&'m [u8]),
+}
+
+impl<'m> Piece<'m> {
+    fn bytes<'a>(&'a self, owned: &'a [u8]) -> &'a [u8] {
+        match self {
+            Piece::Owned(range) => &owned[range.clone()],
+            Piece::Borrowed(bytes) => bytes,
+        }
+    }
+}
+
+impl FrameParts<'_> {
+    /// The frame's length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The pieces in order, as one vectored write takes them.
+    pub fn slices(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        self.pieces
+            .iter()
+            .map(|p| p.bytes(&self.owned))
+            .filter(|b| !b.is_empty())
+    }
+
+    /// The frame in one buffer (for tests and for transports without vectored writes).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len);
+        for piece in self.slices() {
+            out.extend_from_slice(piece);
+        }
+        out
+    }
+
+    /// Appends to the owned buffer, extending the last owned piece.
+    fn push_owned(&mut self, bytes: &[u8]) {
+        let start = self.owned.len();
+        self.owned.extend_from_slice(bytes);
+        let end = self.owned.len();
+        match self.pieces.last_mut() {
+            Some(Piece::Owned(range)) if range.end == start => range.end = end,
+            _ => self.pieces.push(Piece::Owned(start..end)),
+        }
+        self.len += bytes.len();
+    }
+}
+
+impl<'m> FrameParts<'m> {
+    fn push_borrowed(&mut self, bytes: &'m [u8]) {
+        self.pieces.push(Piece::Borrowed(bytes));
+        self.len += bytes.len();
+    }
+}
+
+/// bincode's writer for the owned pieces of a [`FrameParts`].
+struct PartsWriter<'a, 'm>(&'a mut FrameParts<'m>);
+
+impl Writer for PartsWriter<'_, '_> {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) -> Result<(), EncodeError> {
+        self.0.push_owned(bytes);
+        Ok(())
+    }
+}
+
+/// A numeric tensor's values as their little-endian wire bytes, when their memory already is
+/// that (little-endian machines; bools are one byte, 0 or 1, in memory as on the wire).
+fn wire_bytes(data: &TensorData) -> Option<&[u8]> {
+    use zerocopy::IntoBytes;
+    if !cfg!(target_endian = "little") {
+        return None;
+    }
+    Some(match data {
+        TensorData::Bool(v) => v.as_bytes(),
+        TensorData::Int8(v) => v.as_bytes(),
+        TensorData::UInt8(v) => v.as_bytes(),
+        TensorData::Int16(v) => v.as_bytes(),
+        TensorData::UInt16(v) | TensorData::Float16(v) | TensorData::BFloat16(v) => v.as_bytes(),
+        TensorData::Int32(v) => v.as_bytes(),
+        TensorData::UInt32(v) => v.as_bytes(),
+        TensorData::Float32(v) => v.as_bytes(),
+        TensorData::Int64(v) => v.as_bytes(),
+        TensorData::UInt64(v) => v.as_bytes(),
+        TensorData::Float64(v) => v.as_bytes(),
+        TensorData::String(_) => return None,
+    })
+}
+
+/// Runs `f` with a bincode encoder that appends to the owned pieces of `parts`.
+fn encode_owned<'m>(
+    parts: &mut FrameParts<'m>,
+    f: impl for<'a> FnOnce(
+        &mut EncoderImpl<PartsWriter<'a, 'm>, bincode::config::Configuration>,
+    ) -> Result<(), EncodeError>,
+) -> Result<(), TransferError> {
+    let mut e = EncoderImpl::new(PartsWriter(parts), WIRE);
+    f(&mut e).map_err(|source| TransferError::Encode { source })
+}
+
+/// [`write_payload`] into parts: the same bytes, numeric values borrowed.
+fn write_payload_parts<'m>(
+    msg: &'m StepMessage,
+    parts: &mut FrameParts<'m>,
+) -> Result<(), TransferError> {
+    encode_owned(parts, |e| {
+        msg.job.encode(e)?;
+        msg.stage.encode(e)?;
+        msg.step.encode(e)?;
+        msg.epoch.encode(e)?;
+        len_u64(msg.records.len()).encode(e)?;
+        for r in &msg.records {
+            r.encode(e)?;
+        }
+        len_u64(msg.tensors.len()).encode(e)
+    })?;
+    for t in &msg.tensors {
+        match wire_bytes(t.data()) {
+            Some(values) => {
+                encode_owned(parts, |e| {
+                    dtype_tag(t.dtype()).encode(e)?;
+                    len_u64(t.shape().len()).encode(e)?;
+                    for &d in t.shape() {
+                        len_u64(d).encode(e)?;
+                    }
+                    len_u64(t.num_elements()).encode(e)
+                })?;
+                parts.push_borrowed(values);
+            }
+            None => encode_owned(parts, |e| encode_tensor(t, e))?,
+        }
+    }
+    Ok(())
 }
 
 /// Decodes frames. Keeps a decompression buffer between calls.
@@ -377,6 +599,26 @@ impl StepDecoder {
     /// Decodes one frame. Never panics and never allocates past the limits, whatever `frame`
     /// holds.
     pub fn decode(&mut self, frame: &[u8]) -> Result<StepMessage, TransferError> {
+        self.decode_inner(frame, None)
+    }
+
+    /// [`StepDecoder::decode`] with the frame's checksum already computed as its bytes arrived
+    /// (while they were in cache), rather than in a pass of its own. `sum` must have seen
+    /// exactly `frame`; if it saw another length, the checksum is computed here.
+    pub fn decode_summed(
+        &mut self,
+        frame: &[u8],
+        sum: &FrameChecksum,
+    ) -> Result<StepMessage, TransferError> {
+        let known = (sum.seen == frame.len()).then_some(sum.crc);
+        self.decode_inner(frame, known)
+    }
+
+    fn decode_inner(
+        &mut self,
+        frame: &[u8],
+        checksum: Option<u32>,
+    ) -> Result<StepMessage, TransferError> {
         let header = FrameHeader::parse(frame, self.max_message_bytes)?;
         let body = &frame[HEADER_LEN..];
         let body_len = len_u64(body.len());
@@ -408,7 +650,8 @@ impl StepDecoder {
                 }
             }
         }
-        let actual = crc32c::crc32c_append(crc32c::crc32c(&frame[..14]), body);
+        let actual =
+            checksum.unwrap_or_else(|| crc32c::crc32c_append(crc32c::crc32c(&frame[..14]), body));
         if actual != header.checksum {
             return Err(TransferError::ChecksumMismatch {
                 expected: header.checksum,
@@ -456,6 +699,35 @@ impl Default for StepDecoder {
 /// Decodes one frame with a fresh decoder (see [`StepDecoder::decode`]).
 pub fn decode_frame(frame: &[u8], max_message_bytes: u64) -> Result<StepMessage, TransferError> {
     StepDecoder::new(max_message_bytes).decode(frame)
+}
+
+/// A frame's checksum computed piece by piece as its bytes arrive: bytes 0..14 and the payload
+/// after the header, as the header's CRC32C covers them (see [`StepDecoder::decode_summed`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FrameChecksum {
+    crc: u32,
+    /// Frame bytes seen so far.
+    seen: usize,
+}
+
+impl FrameChecksum {
+    /// Adds the frame's next `bytes` (the checksum field itself, bytes 14..18, is skipped).
+    pub fn update(&mut self, bytes: &[u8]) {
+        let start = self.seen;
+        self.seen = start.saturating_add(bytes.len());
+        for (from, to) in [(0, 14), (HEADER_LEN, usize::MAX)] {
+            let lo = from.max(start);
+            let hi = to.min(self.seen);
+            if lo < hi {
+                self.crc = crc32c::crc32c_append(self.crc, &bytes[lo - start..hi - start]);
+            }
+        }
+    }
+
+    /// The checksum of what was seen.
+    pub fn value(&self) -> u32 {
+        self.crc
+    }
 }
 
 /// A frame's header, checked for magic, version, compression flag, length and limit (not yet

@@ -601,6 +601,23 @@ proptest! {
         }
     }
 
+    /// A frame in parts is byte for byte the contiguous frame, whatever the compression
+    /// setting (two encoders in step, so that automatic compression probes alike).
+    #[test]
+    fn prop_frames_in_parts_are_the_same_bytes(
+        msg in message_strategy(),
+        compression in compression_strategy(),
+    ) {
+        let mut whole = encoder(compression);
+        let mut parted = encoder(compression);
+        for _ in 0..(AUTO_PROBE_MESSAGES + 2) {
+            let frame = whole.encode(&msg).expect("encodes");
+            let parts = parted.encode_parts(&msg).expect("encodes");
+            prop_assert_eq!(parts.len(), frame.len());
+            prop_assert_eq!(parts.to_vec(), frame);
+        }
+    }
+
     #[test]
     fn prop_random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
         let _ = decode_frame(&bytes, DEFAULT_MAX_MESSAGE_BYTES);
@@ -665,4 +682,73 @@ proptest! {
         let cut = cut.index(frame.len());
         prop_assert!(decode_frame(&frame[..cut], DEFAULT_MAX_MESSAGE_BYTES).is_err(), "cut at {}", cut);
     }
+}
+
+#[test]
+fn frames_in_parts_borrow_numeric_values_and_match_every_dtype() {
+    let msg = message(every_dtype());
+    let frame = encoder(Compression::Off).encode(&msg).expect("encodes");
+    let parts = encoder(Compression::Off)
+        .encode_parts(&msg)
+        .expect("encodes");
+    assert_eq!(parts.to_vec(), frame);
+    let back = decode_frame(&parts.to_vec(), DEFAULT_MAX_MESSAGE_BYTES).expect("decodes");
+    assert!(back.bitwise_eq(&msg));
+    if cfg!(target_endian = "little") {
+        // Header and metadata, then per numeric tensor its values; strings stay owned.
+        let numeric = msg
+            .tensors
+            .iter()
+            .filter(|t| t.dtype() != DType::String && t.num_elements() > 0)
+            .count();
+        assert!(
+            parts.slices().count() > numeric,
+            "values are separate pieces"
+        );
+    }
+    let big = message(vec![tensor(
+        vec![1 << 20],
+        TensorData::Float32(vec![0.5; 1 << 20]),
+    )]);
+    let limited = StepEncoder::new(CodecConfig {
+        compression: Compression::Off,
+        max_message_bytes: 1 << 20,
+    })
+    .encode_parts(&big);
+    assert!(
+        matches!(limited, Err(TransferError::MessageTooLarge { .. })),
+        "the limit holds in parts too"
+    );
+}
+
+#[test]
+fn checksums_summed_in_pieces_match_and_catch_damage() {
+    let msg = message(every_dtype());
+    let frame = encoder(Compression::Lz4).encode(&msg).expect("encodes");
+    for piece in [1, 3, 14, 17, 18, 19, 64, frame.len()] {
+        let mut sum = FrameChecksum::default();
+        for chunk in frame.chunks(piece) {
+            sum.update(chunk);
+        }
+        let header = FrameHeader::parse(&frame, DEFAULT_MAX_MESSAGE_BYTES).expect("header");
+        assert_eq!(sum.value(), header.checksum, "pieces of {piece}");
+        let back = StepDecoder::default()
+            .decode_summed(&frame, &sum)
+            .expect("decodes");
+        assert!(back.bitwise_eq(&msg));
+    }
+    // A sum over damaged bytes is refused like the damage itself.
+    let mut damaged = frame.clone();
+    let last = damaged.len() - 1;
+    damaged[last] ^= 1;
+    let mut sum = FrameChecksum::default();
+    sum.update(&damaged);
+    assert!(matches!(
+        StepDecoder::default().decode_summed(&damaged, &sum),
+        Err(TransferError::ChecksumMismatch { .. })
+    ));
+    // A sum of another length is not trusted: the decoder computes its own.
+    let mut short = FrameChecksum::default();
+    short.update(&frame[..10]);
+    assert!(StepDecoder::default().decode_summed(&frame, &short).is_ok());
 }

@@ -4,8 +4,9 @@
 //! # Layout
 //! - [`codec`]: [`StepMessage`] and its frame ("LODE", version, compression flag, length,
 //!   CRC32C, bincode payload, optionally LZ4), [`StepEncoder`] with per-job [`Compression`]
-//!   (off, LZ4, or chosen automatically by measuring), and [`StepDecoder`], safe on hostile
-//!   bytes.
+//!   (off, LZ4, or chosen automatically by measuring), frames in parts ([`FrameParts`]: the
+//!   tensors' values borrowed, for vectored writes), and [`StepDecoder`], safe on hostile
+//!   bytes, which can take a checksum summed as the bytes arrived ([`FrameChecksum`]).
 //! - [`receiver`]: DWRecv's reorder and deduplication buffer as a state machine with time
 //!   passed in ([`ReceiverState`]), its metrics, and [`SharedReceiver`], the blocking,
 //!   thread-safe wrapper whose bounded buffer is the senders' backpressure.
@@ -19,6 +20,7 @@
 //!   received) plus the limit for the decoded tensors; every single-bit flip of a frame is
 //!   detected.
 //! - Whatever an encoder accepts, a decoder with the same limit accepts.
+//! - A frame in parts is byte for byte the frame `encode_into` writes.
 //! - The receiver delivers steps strictly in order, each exactly once, only when every expected
 //!   stage's message is there, and buffers at most `capacity` steps.
 
@@ -27,7 +29,8 @@ pub mod error;
 pub mod receiver;
 
 pub use codec::{
-    decode_frame, CodecConfig, Compression, FrameCompression, StepDecoder, StepEncoder, StepMessage,
+    decode_frame, CodecConfig, Compression, FrameChecksum, FrameCompression, FrameParts,
+    StepDecoder, StepEncoder, StepMessage,
 };
 pub use error::TransferError;
 pub use receiver::{

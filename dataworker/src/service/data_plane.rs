@@ -1,0 +1,429 @@
+//! The receiver's data plane: step frames over a plain TCP connection, on the receiver's own
+//! port beside gRPC.
+//!
+//! gRPC's unary `Push` copies a 1 MiB frame about four times outside the kernel (the request
+//! encoder, HTTP/2 framing, the response decoder's buffer) and reached about a fifth of a
+//! plain TCP copy on loopback. Here a frame crosses with one copy into the socket and one
+//! out of it, so a worker's push costs little more than the bytes themselves. gRPC `Push`
+//! still works (older workers, tools); `Fetch` stays on gRPC.
+//!
+//! # One port
+//! [`super::receiver::serve_receiver`] looks at the first four bytes of every accepted
+//! connection: [`DATA_PLANE_MAGIC`] starts a data-plane connection, anything else (HTTP/2
+//! starts with `PRI `) goes to the gRPC server. So the address the consumer registers with
+//! the dispatcher, and the heartbeat hands the workers, serves both.
+//!
+//! # Connection
+//! All integers little-endian.
+//! ```text
+//! client hello:   "LODP", protocol version u32, job id u64, token length u16, token bytes
+//! server answer:  0 = welcome | 1 = refused, reason length u16, reason (UTF-8)
+//! then, repeated: client: frame length u32, frame (see transfer::codec)
+//!                 server: status u8 (PushStatus's numbers), retry_after_ms u32,
+//!                         reason length u16, reason (UTF-8)
+//! ```
+//! The hello is checked (token in constant time, then job, then protocol version) before the
+//! receiver's buffer is touched; a refusal says why and closes the connection. A frame length
+//! over [`MAX_MESSAGE_BYTES`] is refused before anything is allocated, and the frame buffer
+//! grows with the bytes that arrive (at most [`READ_CHUNK`] ahead of them). The frame's
+//! checksum is summed piece by piece as it arrives, while the bytes are in cache. A frame the
+//! codec refuses is answered `REJECTED` with the reason, and the connection is closed (a sender
+//! that produced it cannot be trusted to stay in step); so is one that ends early. Nothing a
+//! peer sends can panic the receiver.
+//!
+//! # Limits
+//! [`MAX_DATA_CONNECTIONS`] data-plane connections at once (one per pushing worker), each
+//! holding at most one frame; a hello must arrive within [`HELLO_TIMEOUT`].
+
+use std::io::IoSlice;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use lode_proto::service::v1::PushStatus;
+use lode_proto::service::{constant_time_eq, MAX_MESSAGE_BYTES, PROTOCOL_VERSION};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::receiver::ReceiverService;
+use crate::transfer::{FrameChecksum, FrameParts, StepDecoder};
+
+/// The first bytes of a data-plane connection.
+pub const DATA_PLANE_MAGIC: [u8; 4] = *b"LODP";
+
+/// The longest token a hello may carry; a longer one is refused unread.
+pub const MAX_TOKEN_BYTES: u16 = 4096;
+
+/// Reasons longer than this are cut (at a character boundary) before they are sent.
+pub const MAX_REASON_BYTES: usize = 1024;
+
+/// How long a new connection may take to send its first bytes and its hello.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Data-plane connections served at once; later ones are refused in the hello answer.
+pub const MAX_DATA_CONNECTIONS: usize = 1024;
+
+/// The most a frame buffer grows ahead of the bytes received, and the most one read asks for:
+/// a 1 MiB step frame takes one or two reads (each read is a system call; smaller reads cost
+/// more than the cache they keep warm for the checksum).
+const READ_CHUNK: usize = 1 << 20;
+
+const WELCOME: u8 = 0;
+const REFUSED: u8 = 1;
+
+/// Errors of the data plane's client.
+#[derive(Debug, thiserror::Error)]
+pub enum DataPlaneError {
+    /// The receiver could not be reached, or the connection broke (it may be restarting).
+    #[error("data plane connection to {addr} failed")]
+    Io {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The receiver refused the hello (wrong token, another job, another protocol version).
+    #[error("the receiver at {addr} refused the connection: {reason}")]
+    Refused { addr: String, reason: String },
+    /// The receiver answered something this build does not understand.
+    #[error("the receiver at {addr} answered {what}")]
+    Protocol { addr: String, what: String },
+    /// The frame is larger than any receiver accepts.
+    #[error("a {bytes}-byte frame is over the data plane's limit of {limit} bytes")]
+    FrameTooLarge { bytes: usize, limit: usize },
+    /// The token cannot be sent (empty or too long).
+    #[error("the job token must be 1 to {MAX_TOKEN_BYTES} bytes")]
+    InvalidToken,
+}
+
+impl DataPlaneError {
+    /// Whether the receiver was unreachable or went away: worth reconnecting and retrying.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, DataPlaneError::Io { .. })
+    }
+}
+
+/// The receiver's answer to one frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushAnswer {
+    pub status: PushStatus,
+    pub retry_after_ms: u64,
+    pub reason: String,
+}
+
+/// A worker's data-plane connection to one receiver, authenticated for one job.
+#[derive(Debug)]
+pub struct DataPlaneClient {
+    addr: String,
+    stream: TcpStream,
+}
+
+impl DataPlaneClient {
+    /// Connects to the receiver at `addr` (`host:port`, optionally `http://host:port` as the
+    /// dispatcher hands it out) and says hello for `job` with `token`.
+    pub async fn connect(addr: &str, job: u64, token: &str) -> Result<Self, DataPlaneError> {
+        let token_len = u16::try_from(token.len())
+            .ok()
+            .filter(|&n| n > 0 && n <= MAX_TOKEN_BYTES)
+            .ok_or(DataPlaneError::InvalidToken)?;
+        let host = host_port(addr);
+        let io = |source| DataPlaneError::Io {
+            addr: host.to_owned(),
+            source,
+        };
+        let mut stream = TcpStream::connect(host).await.map_err(io)?;
+        stream.set_nodelay(true).map_err(io)?;
+        let mut hello = Vec::with_capacity(18 + token.len());
+        hello.extend_from_slice(&DATA_PLANE_MAGIC);
+        hello.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        hello.extend_from_slice(&job.to_le_bytes());
+        hello.extend_from_slice(&token_len.to_le_bytes());
+        hello.extend_from_slice(token.as_bytes());
+        stream.write_all(&hello).await.map_err(io)?;
+        let verdict = stream.read_u8().await.map_err(io)?;
+        match verdict {
+            WELCOME => Ok(DataPlaneClient {
+                addr: host.to_owned(),
+                stream,
+            }),
+            REFUSED => {
+                let reason = read_reason(&mut stream).await.map_err(io)?;
+                Err(DataPlaneError::Refused {
+                    addr: host.to_owned(),
+                    reason,
+                })
+            }
+            other => Err(DataPlaneError::Protocol {
+                addr: host.to_owned(),
+                what: format!("hello verdict {other}"),
+            }),
+        }
+    }
+
+    /// The receiver's `host:port`.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Sends one frame and waits for the receiver's answer.
+    pub async fn push(&mut self, frame: &[u8]) -> Result<PushAnswer, DataPlaneError> {
+        self.push_pieces(&[frame]).await
+    }
+
+    /// Sends one frame given in parts (the tensors' values straight from their memory) and
+    /// waits for the receiver's answer.
+    pub async fn push_parts(
+        &mut self,
+        frame: &FrameParts<'_>,
+    ) -> Result<PushAnswer, DataPlaneError> {
+        let pieces: Vec<&[u8]> = frame.slices().collect();
+        self.push_pieces(&pieces).await
+    }
+
+    /// Sends the frame made of `pieces` with vectored writes, then reads the answer.
+    async fn push_pieces(&mut self, pieces: &[&[u8]]) -> Result<PushAnswer, DataPlaneError> {
+        let total: usize = pieces.iter().map(|p| p.len()).sum();
+        let len = u32::try_from(total)
+            .ok()
+            .filter(|&n| u64::from(n) <= max_frame_bytes())
+            .ok_or(DataPlaneError::FrameTooLarge {
+                bytes: total,
+                limit: MAX_MESSAGE_BYTES,
+            })?;
+        let addr = &self.addr;
+        let io = |source| DataPlaneError::Io {
+            addr: addr.clone(),
+            source,
+        };
+        let prefix = len.to_le_bytes();
+        let mut slices = Vec::with_capacity(pieces.len() + 1);
+        slices.push(IoSlice::new(&prefix));
+        slices.extend(pieces.iter().map(|p| IoSlice::new(p)));
+        let mut unsent: &mut [IoSlice<'_>] = &mut slices;
+        while !unsent.is_empty() {
+            let sent = self.stream.write_vectored(unsent).await.map_err(io)?;
+            if sent == 0 {
+                return Err(io(std::io::ErrorKind::WriteZero.into()));
+            }
+            IoSlice::advance_slices(&mut unsent, sent);
+        }
+        // Status, retry_after_ms and the reason's length in one read.
+        let mut head = [0u8; 7];
+        self.stream.read_exact(&mut head).await.map_err(io)?;
+        let [code, r0, r1, r2, r3, l0, l1] = head;
+        let retry_after_ms = u32::from_le_bytes([r0, r1, r2, r3]);
+        let mut reason = vec![0u8; usize::from(u16::from_le_bytes([l0, l1]))];
+        if !reason.is_empty() {
+            self.stream.read_exact(&mut reason).await.map_err(io)?;
+        }
+        let reason = String::from_utf8_lossy(&reason).into_owned();
+        let status = PushStatus::try_from(i32::from(code))
+            .ok()
+            .filter(|s| *s != PushStatus::Unspecified)
+            .ok_or_else(|| DataPlaneError::Protocol {
+                addr: self.addr.clone(),
+                what: format!("push status {code}"),
+            })?;
+        Ok(PushAnswer {
+            status,
+            retry_after_ms: u64::from(retry_after_ms),
+            reason,
+        })
+    }
+}
+
+/// `host:port` of an address the dispatcher hands out (`http://host:port` or `host:port`).
+pub fn host_port(addr: &str) -> &str {
+    let rest = addr
+        .strip_prefix("http://")
+        .or_else(|| addr.strip_prefix("https://"))
+        .unwrap_or(addr);
+    rest.trim_end_matches('/')
+}
+
+fn max_frame_bytes() -> u64 {
+    u64::try_from(MAX_MESSAGE_BYTES).unwrap_or(u64::MAX)
+}
+
+async fn read_reason(stream: &mut TcpStream) -> std::io::Result<String> {
+    let len = stream.read_u16_le().await?;
+    let mut reason = vec![0u8; usize::from(len)];
+    stream.read_exact(&mut reason).await?;
+    Ok(String::from_utf8_lossy(&reason).into_owned())
+}
+
+/// `reason` cut to [`MAX_REASON_BYTES`] at a character boundary.
+fn bounded(reason: &str) -> &str {
+    if reason.len() <= MAX_REASON_BYTES {
+        return reason;
+    }
+    let mut end = MAX_REASON_BYTES;
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    &reason[..end]
+}
+
+/// Appends a reason (length u16, bytes) to `out`.
+fn put_reason(out: &mut Vec<u8>, reason: &str) {
+    let reason = bounded(reason);
+    let len = u16::try_from(reason.len()).unwrap_or(0);
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&reason.as_bytes()[..usize::from(len)]);
+}
+
+/// The bytes of a push answer.
+fn answer_bytes(status: PushStatus, retry_after_ms: u64, reason: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(7 + reason.len());
+    // PushStatus's numbers are 0..=4.
+    out.push(u8::try_from(i32::from(status)).unwrap_or(0));
+    out.extend_from_slice(
+        &u32::try_from(retry_after_ms)
+            .unwrap_or(u32::MAX)
+            .to_le_bytes(),
+    );
+    put_reason(&mut out, reason);
+    out
+}
+
+/// Why a hello was refused (said to the peer and logged).
+#[derive(Debug)]
+struct Refusal(String);
+
+/// Reads and checks a hello; the buffer is not touched.
+async fn read_hello(stream: &mut TcpStream, service: &ReceiverService) -> Result<(), Refusal> {
+    let broken = |e: std::io::Error| Refusal(format!("incomplete hello: {e}"));
+    let mut head = [0u8; 18];
+    stream.read_exact(&mut head).await.map_err(broken)?;
+    let [m0, m1, m2, m3, v0, v1, v2, v3, j0, j1, j2, j3, j4, j5, j6, j7, t0, t1] = head;
+    if [m0, m1, m2, m3] != DATA_PLANE_MAGIC {
+        return Err(Refusal("not a data-plane hello".to_owned()));
+    }
+    let version = u32::from_le_bytes([v0, v1, v2, v3]);
+    let job = u64::from_le_bytes([j0, j1, j2, j3, j4, j5, j6, j7]);
+    let token_len = u16::from_le_bytes([t0, t1]);
+    if token_len > MAX_TOKEN_BYTES {
+        return Err(Refusal(format!(
+            "a {token_len}-byte token is over the limit of {MAX_TOKEN_BYTES}"
+        )));
+    }
+    let mut token = vec![0u8; usize::from(token_len)];
+    stream.read_exact(&mut token).await.map_err(broken)?;
+    if !constant_time_eq(&token, service.token().as_bytes()) {
+        return Err(Refusal("wrong token for this job".to_owned()));
+    }
+    if job != service.job() {
+        return Err(Refusal(format!(
+            "this receiver serves job-{}, not job-{job}",
+            service.job()
+        )));
+    }
+    if version != PROTOCOL_VERSION {
+        return Err(Refusal(format!(
+            "protocol version {version}; this receiver speaks {PROTOCOL_VERSION}"
+        )));
+    }
+    Ok(())
+}
+
+/// Reads a frame of `len` bytes into `frame` (cleared first), summing its checksum as the bytes
+/// arrive. The buffer grows with the bytes that actually arrive (by at most
+/// [`READ_CHUNK`] ahead of them), whatever the prefix said.
+async fn read_frame(
+    stream: &mut TcpStream,
+    len: u32,
+    frame: &mut Vec<u8>,
+) -> std::io::Result<FrameChecksum> {
+    let len = usize::try_from(len).map_err(|_| std::io::ErrorKind::InvalidData)?;
+    frame.clear();
+    let mut sum = FrameChecksum::default();
+    while frame.len() < len {
+        let want = (len - frame.len()).min(READ_CHUNK);
+        frame.reserve(want);
+        let start = frame.len();
+        let n = (&mut *stream)
+            .take(u64::try_from(want).unwrap_or(u64::MAX))
+            .read_buf(frame)
+            .await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        sum.update(&frame[start..]);
+    }
+    Ok(sum)
+}
+
+/// Serves one data-plane connection (its first bytes are [`DATA_PLANE_MAGIC`]) until the peer
+/// closes it, it breaks the protocol, or `stop` turns true.
+pub(crate) async fn serve_connection(
+    mut stream: TcpStream,
+    peer: Option<SocketAddr>,
+    service: ReceiverService,
+    admitted: bool,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    let hello = match tokio::time::timeout(HELLO_TIMEOUT, read_hello(&mut stream, &service)).await {
+        Ok(Ok(())) if !admitted => Err(Refusal(format!(
+            "over {MAX_DATA_CONNECTIONS} data-plane connections"
+        ))),
+        Ok(hello) => hello,
+        Err(_) => Err(Refusal("no hello in time".to_owned())),
+    };
+    if let Err(Refusal(reason)) = hello {
+        tracing::warn!(?peer, %reason, "data plane: refused a connection");
+        let mut out = vec![REFUSED];
+        put_reason(&mut out, &reason);
+        let _ = stream.write_all(&out).await;
+        return;
+    }
+    if stream.write_all(&[WELCOME]).await.is_err() {
+        return;
+    }
+    let mut decoder = StepDecoder::new(max_frame_bytes());
+    let mut frame = Vec::new();
+    loop {
+        let len = tokio::select! {
+            biased;
+            _ = stop.changed() => return,
+            len = stream.read_u32_le() => match len {
+                Ok(len) => len,
+                // The peer closed between frames (or broke): the normal end.
+                Err(_) => return,
+            },
+        };
+        if u64::from(len) > max_frame_bytes() {
+            let reason =
+                format!("a {len}-byte frame is over the limit of {MAX_MESSAGE_BYTES} bytes");
+            tracing::warn!(?peer, %reason, "data plane: closing a connection");
+            let _ = stream
+                .write_all(&answer_bytes(PushStatus::Rejected, 0, &reason))
+                .await;
+            return;
+        }
+        let sum = match read_frame(&mut stream, len, &mut frame).await {
+            Ok(sum) => sum,
+            Err(e) => {
+                tracing::warn!(?peer, declared = len, received = frame.len(), cause = %e, "data plane: a frame broke off; closing");
+                return;
+            }
+        };
+        let (status, reason) = service.offer_frame(&mut decoder, &frame, Some(&sum));
+        let retry_after_ms = if status == PushStatus::Retry {
+            super::receiver::retry_after_ms()
+        } else {
+            0
+        };
+        let sent = stream
+            .write_all(&answer_bytes(status, retry_after_ms, &reason))
+            .await;
+        if sent.is_err() || status == PushStatus::Rejected {
+            if status == PushStatus::Rejected {
+                tracing::warn!(?peer, %reason, "data plane: closing after a rejected frame");
+            }
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "data_plane_tests.rs"]
+mod tests;

@@ -1,0 +1,319 @@
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::*;
+use crate::service::receiver::serve_receiver;
+use crate::transfer::{CodecConfig, ReceiverConfig, SharedReceiver, StepEncoder, StepMessage};
+use crate::{Tensor, TensorData};
+
+const JOB: u64 = 5;
+const TOKEN: &str = "right";
+
+fn message(job: u64, stage: u32, step: u64) -> StepMessage {
+    StepMessage {
+        job,
+        stage,
+        step,
+        epoch: 0,
+        records: vec![step * 2, step * 2 + 1],
+        tensors: vec![Tensor::new(vec![2], TensorData::Int64(vec![7, 8])).expect("tensor")],
+    }
+}
+
+fn frame(msg: &StepMessage) -> Vec<u8> {
+    StepEncoder::new(CodecConfig::default())
+        .encode(msg)
+        .expect("encodes")
+}
+
+/// A receiver (window of 4 steps) on 127.0.0.1:0, stopped by dropping the returned sender.
+struct Served {
+    addr: String,
+    buffer: Arc<SharedReceiver>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    server: tokio::task::JoinHandle<Result<(), crate::service::ServiceError>>,
+}
+
+impl Served {
+    async fn start() -> Served {
+        let buffer = Arc::new(
+            SharedReceiver::new(ReceiverConfig::new(JOB, [0u32], 0, 4)).expect("receiver"),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = format!("http://{}", listener.local_addr().expect("addr"));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_receiver(
+            listener,
+            ReceiverService::new(JOB, TOKEN, buffer.clone()),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        Served {
+            addr,
+            buffer,
+            stop: Some(stop),
+            server,
+        }
+    }
+
+    async fn raw(&self) -> TcpStream {
+        TcpStream::connect(host_port(&self.addr))
+            .await
+            .expect("connect")
+    }
+
+    async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.server.await.expect("joined").expect("served");
+    }
+}
+
+fn hello(version: u32, job: u64, token: &[u8]) -> Vec<u8> {
+    let mut out = DATA_PLANE_MAGIC.to_vec();
+    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&job.to_le_bytes());
+    out.extend_from_slice(&u16::try_from(token.len()).expect("short").to_le_bytes());
+    out.extend_from_slice(token);
+    out
+}
+
+/// Reads a refusal (verdict, reason) or a welcome (verdict, "") from the server.
+async fn verdict(stream: &mut TcpStream) -> (u8, String) {
+    let v = stream.read_u8().await.expect("a verdict");
+    if v == WELCOME {
+        return (v, String::new());
+    }
+    (v, read_reason(stream).await.expect("a reason"))
+}
+
+/// Whether the server closed the connection without saying more (EOF, or a reset when it
+/// closed with our bytes unread).
+async fn closed(stream: &mut TcpStream) -> bool {
+    let mut rest = Vec::new();
+    match tokio::time::timeout(HELLO_TIMEOUT, stream.read_to_end(&mut rest)).await {
+        Ok(Ok(_)) => rest.is_empty(),
+        Ok(Err(_)) => true,
+        Err(_) => false,
+    }
+}
+
+/// A connection past a good hello.
+async fn welcomed(served: &Served) -> TcpStream {
+    let mut s = served.raw().await;
+    s.write_all(&hello(PROTOCOL_VERSION, JOB, TOKEN.as_bytes()))
+        .await
+        .expect("write");
+    assert_eq!(verdict(&mut s).await.0, WELCOME);
+    s
+}
+
+/// Reads one push answer (status, reason).
+async fn answer(s: &mut TcpStream) -> (u8, String) {
+    let code = s.read_u8().await.expect("status");
+    let _retry = s.read_u32_le().await.expect("retry");
+    (code, read_reason(s).await.expect("reason"))
+}
+
+#[tokio::test]
+async fn hellos_with_wrong_credentials_are_refused_before_the_buffer() {
+    let served = Served::start().await;
+    let refused = |r: Result<DataPlaneClient, DataPlaneError>| match r {
+        Err(DataPlaneError::Refused { reason, .. }) => reason,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let wrong_token = refused(DataPlaneClient::connect(&served.addr, JOB, "wrong").await);
+    assert!(wrong_token.contains("token"), "{wrong_token}");
+    let other_job = refused(DataPlaneClient::connect(&served.addr, JOB + 1, TOKEN).await);
+    assert!(other_job.contains("job-5"), "{other_job}");
+
+    // Another protocol version, an over-long token and a hello cut short, by hand.
+    let mut s = served.raw().await;
+    s.write_all(&hello(PROTOCOL_VERSION + 1, JOB, TOKEN.as_bytes()))
+        .await
+        .expect("write");
+    let (v, reason) = verdict(&mut s).await;
+    assert_eq!(v, REFUSED);
+    assert!(reason.contains("protocol version"), "{reason}");
+
+    let mut s = served.raw().await;
+    let mut long = hello(PROTOCOL_VERSION, JOB, b"");
+    long[16..18].copy_from_slice(&(MAX_TOKEN_BYTES + 1).to_le_bytes());
+    s.write_all(&long).await.expect("write");
+    let (v, reason) = verdict(&mut s).await;
+    assert_eq!(v, REFUSED);
+    assert!(reason.contains("limit"), "{reason}");
+
+    let mut s = served.raw().await;
+    s.write_all(&hello(PROTOCOL_VERSION, JOB, TOKEN.as_bytes())[..10])
+        .await
+        .expect("write");
+    s.shutdown().await.expect("half-close");
+    let (v, _) = verdict(&mut s).await;
+    assert_eq!(v, REFUSED, "a truncated hello");
+
+    // A refused connection cannot push: the server closed it.
+    let mut s = served.raw().await;
+    s.write_all(&hello(PROTOCOL_VERSION, JOB, b"wrong"))
+        .await
+        .expect("write");
+    assert_eq!(verdict(&mut s).await.0, REFUSED);
+    let good = frame(&message(JOB, 0, 0));
+    let mut push = u32::try_from(good.len())
+        .expect("small")
+        .to_le_bytes()
+        .to_vec();
+    push.extend_from_slice(&good);
+    let _ = s.write_all(&push).await;
+    assert!(closed(&mut s).await);
+
+    assert_eq!(served.buffer.metrics().accepted, 0);
+    assert!(served.buffer.try_pop().is_none());
+    served.shutdown().await;
+}
+
+#[tokio::test]
+async fn frames_are_answered_like_grpc_push() {
+    let served = Served::start().await;
+    let mut client = DataPlaneClient::connect(&served.addr, JOB, TOKEN)
+        .await
+        .expect("welcome");
+    let good = frame(&message(JOB, 0, 0));
+    assert_eq!(
+        client.push(&good).await.expect("answer").status,
+        PushStatus::Accepted
+    );
+    assert_eq!(
+        client.push(&good).await.expect("answer").status,
+        PushStatus::Duplicate
+    );
+    let far = client
+        .push(&frame(&message(JOB, 0, 10)))
+        .await
+        .expect("answer");
+    assert_eq!(far.status, PushStatus::Retry, "beyond the window");
+    assert!(far.retry_after_ms > 0);
+    let step = served.buffer.try_pop().expect("step 0 delivered");
+    assert_eq!(step.parts[0].records, vec![0, 1]);
+
+    // A frame of another job (inside a well-authenticated connection) is refused, and the
+    // connection closed.
+    let stranger = client
+        .push(&frame(&message(9, 0, 1)))
+        .await
+        .expect("answer");
+    assert_eq!(stranger.status, PushStatus::Rejected);
+    assert!(stranger.reason.contains("WrongJob"), "{}", stranger.reason);
+    assert!(client.push(&good).await.is_err_and(|e| e.is_unreachable()));
+
+    // gRPC still answers on the same port.
+    let mut grpc = lode_proto::service::connect_receiver(&served.addr, TOKEN)
+        .await
+        .expect("connect");
+    let answer = grpc
+        .push(lode_proto::service::v1::PushRequest {
+            job_id: JOB,
+            frame: frame(&message(JOB, 0, 1)).into(),
+        })
+        .await
+        .expect("answered")
+        .into_inner();
+    assert_eq!(answer.status, PushStatus::Accepted as i32);
+    assert_eq!(served.buffer.metrics().accepted, 2);
+    served.shutdown().await;
+}
+
+#[tokio::test]
+async fn hostile_frames_close_the_connection_and_leave_the_buffer_alone() {
+    let served = Served::start().await;
+    let rejected = u8::try_from(i32::from(PushStatus::Rejected)).expect("small");
+
+    // A length prefix over the limit: refused before anything is allocated.
+    let mut s = welcomed(&served).await;
+    s.write_all(&u32::MAX.to_le_bytes()).await.expect("write");
+    let (code, reason) = answer(&mut s).await;
+    assert_eq!(code, rejected);
+    assert!(reason.contains("limit"), "{reason}");
+    assert!(closed(&mut s).await);
+
+    // A frame that ends before its declared length.
+    let mut s = welcomed(&served).await;
+    let good = frame(&message(JOB, 0, 0));
+    let mut cut = u32::try_from(good.len() + 100)
+        .expect("small")
+        .to_le_bytes()
+        .to_vec();
+    cut.extend_from_slice(&good);
+    s.write_all(&cut).await.expect("write");
+    s.shutdown().await.expect("half-close");
+    assert!(
+        closed(&mut s).await,
+        "a truncated frame closes the connection"
+    );
+
+    // Garbage and a bit flip: rejected with the codec's reason, then closed.
+    for bad in [b"LODE\x01garbage".to_vec(), {
+        let mut damaged = good.clone();
+        let last = damaged.len() - 1;
+        damaged[last] ^= 0xff;
+        damaged
+    }] {
+        let mut s = welcomed(&served).await;
+        let mut push = u32::try_from(bad.len())
+            .expect("small")
+            .to_le_bytes()
+            .to_vec();
+        push.extend_from_slice(&bad);
+        s.write_all(&push).await.expect("write");
+        let (code, reason) = answer(&mut s).await;
+        assert_eq!(code, rejected);
+        assert!(!reason.is_empty());
+        assert!(closed(&mut s).await);
+    }
+
+    // Random bytes instead of a hello go to gRPC, which does not understand them either;
+    // nothing reaches the buffer and the server keeps serving.
+    let mut s = served.raw().await;
+    s.write_all(b"GET / HTTP/1.1\r\n\r\n").await.expect("write");
+    let _ = closed(&mut s).await;
+
+    assert_eq!(served.buffer.metrics().accepted, 0);
+    let mut client = DataPlaneClient::connect(&served.addr, JOB, TOKEN)
+        .await
+        .expect("still serving");
+    assert_eq!(
+        client.push(&good).await.expect("answer").status,
+        PushStatus::Accepted
+    );
+    served.shutdown().await;
+}
+
+#[test]
+fn reasons_are_cut_at_a_character_boundary() {
+    let long = "é".repeat(MAX_REASON_BYTES);
+    let cut = bounded(&long);
+    assert!(cut.len() <= MAX_REASON_BYTES);
+    assert!(cut.len() >= MAX_REASON_BYTES - 1);
+    assert_eq!(bounded("short"), "short");
+    let bytes = answer_bytes(PushStatus::Retry, 20, &long);
+    assert_eq!(bytes[0], 3);
+    assert_eq!(
+        u32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]),
+        20
+    );
+    assert_eq!(
+        usize::from(u16::from_le_bytes([bytes[5], bytes[6]])),
+        bytes.len() - 7
+    );
+}
+
+#[test]
+fn addresses_lose_their_scheme() {
+    assert_eq!(host_port("http://127.0.0.1:9/"), "127.0.0.1:9");
+    assert_eq!(host_port("127.0.0.1:9"), "127.0.0.1:9");
+    assert_eq!(host_port("https://h:1"), "h:1");
+}
