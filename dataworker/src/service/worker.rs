@@ -287,6 +287,12 @@ pub async fn run_worker(
                 received.insert(name, Arc::new(t));
             }
         }
+        // The dispatcher counts a step as held until its completion arrives: with at most one
+        // completion on its way, this step and the one leased ahead stay within the three
+        // leases a worker may hold (beyond them the answer is Wait, a pause of 100 ms).
+        while completions.len() > 1 {
+            completions.join_next().await;
+        }
         let draining = shared.lock().map(|s| s.draining).unwrap_or(false);
         if !draining {
             next_lease = Some(tokio::spawn(lease_rpc()));
