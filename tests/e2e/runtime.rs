@@ -443,3 +443,61 @@ fn synthetic_plans_run_through_the_runtime_exactly_once() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(crate::support::stderr(&bad).contains("batch is 0"));
 }
+
+#[test]
+fn a_worker_whose_job_is_gone_exits_on_its_own() {
+    // Dispatcher and consumer killed mid-run: the worker retries for its 30 s window, then
+    // exits with an error instead of waiting for a receiver forever.
+    let tmp = tempfile::tempdir().expect("tmp");
+    let plan = tmp.path().join("plan");
+    ok(&lode(&[
+        "synthetic",
+        "-o",
+        plan.to_str().expect("UTF-8"),
+        "--latency",
+        "2ms",
+        "--records",
+        "100000",
+        "--batch",
+        "8",
+    ]));
+    let journal = tmp.path().join("journal");
+    let log = tmp.path().join("log.jsonl");
+    let (mut d, addr) = dispatcher(&plan, &journal, "127.0.0.1:0");
+    let mut c = consumer(&addr, &log, &[]);
+    let mut w = Proc(
+        bin()
+            .args(["worker", "--dispatcher", &addr, "--token", TOKEN, "-q"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start a worker"),
+    );
+    wait_for_lines(&log, 20, Duration::from_secs(60));
+    kill(&mut d);
+    kill(&mut c);
+    let gone = Instant::now();
+    let status = loop {
+        if let Some(status) = w.0.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            gone.elapsed() < Duration::from_secs(60),
+            "the worker still runs 60 s after its job is gone"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!status.success(), "{status}");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut w.0.stderr.take().expect("stderr"), &mut err)
+        .expect("stderr");
+    // Which request notices first varies (a lease, a push, a receiver connection); each
+    // names what failed.
+    assert!(
+        err.contains("lode: error:")
+            && ["Unavailable", "unreachable", "the job is gone"]
+                .iter()
+                .any(|m| err.contains(m)),
+        "{err}"
+    );
+}

@@ -74,10 +74,49 @@ fn bad(what: &'static str, reason: impl std::fmt::Display) -> ServiceError {
 }
 
 /// Shared between the loop and its heartbeat task.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Shared {
     receiver_addr: String,
     draining: bool,
+    /// When the dispatcher last answered (registration or heartbeat).
+    heard: std::time::Instant,
+}
+
+/// The receiver address the dispatcher last named (empty until a consumer registered), or an
+/// error once the dispatcher has not answered for [`RECONNECT_WINDOW`]: the job is gone, and a
+/// worker waiting for a receiver would otherwise wait forever.
+#[allow(clippy::result_large_err)] // the worker's error, as its async callers return it
+fn named_receiver(shared: &Mutex<Shared>) -> Result<String, ServiceError> {
+    let (addr, heard) = shared
+        .lock()
+        .map(|s| (s.receiver_addr.clone(), s.heard))
+        .map_err(|_| bad("worker", "shared state poisoned"))?;
+    if heard.elapsed() > RECONNECT_WINDOW {
+        return Err(bad(
+            "dispatcher",
+            format!(
+                "no answer to heartbeats for {} s; the job is gone",
+                RECONNECT_WINDOW.as_secs()
+            ),
+        ));
+    }
+    Ok(addr)
+}
+
+/// Gives up on a receiver that stayed unreachable for [`RECONNECT_WINDOW`].
+#[allow(clippy::result_large_err)] // the worker's error, as its async callers return it
+fn still_trying(
+    addr: &str,
+    failing_since: &mut Option<std::time::Instant>,
+) -> Result<(), ServiceError> {
+    let since = *failing_since.get_or_insert_with(std::time::Instant::now);
+    if since.elapsed() > RECONNECT_WINDOW {
+        return Err(bad(
+            "receiver",
+            format!("{addr} unreachable for {} s", RECONNECT_WINDOW.as_secs()),
+        ));
+    }
+    Ok(())
 }
 
 /// Runs a data worker until end of data, drain or `shutdown`.
@@ -159,6 +198,7 @@ pub async fn run_worker(
     let shared = Arc::new(Mutex::new(Shared {
         receiver_addr: reg.receiver_addr.clone(),
         draining: false,
+        heard: std::time::Instant::now(),
     }));
     let heartbeat = {
         let mut client = dispatcher.clone();
@@ -179,6 +219,7 @@ pub async fn run_worker(
                     Ok(answer) => {
                         let answer = answer.into_inner();
                         if let Ok(mut s) = shared.lock() {
+                            s.heard = std::time::Instant::now();
                             s.draining = answer.draining;
                             if !answer.receiver_addr.is_empty() {
                                 s.receiver_addr = answer.receiver_addr;
@@ -431,11 +472,9 @@ async fn receiver_client(
     cached: &mut Option<(String, ReceiverClient)>,
     token: &str,
 ) -> Result<ReceiverClient, ServiceError> {
+    let mut failing_since = None;
     loop {
-        let addr = shared
-            .lock()
-            .map(|s| s.receiver_addr.clone())
-            .unwrap_or_default();
+        let addr = named_receiver(shared)?;
         if addr.is_empty() {
             tokio::time::sleep(Duration::from_millis(20)).await;
             continue;
@@ -457,6 +496,7 @@ async fn receiver_client(
             }
             Err(lode_proto::service::ClientError::Connect { .. }) => {
                 // Not up (yet, or any more): wait for the heartbeat to name another.
+                still_trying(&addr, &mut failing_since)?;
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Err(e) => return Err(e.into()),
@@ -473,11 +513,9 @@ async fn data_plane_client<'a>(
     job: u64,
     token: &str,
 ) -> Result<&'a mut DataPlaneClient, ServiceError> {
+    let mut failing_since = None;
     loop {
-        let addr = shared
-            .lock()
-            .map(|s| s.receiver_addr.clone())
-            .unwrap_or_default();
+        let addr = named_receiver(shared)?;
         if addr.is_empty() {
             tokio::time::sleep(Duration::from_millis(20)).await;
             continue;
@@ -492,6 +530,7 @@ async fn data_plane_client<'a>(
             }
             Err(DataPlaneError::Io { .. }) => {
                 // Not up (yet, or any more): wait for the heartbeat to name another.
+                still_trying(&addr, &mut failing_since)?;
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Err(e) => return Err(e.into()),
