@@ -358,6 +358,27 @@ mod tests {
             PushStatus::Rejected as i32,
             "a stage the job lacks"
         );
+        // A message over the 64 MiB limit, from a client that does not hold itself to it:
+        // refused by the server before decoding, and the server goes on serving.
+        let channel = tonic::transport::Channel::from_shared(addr.clone())
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect");
+        let mut unbounded =
+            lode_proto::service::v1::receiver_client::ReceiverClient::with_interceptor(
+                channel,
+                lode_proto::service::BearerAuth::new("right").expect("token"),
+            )
+            .max_encoding_message_size(usize::MAX);
+        let oversized = unbounded
+            .push(PushRequest {
+                job_id: 5,
+                frame: vec![0u8; MAX_MESSAGE_BYTES + 1].into(),
+            })
+            .await
+            .expect_err("over the limit");
+        assert_eq!(oversized.code(), tonic::Code::OutOfRange, "{oversized:?}");
         // Nothing of that reached the buffer.
         assert_eq!(buffer.metrics().accepted, 0);
         assert!(buffer.try_pop().is_none());
