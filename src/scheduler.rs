@@ -274,6 +274,11 @@ impl LocalBackend {
         };
         tracked.client = Some(c);
         tracked.seen = true;
+        if status.end_of_data {
+            // Finished: nothing to plan; its workers leave by themselves.
+            tracked.workers.clear();
+            return None;
+        }
         let active: Vec<v1::WorkerEntry> = status
             .workers
             .iter()
