@@ -388,11 +388,16 @@ pub async fn consume(
     let server = tokio::spawn(serve_receiver(listener, service, async {
         let _ = stop_rx.await;
     }));
-    let mut log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&args.log)
-        .with_context(|| format!("cannot open {}", args.log.display()))?;
+    // Buffered: every report of the watermark flushes first, so the log always holds every
+    // step the dispatcher was told of (a consumer killed later loses only unreported lines,
+    // which the restarted consumer receives again).
+    let mut log = std::io::BufWriter::new(
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&args.log)
+            .with_context(|| format!("cannot open {}", args.log.display()))?,
+    );
     let mut summary = ConsumeSummary::default();
     let started = Instant::now();
     let mut last_report = Instant::now();
@@ -405,6 +410,7 @@ pub async fn consume(
             .await
             .context("the receiver thread")?;
         let Some(step) = step else {
+            log.flush()?;
             report_consumed(&dispatcher, args.job, &mut unreported).await?;
             let status = patient("Status", || {
                 let mut d = dispatcher.clone();
