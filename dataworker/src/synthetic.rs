@@ -79,8 +79,8 @@ pub enum SyntheticError {
         value: String,
         reason: &'static str,
     },
-    #[error("{}: {reason}", path.display())]
-    Target { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Plan(#[from] lode_proto::Error),
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -276,84 +276,36 @@ node {{
         }
     }
 
-    /// Writes the plan directory `dir`: plan.json, stage_0.pb and the records.
+    /// Writes the plan directory `dir`: plan.json, stage_0.pb and the records, atomically
+    /// ([`lode_proto::plan::write_dir`]).
     pub fn write(&self, dir: &Path) -> Result<(), SyntheticError> {
         self.validate()?;
-        if dir.exists() {
-            let non_empty = std::fs::read_dir(dir)
-                .map_err(io_err(dir))?
-                .next()
-                .is_some();
-            if non_empty || !dir.is_dir() {
-                return Err(SyntheticError::Target {
-                    path: dir.to_owned(),
-                    reason: "exists and is not an empty directory; refusing to write over it"
-                        .into(),
-                });
-            }
+        let mut records = Vec::new();
+        for i in 0..self.records {
+            encode_record(format!("record-{i}").as_bytes(), &mut records);
         }
-        let parent = match dir.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
-            _ => PathBuf::from("."),
-        };
-        std::fs::create_dir_all(&parent).map_err(io_err(&parent))?;
-        let tmp = tempfile::Builder::new()
-            .prefix(".lode-synthetic-")
-            .tempdir_in(&parent)
-            .map_err(io_err(&parent))?;
-        let result = self.write_into(tmp.path(), dir);
-        match result {
-            Ok(()) => {
-                let staged = tmp.keep();
-                if dir.exists() {
-                    std::fs::remove_dir(dir).map_err(io_err(dir))?;
-                }
-                std::fs::rename(&staged, dir).map_err(|source| {
-                    let _ = std::fs::remove_dir_all(&staged);
-                    SyntheticError::Io {
-                        path: dir.to_owned(),
-                        source,
-                    }
-                })
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    fn write_into(&self, tmp: &Path, final_dir: &Path) -> Result<(), SyntheticError> {
-        let data = tmp.join("data");
-        std::fs::create_dir_all(&data).map_err(io_err(&data))?;
-        let records_path = tmp.join(RECORDS_FILE);
-        {
-            use std::io::Write;
-            let file = std::fs::File::create(&records_path).map_err(io_err(&records_path))?;
-            let mut out = std::io::BufWriter::new(file);
-            let mut buf = Vec::new();
-            for i in 0..self.records {
-                buf.clear();
-                encode_record(format!("record-{i}").as_bytes(), &mut buf);
-                out.write_all(&buf).map_err(io_err(&records_path))?;
-            }
-            out.flush().map_err(io_err(&records_path))?;
-        }
-        let graph_path = tmp.join("stage_0.pb");
-        let bytes = self
+        let graph = self
             .stage_graph()
             .write_to_bytes()
             .map_err(|e| SyntheticError::Io {
-                path: graph_path.clone(),
+                path: dir.join("stage_0.pb"),
                 source: std::io::Error::other(e),
             })?;
-        std::fs::write(&graph_path, bytes).map_err(io_err(&graph_path))?;
-        // data_root is where the directory will be once renamed, as an absolute path.
-        let root = absolute(final_dir).map_err(io_err(final_dir))?;
-        let plan_path = tmp.join("plan.json");
+        // data_root is where the directory will be, as an absolute path.
+        let root = absolute(dir).map_err(io_err(dir))?;
         let json =
             serde_json::to_vec_pretty(&self.plan(&root)).map_err(|e| SyntheticError::Io {
-                path: plan_path.clone(),
+                path: dir.join("plan.json"),
                 source: std::io::Error::other(e),
             })?;
-        std::fs::write(&plan_path, json).map_err(io_err(&plan_path))?;
+        lode_proto::plan::write_dir(
+            dir,
+            &[
+                (RECORDS_FILE, &records),
+                ("stage_0.pb", &graph),
+                ("plan.json", &json),
+            ],
+        )?;
         Ok(())
     }
 }
@@ -519,7 +471,7 @@ mod tests {
         let leftovers: Vec<_> = std::fs::read_dir(tmp.path())
             .expect("ls")
             .filter_map(|e| e.ok())
-            .filter(|e| e.file_name().to_string_lossy().starts_with(".lode"))
+            .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
             .collect();
         assert!(leftovers.is_empty());
     }

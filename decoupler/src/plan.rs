@@ -1,7 +1,7 @@
 //! plan.json, report.txt and partition.dot, and writing a plan directory atomically.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::graph::Graph;
@@ -335,58 +335,16 @@ pub fn write_dir(
     report: &str,
     dot: &str,
 ) -> Result<()> {
-    let err = |path: &Path, source| Error::Io {
-        path: path.to_owned(),
-        source,
-    };
-    if dir.exists() {
-        let empty = std::fs::read_dir(dir)
-            .map_err(|e| err(dir, e))?
-            .next()
-            .is_none();
-        if !empty {
-            return Err(Error::Output {
-                path: dir.to_owned(),
-                reason: "the plan directory exists and is not empty; choose another or remove it"
-                    .into(),
-            });
-        }
-    }
-    let parent = match dir.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
-        _ => PathBuf::from("."),
-    };
-    let name = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .ok_or_else(|| Error::Output {
-            path: dir.to_owned(),
-            reason: "the plan directory path names no directory".into(),
-        })?;
-    let tmp = parent.join(format!(".{name}.lode-tmp-{}", std::process::id()));
-    let result = (|| -> Result<()> {
-        std::fs::create_dir_all(&tmp).map_err(|e| err(&tmp, e))?;
-        let write = |file: &str, bytes: &[u8]| -> Result<()> {
-            let path = tmp.join(file);
-            std::fs::write(&path, bytes).map_err(|e| err(&path, e))
-        };
-        for (file, bytes) in graphs {
-            write(file, bytes)?;
-        }
-        let json = serde_json::to_vec_pretty(plan).map_err(|e| Error::Output {
-            path: tmp.join("plan.json"),
-            reason: e.to_string(),
-        })?;
-        write("plan.json", &json)?;
-        write("report.txt", report.as_bytes())?;
-        write("partition.dot", dot.as_bytes())?;
-        if dir.exists() {
-            std::fs::remove_dir(dir).map_err(|e| err(dir, e))?;
-        }
-        std::fs::rename(&tmp, dir).map_err(|e| err(dir, e))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
-    result
+    let json = serde_json::to_vec_pretty(plan).map_err(|e| Error::Output {
+        path: dir.join("plan.json"),
+        reason: e.to_string(),
+    })?;
+    let mut files: Vec<(&str, &[u8])> = graphs
+        .iter()
+        .map(|(file, bytes)| (file.as_str(), bytes.as_slice()))
+        .collect();
+    files.push(("plan.json", &json));
+    files.push(("report.txt", report.as_bytes()));
+    files.push(("partition.dot", dot.as_bytes()));
+    Ok(lode_proto::plan::write_dir(dir, &files)?)
 }

@@ -131,6 +131,60 @@ impl Source {
     }
 }
 
+/// Writes a plan directory atomically: `dir` must be absent or empty, and `files` (paths
+/// relative to it; subdirectories are created) go into a temporary sibling that is renamed
+/// into place only when complete, so a failed write leaves nothing behind.
+pub fn write_dir(dir: &Path, files: &[(&str, &[u8])]) -> Result<()> {
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |source| Error::Io { path, source }
+    };
+    if dir.exists() {
+        let empty = dir.is_dir() && std::fs::read_dir(dir).map_err(io(dir))?.next().is_none();
+        if !empty {
+            return Err(Error::InvalidOutput {
+                path: dir.to_owned(),
+                reason: "exists and is not empty; refusing to write over it (choose another \
+                         directory or remove it)"
+                    .into(),
+            });
+        }
+    }
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .ok_or_else(|| Error::InvalidOutput {
+            path: dir.to_owned(),
+            reason: "the path names no directory".into(),
+        })?;
+    let tmp = parent.join(format!(".{name}.lode-tmp-{}", std::process::id()));
+    let result = (|| -> Result<()> {
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+        }
+        std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+        for (file, bytes) in files {
+            let path = tmp.join(file);
+            if let Some(sub) = path.parent() {
+                std::fs::create_dir_all(sub).map_err(io(sub))?;
+            }
+            std::fs::write(&path, bytes).map_err(io(&path))?;
+        }
+        if dir.exists() {
+            std::fs::remove_dir(dir).map_err(io(dir))?;
+        }
+        std::fs::rename(&tmp, dir).map_err(io(dir))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    result
+}
+
 /// A plan directory read back: `plan.json` and where it lives.
 #[derive(Debug, Clone)]
 pub struct PlanDir {

@@ -5,28 +5,11 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::*;
 use crate::service::receiver::serve_receiver;
-use crate::transfer::{CodecConfig, ReceiverConfig, SharedReceiver, StepEncoder, StepMessage};
-use crate::{Tensor, TensorData};
+use crate::service::test_frames::{frame, message};
+use crate::transfer::{ReceiverConfig, SharedReceiver};
 
 const JOB: u64 = 5;
 const TOKEN: &str = "right";
-
-fn message(job: u64, stage: u32, step: u64) -> StepMessage {
-    StepMessage {
-        job,
-        stage,
-        step,
-        epoch: 0,
-        records: vec![step * 2, step * 2 + 1],
-        tensors: vec![Tensor::new(vec![2], TensorData::Int64(vec![7, 8])).expect("tensor")],
-    }
-}
-
-fn frame(msg: &StepMessage) -> Vec<u8> {
-    StepEncoder::new(CodecConfig::default())
-        .encode(msg)
-        .expect("encodes")
-}
 
 /// A receiver (window of 4 steps) on 127.0.0.1:0, stopped by dropping the returned sender.
 struct Served {

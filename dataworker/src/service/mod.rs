@@ -13,6 +13,31 @@ pub mod data_plane;
 pub mod receiver;
 pub mod worker;
 
+/// Step messages and frames for the receiver's and the data plane's tests.
+#[cfg(test)]
+pub(crate) mod test_frames {
+    use crate::transfer::{CodecConfig, StepEncoder, StepMessage};
+    use crate::{Tensor, TensorData};
+
+    /// A one-tensor step of `job`'s `stage` holding records `2·step` and `2·step + 1`.
+    pub(crate) fn message(job: u64, stage: u32, step: u64) -> StepMessage {
+        StepMessage {
+            job,
+            stage,
+            step,
+            epoch: 0,
+            records: vec![step * 2, step * 2 + 1],
+            tensors: vec![Tensor::new(vec![2], TensorData::Int64(vec![7, 8])).expect("tensor")],
+        }
+    }
+
+    pub(crate) fn frame(msg: &StepMessage) -> Vec<u8> {
+        StepEncoder::new(CodecConfig::default())
+            .encode(msg)
+            .expect("encodes")
+    }
+}
+
 /// Errors of the service layer.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {

@@ -267,26 +267,9 @@ async fn peek_head(stream: &TcpStream, head: &mut [u8]) -> std::io::Result<bool>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transfer::{ReceiverConfig, StepMessage};
-    use crate::{Tensor, TensorData};
+    use crate::service::test_frames::{frame, message};
+    use crate::transfer::ReceiverConfig;
     use lode_proto::service::connect_receiver;
-
-    fn message(job: u64, stage: u32, step: u64) -> StepMessage {
-        StepMessage {
-            job,
-            stage,
-            step,
-            epoch: 0,
-            records: vec![step * 2, step * 2 + 1],
-            tensors: vec![Tensor::new(vec![2], TensorData::Int64(vec![7, 8])).expect("tensor")],
-        }
-    }
-
-    fn frame(msg: &StepMessage) -> Vec<u8> {
-        StepEncoder::new(CodecConfig::default())
-            .encode(msg)
-            .expect("encodes")
-    }
 
     #[tokio::test]
     async fn hostile_pushes_are_rejected_without_touching_the_buffer() {
@@ -329,35 +312,17 @@ mod tests {
         let mut damaged = good.clone();
         let last = damaged.len() - 1;
         damaged[last] ^= 0xff;
-        let answer = push("right", 5, damaged)
-            .await
-            .expect("answered")
-            .into_inner();
-        assert_eq!(
-            answer.status,
-            PushStatus::Rejected as i32,
-            "a bit flip is caught"
-        );
-        let stranger = frame(&message(9, 0, 0));
-        let answer = push("right", 5, stranger)
-            .await
-            .expect("answered")
-            .into_inner();
-        assert_eq!(
-            answer.status,
-            PushStatus::Rejected as i32,
-            "a frame of another job"
-        );
-        let unknown_stage = frame(&message(5, 3, 0));
-        let answer = push("right", 5, unknown_stage)
-            .await
-            .expect("answered")
-            .into_inner();
-        assert_eq!(
-            answer.status,
-            PushStatus::Rejected as i32,
-            "a stage the job lacks"
-        );
+        for (refused, what) in [
+            (damaged, "a bit flip is caught"),
+            (frame(&message(9, 0, 0)), "a frame of another job"),
+            (frame(&message(5, 3, 0)), "a stage the job lacks"),
+        ] {
+            let answer = push("right", 5, refused)
+                .await
+                .expect("answered")
+                .into_inner();
+            assert_eq!(answer.status, PushStatus::Rejected as i32, "{what}");
+        }
         // A message over the 64 MiB limit, from a client that does not hold itself to it:
         // refused by the server before decoding, and the server goes on serving.
         let channel = tonic::transport::Channel::from_shared(addr.clone())

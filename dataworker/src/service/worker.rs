@@ -465,54 +465,20 @@ pub async fn run_worker(
     })
 }
 
-/// A client for the receiver the dispatcher last named (waiting until one is known: the
-/// consumer may register after the workers), reconnecting when the address changed.
-async fn receiver_client(
+/// A connection to the receiver the dispatcher last named: waits until one is named (the
+/// consumer may register after the workers) and reachable, and reconnects when the address
+/// changed. `connect` dials an address; an error `down` says is "not up (yet, or any more)"
+/// is retried, for at most [`RECONNECT_WINDOW`]; any other (a refused token) is returned.
+async fn named_connection<'a, C, E, Fut>(
     shared: &Mutex<Shared>,
-    cached: &mut Option<(String, ReceiverClient)>,
-    token: &str,
-) -> Result<ReceiverClient, ServiceError> {
-    let mut failing_since = None;
-    loop {
-        let addr = named_receiver(shared)?;
-        if addr.is_empty() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            continue;
-        }
-        if let Some((known, client)) = cached.as_ref() {
-            if *known == addr {
-                return Ok(client.clone());
-            }
-        }
-        let url = if addr.starts_with("http") {
-            addr.clone()
-        } else {
-            format!("http://{addr}")
-        };
-        match connect_receiver(&url, token).await {
-            Ok(client) => {
-                *cached = Some((addr, client.clone()));
-                return Ok(client);
-            }
-            Err(lode_proto::service::ClientError::Connect { .. }) => {
-                // Not up (yet, or any more): wait for the heartbeat to name another.
-                still_trying(&addr, &mut failing_since)?;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
-/// A data-plane connection to the receiver the dispatcher last named, like
-/// [`receiver_client`]: waits until a receiver is named and reachable, reconnects when the
-/// address changed. A refused hello (wrong token, another job) is an error.
-async fn data_plane_client<'a>(
-    shared: &Mutex<Shared>,
-    cached: &'a mut Option<(String, DataPlaneClient)>,
-    job: u64,
-    token: &str,
-) -> Result<&'a mut DataPlaneClient, ServiceError> {
+    cached: &'a mut Option<(String, C)>,
+    connect: impl Fn(String) -> Fut,
+    down: impl Fn(&E) -> bool,
+) -> Result<&'a mut C, ServiceError>
+where
+    Fut: Future<Output = Result<C, E>>,
+    ServiceError: From<E>,
+{
     let mut failing_since = None;
     loop {
         let addr = named_receiver(shared)?;
@@ -523,13 +489,13 @@ async fn data_plane_client<'a>(
         if cached.as_ref().is_some_and(|(known, _)| *known == addr) {
             break;
         }
-        match DataPlaneClient::connect(&addr, job, token).await {
+        match connect(addr.clone()).await {
             Ok(client) => {
                 *cached = Some((addr, client));
                 break;
             }
-            Err(DataPlaneError::Io { .. }) => {
-                // Not up (yet, or any more): wait for the heartbeat to name another.
+            Err(e) if down(&e) => {
+                // Wait for the heartbeat to name another, or for this one to come up.
                 still_trying(&addr, &mut failing_since)?;
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -538,8 +504,47 @@ async fn data_plane_client<'a>(
     }
     match cached {
         Some((_, client)) => Ok(client),
-        None => Err(bad("receiver", "no data-plane connection")),
+        None => Err(bad("receiver", "no connection")),
     }
+}
+
+/// The receiver's gRPC client (for `Fetch`), see [`named_connection`].
+async fn receiver_client(
+    shared: &Mutex<Shared>,
+    cached: &mut Option<(String, ReceiverClient)>,
+    token: &str,
+) -> Result<ReceiverClient, ServiceError> {
+    let client = named_connection(
+        shared,
+        cached,
+        |addr| async move {
+            let url = if addr.starts_with("http") {
+                addr
+            } else {
+                format!("http://{addr}")
+            };
+            connect_receiver(&url, token).await
+        },
+        |e| matches!(e, lode_proto::service::ClientError::Connect { .. }),
+    )
+    .await?;
+    Ok(client.clone())
+}
+
+/// The receiver's data plane (for pushes), see [`named_connection`].
+async fn data_plane_client<'a>(
+    shared: &Mutex<Shared>,
+    cached: &'a mut Option<(String, DataPlaneClient)>,
+    job: u64,
+    token: &str,
+) -> Result<&'a mut DataPlaneClient, ServiceError> {
+    named_connection(
+        shared,
+        cached,
+        |addr| async move { DataPlaneClient::connect(&addr, job, token).await },
+        |e| matches!(e, DataPlaneError::Io { .. }),
+    )
+    .await
 }
 
 /// How long a worker keeps retrying an RPC whose peer is unreachable (a dispatcher or

@@ -546,28 +546,11 @@ fn write_payload_parts<'m>(
     msg: &'m StepMessage,
     parts: &mut FrameParts<'m>,
 ) -> Result<(), TransferError> {
-    encode_owned(parts, |e| {
-        msg.job.encode(e)?;
-        msg.stage.encode(e)?;
-        msg.step.encode(e)?;
-        msg.epoch.encode(e)?;
-        len_u64(msg.records.len()).encode(e)?;
-        for r in &msg.records {
-            r.encode(e)?;
-        }
-        len_u64(msg.tensors.len()).encode(e)
-    })?;
+    encode_owned(parts, |e| encode_message_head(msg, e))?;
     for t in &msg.tensors {
         match wire_bytes(t.data()) {
             Some(values) => {
-                encode_owned(parts, |e| {
-                    dtype_tag(t.dtype()).encode(e)?;
-                    len_u64(t.shape().len()).encode(e)?;
-                    for &d in t.shape() {
-                        len_u64(d).encode(e)?;
-                    }
-                    len_u64(t.num_elements()).encode(e)
-                })?;
+                encode_owned(parts, |e| encode_tensor_head(t, e))?;
                 parts.push_borrowed(values);
             }
             None => encode_owned(parts, |e| encode_tensor(t, e))?,
@@ -889,15 +872,7 @@ struct WireMessage<'a>(&'a StepMessage);
 impl Encode for WireMessage<'_> {
     fn encode<E: Encoder>(&self, e: &mut E) -> Result<(), EncodeError> {
         let m = self.0;
-        m.job.encode(e)?;
-        m.stage.encode(e)?;
-        m.step.encode(e)?;
-        m.epoch.encode(e)?;
-        len_u64(m.records.len()).encode(e)?;
-        for r in &m.records {
-            r.encode(e)?;
-        }
-        len_u64(m.tensors.len()).encode(e)?;
+        encode_message_head(m, e)?;
         for t in &m.tensors {
             encode_tensor(t, e)?;
         }
@@ -905,13 +880,31 @@ impl Encode for WireMessage<'_> {
     }
 }
 
-fn encode_tensor<E: Encoder>(t: &Tensor, e: &mut E) -> Result<(), EncodeError> {
+/// Everything of a message before its tensors: ids, records and the tensor count.
+fn encode_message_head<E: Encoder>(m: &StepMessage, e: &mut E) -> Result<(), EncodeError> {
+    m.job.encode(e)?;
+    m.stage.encode(e)?;
+    m.step.encode(e)?;
+    m.epoch.encode(e)?;
+    len_u64(m.records.len()).encode(e)?;
+    for r in &m.records {
+        r.encode(e)?;
+    }
+    len_u64(m.tensors.len()).encode(e)
+}
+
+/// A tensor's dtype, shape and value count (its values follow).
+fn encode_tensor_head<E: Encoder>(t: &Tensor, e: &mut E) -> Result<(), EncodeError> {
     dtype_tag(t.dtype()).encode(e)?;
     len_u64(t.shape().len()).encode(e)?;
     for &d in t.shape() {
         len_u64(d).encode(e)?;
     }
-    len_u64(t.num_elements()).encode(e)?;
+    len_u64(t.num_elements()).encode(e)
+}
+
+fn encode_tensor<E: Encoder>(t: &Tensor, e: &mut E) -> Result<(), EncodeError> {
+    encode_tensor_head(t, e)?;
     match t.data() {
         TensorData::Bool(v) => write_le(e, v, |b| [u8::from(b)]),
         TensorData::Int8(v) => write_le(e, v, i8::to_le_bytes),
