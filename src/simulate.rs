@@ -33,6 +33,11 @@ pub struct SimulateArgs {
     pub policy: PolicyArg,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text, env = "LODE_FORMAT")]
     pub format: OutputFormat,
+    /// Allocate data workers by the policy's metric alone, without first bringing every
+    /// decoupled job to its measured baseline (the modelling choice "Floors" in
+    /// scheduler/README.md; with it off a policy may leave a job with no data workers).
+    #[arg(long)]
+    pub no_floors: bool,
     /// Directory for utilisation.svg, jobs.csv, summary.json and trace.csv (created if
     /// missing).
     #[arg(long)]
@@ -92,6 +97,7 @@ pub fn run_simulate(args: SimulateArgs, out: &mut dyn std::io::Write) -> anyhow:
     let config = SimConfig {
         cluster,
         seed,
+        floors: !args.no_floors,
         ..SimConfig::default()
     };
     let wanted = args.policy.schedulers();
@@ -159,6 +165,7 @@ mod tests {
             cluster: "8x8gpu64cpu".to_owned(),
             policy: PolicyArg::Srtf,
             format: OutputFormat::Json,
+            no_floors: false,
             out: None,
         }
     }
@@ -197,5 +204,27 @@ mod tests {
         for f in ["utilisation.svg", "jobs.csv", "trace.csv", "summary.json"] {
             assert!(dir.path().join("out").join(f).is_file(), "{f}");
         }
+    }
+    #[test]
+    fn no_floors_reaches_the_simulator() {
+        // A long 8-GPU job among short jobs that want more CPUs than the cluster has: SRTF
+        // ranks it last, and only its floor keeps it training (scheduler/README.md, "Floors").
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.csv");
+        let mut csv = String::from("0,0,8,6000,detection\n");
+        for i in 1..=120 {
+            csv.push_str(&format!("{i},{},1,2000,detection\n", 60 * i));
+        }
+        std::fs::write(&path, csv).expect("write");
+        let jct = |no_floors| {
+            let mut a = args(Some(path.clone()));
+            a.no_floors = no_floors;
+            let mut buf = Vec::new();
+            run_simulate(a, &mut buf).expect("runs");
+            let rows: serde_json::Value = serde_json::from_slice(&buf).expect("json");
+            rows[0]["avg_jct_min"].as_f64().expect("number")
+        };
+        let (with, without) = (jct(false), jct(true));
+        assert!((with - without).abs() > 0.01 * with, "{with} vs {without}");
     }
 }
