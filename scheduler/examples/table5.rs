@@ -46,6 +46,29 @@ fn main() -> Result<(), lode_scheduler::Error> {
             .sum::<f64>()
             / (synthetic.hours * 3600.0 * f64::from(config.cluster.total_gpus()));
         println!("offered GPU load {offered:.2}");
+        if std::env::var("DEMAND").is_ok() {
+            // CPUs each job needs at its ideal speed with data workers (linear workers at
+            // the knee, the training worker's own CPUs), over the cluster's CPUs.
+            let cpus: f64 = config
+                .cluster
+                .machines
+                .iter()
+                .map(|m| f64::from(m.cpus))
+                .sum();
+            let need: f64 = trace
+                .jobs
+                .iter()
+                .map(|j| {
+                    let m = j.model;
+                    let p = m.saturation.map_or(1.0, |s| -s * (1.0 - 1.0 / s).ln());
+                    f64::from(j.gpus) * (m.cpu_per_gpu * p + m.tw_cpu_per_gpu) * j.ideal_secs()
+                })
+                .sum();
+            println!(
+                "CPU demand at ideal speed: {:.2} of the cluster's CPUs",
+                need / (synthetic.hours * 3600.0 * cpus)
+            );
+        }
         if std::env::var("DETAIL").is_ok() {
             for r in &results {
                 let n = r.jobs.len() as f64;
