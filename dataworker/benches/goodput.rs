@@ -47,11 +47,6 @@ use lode_proto::service::{connect_receiver, BearerAuth, MAX_MESSAGE_BYTES};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// The allocator of the `lode` binary (src/main.rs): the receiver's tensors are allocated on
-/// its threads and freed by the consumer, which is where allocators differ most.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 const JOB: u64 = 3;
 const TOKEN: &str = "bench-token";
 const TENSOR_VALUES: usize = 1 << 16;
