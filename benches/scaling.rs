@@ -143,6 +143,7 @@ async fn run_case(n: usize, latency: Duration, window: Duration) -> anyhow::Resu
             compression: Compression::Off,
             stage: None,
             ignore_errors: false,
+            tls: None,
         };
         workers.push(tokio::spawn(run_worker(
             config,

@@ -197,7 +197,7 @@ pub fn run_dispatcher(args: DispatcherArgs, out: &mut dyn std::io::Write) -> any
                     let (token, url) = (token.clone(), url.clone());
                     async move {
                         let status = async {
-                            let mut c = connect(&url, &token).await.ok()?;
+                            let mut c = connect(&url, &token, None).await.ok()?;
                             c.status(StatusRequest { job_id: job }).await.ok()
                         }
                         .await;
@@ -231,6 +231,7 @@ pub fn run_worker_command(args: WorkerArgs, out: &mut dyn std::io::Write) -> any
             .map_err(|e| anyhow::anyhow!("--compression: {e}"))?,
         stage: args.stage,
         ignore_errors: args.ignore_errors,
+        tls: None,
     };
     let rt = runtime()?;
     let summary = rt
@@ -333,7 +334,7 @@ pub async fn consume(
     args: &ConsumeArgs,
     progress: Option<Arc<std::sync::Mutex<ConsumeSummary>>>,
 ) -> anyhow::Result<ConsumeSummary> {
-    let mut dispatcher = connect(&args.dispatcher, &args.token).await?;
+    let mut dispatcher = connect(&args.dispatcher, &args.token, None).await?;
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -385,7 +386,7 @@ pub async fn consume(
         ));
     }
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve_receiver(listener, service, async {
+    let server = tokio::spawn(serve_receiver(listener, service, None, async {
         let _ = stop_rx.await;
     }));
     // Buffered: every report of the watermark flushes first, so the log always holds every
@@ -484,7 +485,7 @@ pub fn run_consume(args: ConsumeArgs, out: &mut dyn std::io::Write) -> anyhow::R
 pub fn run_drain(args: DrainArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
     let rt = runtime()?;
     rt.block_on(async {
-        let mut client = connect(&args.addr, &args.token).await?;
+        let mut client = connect(&args.addr, &args.token, None).await?;
         client
             .drain(lode_proto::service::v1::DrainRequest {
                 job_id: args.job,
@@ -509,7 +510,7 @@ fn worker_status(status: i32) -> &'static str {
 pub fn run_status(args: StatusArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
     let rt = runtime()?;
     let status = rt.block_on(async {
-        let mut client = connect(&args.addr, &args.token).await?;
+        let mut client = connect(&args.addr, &args.token, None).await?;
         let status = client
             .status(StatusRequest { job_id: args.job })
             .await

@@ -252,7 +252,7 @@ impl LocalBackend {
         let status = self.rt.block_on(async {
             let mut c = match client.take() {
                 Some(c) => c,
-                None => tokio::time::timeout(RPC_TIMEOUT, connect(&a.dispatcher, &a.token))
+                None => tokio::time::timeout(RPC_TIMEOUT, connect(&a.dispatcher, &a.token, None))
                     .await
                     .map_err(|_| anyhow::anyhow!("connecting timed out"))??,
             };
