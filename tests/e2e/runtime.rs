@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::{fixtures, lode, ok, stderr};
+use crate::support::{fixtures, lode, ok, stderr, tls_file};
 
 const TOKEN: &str = "e2e-token";
 
@@ -511,16 +511,6 @@ fn a_worker_whose_job_is_gone_exits_on_its_own() {
                 .any(|m| err.contains(m)),
         "{err}"
     );
-}
-
-/// A file of the test-only TLS material in `proto/testdata/tls/`.
-fn tls_file(file: &str) -> String {
-    crate::support::repo()
-        .join("proto/testdata/tls")
-        .join(file)
-        .to_str()
-        .expect("UTF-8")
-        .to_owned()
 }
 
 #[test]

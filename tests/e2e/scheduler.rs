@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::{lode, ok, stderr};
+use crate::support::{lode, ok, stderr, tls_file};
 
 /// A child killed (SIGINT first, then SIGKILL) when dropped, so a failing test leaves nothing.
 struct Job(Child);
@@ -201,15 +201,11 @@ fn the_scheduler_reaches_a_tls_job_and_its_workers_join_it_over_tls() {
     let tmp = tempfile::tempdir().expect("tmp");
     let jobs = tmp.path().join("jobs");
     std::fs::create_dir(&jobs).expect("mkdir");
-    let tls = |file: &str| {
-        crate::support::repo()
-            .join("proto/testdata/tls")
-            .join(file)
-            .to_str()
-            .expect("UTF-8")
-            .to_owned()
-    };
-    let (cert, key, ca) = (tls("server.crt"), tls("server.key"), tls("ca.crt"));
+    let (cert, key, ca) = (
+        tls_file("server.crt"),
+        tls_file("server.key"),
+        tls_file("ca.crt"),
+    );
     let heavy = synthetic(tmp.path(), "heavy", "40ms");
     let _job = start_job_with(
         &heavy,

@@ -104,6 +104,35 @@ async fn welcomed(served: &Served) -> TcpStream {
     s
 }
 
+/// The answer to step `step` of stage 0 pushed over `client`.
+async fn pushed(client: &mut DataPlaneClient, step: u64) -> PushStatus {
+    client
+        .push(&frame(&message(JOB, 0, step)))
+        .await
+        .expect("answer")
+        .status
+}
+
+/// Pushes step `step` of stage 0 by gRPC to the receiver at `addr` (a new connection); the
+/// error is the connection's or the call's.
+async fn grpc_push(
+    addr: &str,
+    tls: Option<&ClientTls>,
+    step: u64,
+) -> Result<lode_proto::service::v1::PushResponse, String> {
+    let mut grpc = lode_proto::service::connect_receiver(addr, TOKEN, tls)
+        .await
+        .map_err(|e| e.to_string())?;
+    let request = lode_proto::service::v1::PushRequest {
+        job_id: JOB,
+        frame: frame(&message(JOB, 0, step)).into(),
+    };
+    match grpc.push(request).await {
+        Ok(answer) => Ok(answer.into_inner()),
+        Err(status) => Err(status.to_string()),
+    }
+}
+
 /// Reads one push answer (status, reason).
 async fn answer(s: &mut TcpStream) -> (u8, String) {
     let code = s.read_u8().await.expect("status");
@@ -203,17 +232,7 @@ async fn frames_are_answered_like_grpc_push() {
     assert!(client.push(&good).await.is_err_and(|e| e.is_unreachable()));
 
     // gRPC still answers on the same port.
-    let mut grpc = lode_proto::service::connect_receiver(&served.addr, TOKEN, None)
-        .await
-        .expect("connect");
-    let answer = grpc
-        .push(lode_proto::service::v1::PushRequest {
-            job_id: JOB,
-            frame: frame(&message(JOB, 0, 1)).into(),
-        })
-        .await
-        .expect("answered")
-        .into_inner();
+    let answer = grpc_push(&served.addr, None, 1).await.expect("answered");
     assert_eq!(answer.status, PushStatus::Accepted as i32);
     assert_eq!(served.buffer.metrics().accepted, 2);
     served.shutdown().await;
@@ -303,26 +322,11 @@ async fn a_tls_receiver_takes_both_transports_on_one_port_and_only_over_tls() {
     let mut plane = DataPlaneClient::connect(&served.addr, JOB, TOKEN, Some(&ca))
         .await
         .expect("welcome over TLS");
-    assert_eq!(
-        plane
-            .push(&frame(&message(JOB, 0, 0)))
-            .await
-            .expect("answer")
-            .status,
-        PushStatus::Accepted
-    );
+    assert_eq!(pushed(&mut plane, 0).await, PushStatus::Accepted);
     // gRPC over TLS, on the same port.
-    let mut grpc = lode_proto::service::connect_receiver(&served.addr, TOKEN, Some(&ca))
+    let answer = grpc_push(&served.addr, Some(&ca), 1)
         .await
-        .expect("connect over TLS");
-    let answer = grpc
-        .push(lode_proto::service::v1::PushRequest {
-            job_id: JOB,
-            frame: frame(&message(JOB, 0, 1)).into(),
-        })
-        .await
-        .expect("answered")
-        .into_inner();
+        .expect("answered over TLS");
     assert_eq!(answer.status, PushStatus::Accepted as i32);
 
     // A plaintext hello is not a TLS handshake: no welcome, the connection is closed.
@@ -340,15 +344,8 @@ async fn a_tls_receiver_takes_both_transports_on_one_port_and_only_over_tls() {
         .await
         .is_err());
     // A plaintext gRPC push fails too (at connect or at the call).
-    if let Ok(mut c) = lode_proto::service::connect_receiver(&plain, TOKEN, None).await {
-        let refused = c
-            .push(lode_proto::service::v1::PushRequest {
-                job_id: JOB,
-                frame: frame(&message(JOB, 0, 2)).into(),
-            })
-            .await;
-        assert!(refused.is_err(), "{refused:?}");
-    }
+    let refused = grpc_push(&plain, None, 2).await;
+    assert!(refused.is_err(), "{refused:?}");
     // A client that trusts another CA refuses the receiver, and says it is not a matter of
     // retrying.
     let other = ClientTls::from_ca_file(&testdata("other-ca.crt")).expect("other CA");
@@ -364,14 +361,7 @@ async fn a_tls_receiver_takes_both_transports_on_one_port_and_only_over_tls() {
 
     // None of that touched the buffer, and the receiver goes on serving.
     assert_eq!(served.buffer.metrics().accepted, 2);
-    assert_eq!(
-        plane
-            .push(&frame(&message(JOB, 0, 2)))
-            .await
-            .expect("answer")
-            .status,
-        PushStatus::Accepted
-    );
+    assert_eq!(pushed(&mut plane, 2).await, PushStatus::Accepted);
     for step in 0..3 {
         assert_eq!(served.buffer.try_pop().expect("in order").step, step);
     }
