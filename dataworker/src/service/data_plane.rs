@@ -154,7 +154,7 @@ impl DataPlaneClient {
         hello.extend_from_slice(&job.to_le_bytes());
         hello.extend_from_slice(&token_len.to_le_bytes());
         hello.extend_from_slice(token.as_bytes());
-        stream.write_all(&hello).await.map_err(io)?;
+        send(&mut stream, &hello).await.map_err(io)?;
         let verdict = stream.read_u8().await.map_err(io)?;
         match verdict {
             WELCOME => Ok(DataPlaneClient {
@@ -222,6 +222,8 @@ impl DataPlaneClient {
             }
             IoSlice::advance_slices(&mut unsent, sent);
         }
+        // Over TLS the last records may still sit in the session's buffer.
+        self.stream.flush().await.map_err(io)?;
         // Status, retry_after_ms and the reason's length in one read.
         let mut head = [0u8; 7];
         self.stream.read_exact(&mut head).await.map_err(io)?;
@@ -256,6 +258,14 @@ async fn read_reason(stream: &mut (impl AsyncRead + Unpin)) -> std::io::Result<S
     let mut reason = vec![0u8; usize::from(len)];
     stream.read_exact(&mut reason).await?;
     Ok(String::from_utf8_lossy(&reason).into_owned())
+}
+
+/// Writes `bytes` and flushes them: a TLS stream keeps what the socket did not take yet in its
+/// session's buffer, and both ends wait for an answer after each message (a plain TCP
+/// stream's flush does nothing).
+async fn send(stream: &mut (impl AsyncWrite + Unpin), bytes: &[u8]) -> std::io::Result<()> {
+    stream.write_all(bytes).await?;
+    stream.flush().await
 }
 
 /// `reason` cut to [`MAX_REASON_BYTES`] at a character boundary.
@@ -383,10 +393,10 @@ pub(crate) async fn serve_connection(
         tracing::warn!(?peer, %reason, "data plane: refused a connection");
         let mut out = vec![REFUSED];
         put_reason(&mut out, &reason);
-        let _ = stream.write_all(&out).await;
+        let _ = send(&mut stream, &out).await;
         return;
     }
-    if stream.write_all(&[WELCOME]).await.is_err() {
+    if send(&mut stream, &[WELCOME]).await.is_err() {
         return;
     }
     let mut decoder = StepDecoder::new(max_frame_bytes());
@@ -405,9 +415,7 @@ pub(crate) async fn serve_connection(
             let reason =
                 format!("a {len}-byte frame is over the limit of {MAX_MESSAGE_BYTES} bytes");
             tracing::warn!(?peer, %reason, "data plane: closing a connection");
-            let _ = stream
-                .write_all(&answer_bytes(PushStatus::Rejected, 0, &reason))
-                .await;
+            let _ = send(&mut stream, &answer_bytes(PushStatus::Rejected, 0, &reason)).await;
             return;
         }
         let sum = match read_frame(&mut stream, len, &mut frame).await {
@@ -423,9 +431,7 @@ pub(crate) async fn serve_connection(
         } else {
             0
         };
-        let sent = stream
-            .write_all(&answer_bytes(status, retry_after_ms, &reason))
-            .await;
+        let sent = send(&mut stream, &answer_bytes(status, retry_after_ms, &reason)).await;
         if sent.is_err() || status == PushStatus::Rejected {
             if status == PushStatus::Rejected {
                 tracing::warn!(?peer, %reason, "data plane: closing after a rejected frame");

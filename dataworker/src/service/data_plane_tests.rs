@@ -1,4 +1,5 @@
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -359,10 +360,25 @@ async fn a_tls_receiver_takes_both_transports_on_one_port_and_only_over_tls() {
         .expect_err("no CA");
     assert!(no_ca.to_string().contains("--tls-ca"), "{no_ca}");
 
-    // None of that touched the buffer, and the receiver goes on serving.
+    // None of that touched the buffer, and the receiver goes on serving, frames of many TLS
+    // records included (each write must be flushed out of TLS's buffer before the answer is
+    // awaited, on both sides).
     assert_eq!(served.buffer.metrics().accepted, 2);
     assert_eq!(pushed(&mut plane, 2).await, PushStatus::Accepted);
-    for step in 0..3 {
+    let mut big = message(JOB, 0, 3);
+    big.tensors =
+        vec![
+            crate::Tensor::new(vec![1 << 21], crate::TensorData::Int64(vec![7; 1 << 21]))
+                .expect("16 MiB"),
+        ];
+    for _ in 0..2 {
+        let answer = tokio::time::timeout(Duration::from_secs(20), plane.push(&frame(&big)))
+            .await
+            .expect("answered in time")
+            .expect("answer");
+        assert_ne!(answer.status, PushStatus::Rejected, "{}", answer.reason);
+    }
+    for step in 0..4 {
         assert_eq!(served.buffer.try_pop().expect("in order").step, step);
     }
     served.shutdown().await;
