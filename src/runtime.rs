@@ -175,7 +175,11 @@ async fn stop_requested() {
 
 pub fn run_dispatcher(args: DispatcherArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
     let tls = server_tls(&args.tls)?;
-    let own_ca = client_tls(args.tls_ca.as_deref())?;
+    // Only its own TLS port needs it (a CA with a plaintext port would warn at every scrape).
+    let own_ca = match &tls {
+        Some(_) => client_tls(args.tls_ca.as_deref())?,
+        None => None,
+    };
     if tls.is_some() && args.metrics.is_some() && own_ca.is_none() {
         bail!(
             "--metrics with --tls-cert needs --tls-ca (the CA of the dispatcher's certificate): \

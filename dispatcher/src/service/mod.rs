@@ -9,6 +9,11 @@
 //! `Core::apply`, which journals the events (one fsync'ed line per request) before
 //! the handler answers: whatever a client was told survives a crash.
 //!
+//! With [`ServiceConfig::tls`] the port serves TLS only: every accepted connection completes a
+//! handshake (on its own task, within [`lode_proto::tls::HANDSHAKE_TIMEOUT`], holding one of
+//! the [`MAX_CONNECTIONS`] permits) before gRPC sees a byte of it; one that does not is logged
+//! and closed.
+//!
 //! A background task ticks every [`TICK_INTERVAL`]: it expires leases whose deadline passed
 //! and declares lost every worker silent for `missed_heartbeats` heartbeat intervals.
 //!
