@@ -126,6 +126,8 @@ async fn run_case(n: usize, latency: Duration, window: Duration) -> anyhow::Resu
         resume_from: None,
         capacity: u64::try_from(4 * n).unwrap_or(u64::MAX).max(64),
         metrics: None,
+        tls: Default::default(),
+        tls_client: Default::default(),
     };
     let consumer = tokio::spawn({
         let progress = progress.clone();
@@ -143,6 +145,7 @@ async fn run_case(n: usize, latency: Duration, window: Duration) -> anyhow::Resu
             compression: Compression::Off,
             stage: None,
             ignore_errors: false,
+            tls: None,
         };
         workers.push(tokio::spawn(run_worker(
             config,

@@ -204,6 +204,27 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     std::time::Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
 }
 
+/// TLS for a port this command serves: certificate and key together, or neither (plaintext).
+#[derive(Debug, Clone, Default, Args)]
+pub struct ServerTlsArgs {
+    /// Serve TLS only, with this PEM certificate chain (the server's certificate first; its
+    /// SANs must cover the address clients dial). Needs --tls-key. Also LODE_TLS_CERT.
+    #[arg(long, value_name = "FILE", env = "LODE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert. Also LODE_TLS_KEY.
+    #[arg(long, value_name = "FILE", env = "LODE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+/// TLS for the connections this command opens.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ClientTlsArgs {
+    /// PEM CA certificate(s) that sign the servers' certificates: needed to reach https://
+    /// addresses (http:// ones stay plaintext). Also LODE_TLS_CA.
+    #[arg(long, value_name = "FILE", env = "LODE_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+}
+
 #[derive(Debug, Args)]
 pub struct DispatcherArgs {
     /// A plan directory written by `lode partition`.
@@ -240,11 +261,18 @@ pub struct DispatcherArgs {
     /// Serve Prometheus metrics (GET /metrics) on this address.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
+    #[command(flatten)]
+    pub tls: ServerTlsArgs,
+    /// With --tls-cert and --metrics: the PEM CA certificate that signed --tls-cert (the
+    /// metrics endpoint reads the job's status through the dispatcher's TLS port). Also
+    /// LODE_TLS_CA.
+    #[arg(long, value_name = "FILE", env = "LODE_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
-    /// The dispatcher, http://host:port.
+    /// The dispatcher, http://host:port (https:// with --tls-ca).
     #[arg(long)]
     pub dispatcher: String,
     /// The job's token (also LODE_TOKEN).
@@ -270,11 +298,13 @@ pub struct WorkerArgs {
     /// Skip and count corrupt records instead of failing.
     #[arg(long)]
     pub ignore_errors: bool,
+    #[command(flatten)]
+    pub tls: ClientTlsArgs,
 }
 
 #[derive(Debug, Args)]
 pub struct ConsumeArgs {
-    /// The dispatcher, http://host:port.
+    /// The dispatcher, http://host:port (https:// with --tls-ca).
     #[arg(long)]
     pub dispatcher: String,
     /// The job's token (also LODE_TOKEN).
@@ -303,11 +333,17 @@ pub struct ConsumeArgs {
     /// Serve the receiver's Prometheus metrics (GET /metrics) on this address.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
+    // The receiver serves TLS only, and is registered as https://ADDR.
+    #[command(flatten)]
+    pub tls: ServerTlsArgs,
+    // For an https:// dispatcher.
+    #[command(flatten)]
+    pub tls_client: ClientTlsArgs,
 }
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// The dispatcher, http://host:port.
+    /// The dispatcher, http://host:port (https:// with --tls-ca).
     pub addr: String,
     /// The job's token (also LODE_TOKEN).
     #[arg(long, env = "LODE_TOKEN", hide_env_values = true)]
@@ -316,6 +352,8 @@ pub struct StatusArgs {
     pub job: u64,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text, env = "LODE_FORMAT")]
     pub format: OutputFormat,
+    #[command(flatten)]
+    pub tls: ClientTlsArgs,
 }
 
 #[derive(Debug, Args)]
@@ -347,6 +385,12 @@ pub struct RunArgs {
     /// The job's name in the announcement (default: the input's file name and this process id).
     #[arg(long)]
     pub name: Option<String>,
+    // The dispatcher and the consumer's receiver serve TLS with this identity (give all three
+    // TLS flags, or none); the workers get --tls-ca.
+    #[command(flatten)]
+    pub tls: ServerTlsArgs,
+    #[command(flatten)]
+    pub tls_client: ClientTlsArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -384,11 +428,14 @@ pub struct SchedulerArgs {
     pub rounds: Option<u64>,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text, env = "LODE_FORMAT")]
     pub format: OutputFormat,
+    // For https:// dispatchers; passed on to the workers the scheduler starts.
+    #[command(flatten)]
+    pub tls: ClientTlsArgs,
 }
 
 #[derive(Debug, Args)]
 pub struct DrainArgs {
-    /// The dispatcher, http://host:port.
+    /// The dispatcher, http://host:port (https:// with --tls-ca).
     pub addr: String,
     /// The worker's id (see `lode status`).
     #[arg(long)]
@@ -398,4 +445,6 @@ pub struct DrainArgs {
     pub token: String,
     #[arg(long, default_value_t = 1)]
     pub job: u64,
+    #[command(flatten)]
+    pub tls: ClientTlsArgs,
 }

@@ -17,11 +17,32 @@ use lode_dispatcher::{DispatcherConfig, JobId, ServiceConfig, Shuffle};
 use lode_proto::plan::PlanDir;
 use lode_proto::service::connect;
 use lode_proto::service::v1::{ConsumedRequest, RegisterConsumerRequest, StatusRequest};
+use lode_proto::tls::{ClientTls, ServerTls};
 use serde::Serialize;
 
 use crate::cli::{
-    ConsumeArgs, DispatcherArgs, DrainArgs, OutputFormat, RunArgs, StatusArgs, WorkerArgs,
+    ConsumeArgs, DispatcherArgs, DrainArgs, OutputFormat, RunArgs, ServerTlsArgs, StatusArgs,
+    WorkerArgs,
 };
+
+/// The server identity of `--tls-cert` and `--tls-key`, when given.
+pub fn server_tls(args: &ServerTlsArgs) -> anyhow::Result<Option<ServerTls>> {
+    match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Ok(Some(ServerTls::from_pem_files(cert, key)?)),
+        (None, None) => Ok(None),
+        _ => bail!("--tls-cert and --tls-key go together"),
+    }
+}
+
+/// The trust of `--tls-ca`, when given.
+pub fn client_tls(ca: Option<&Path>) -> anyhow::Result<Option<ClientTls>> {
+    Ok(ca.map(ClientTls::from_ca_file).transpose()?)
+}
+
+/// The address clients dial for a listener on `addr`: https when it serves TLS.
+fn url_of(addr: std::net::SocketAddr, tls: bool) -> String {
+    format!("{}://{addr}", if tls { "https" } else { "http" })
+}
 
 /// A fresh random token (hex), from the OS's randomness through std's hasher seeds.
 pub fn generate_token() -> String {
@@ -153,6 +174,18 @@ async fn stop_requested() {
 }
 
 pub fn run_dispatcher(args: DispatcherArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    let tls = server_tls(&args.tls)?;
+    // Only its own TLS port needs it (a CA with a plaintext port would warn at every scrape).
+    let own_ca = match &tls {
+        Some(_) => client_tls(args.tls_ca.as_deref())?,
+        None => None,
+    };
+    if tls.is_some() && args.metrics.is_some() && own_ca.is_none() {
+        bail!(
+            "--metrics with --tls-cert needs --tls-ca (the CA of the dispatcher's certificate): \
+             the metrics endpoint reads the job's status through the TLS port"
+        );
+    }
     let plan = PlanDir::open(&args.plan)?;
     let (token, generated) = match &args.token {
         Some(t) => (t.clone(), false),
@@ -165,24 +198,21 @@ pub fn run_dispatcher(args: DispatcherArgs, out: &mut dyn std::io::Write) -> any
         Duration::from_millis(args.lease_ms),
         args.max_leases,
     )?;
-    let service = service_config(&plan, args.job, &token, config, &args.journal)?;
+    let mut service = service_config(&plan, args.job, &token, config, &args.journal)?;
+    service.tls = tls;
     let rt = runtime()?;
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
-        let addr = listener.local_addr()?;
-        writeln!(
-            out,
-            "dispatcher for job-{} listening on http://{addr}",
-            args.job
-        )?;
+        let url = url_of(listener.local_addr()?, service.tls.is_some());
+        writeln!(out, "dispatcher for job-{} listening on {url}", args.job)?;
         if generated {
             writeln!(out, "token: {token}")?;
         }
         out.flush()?;
         if let Some(file) = &args.addr_file {
-            lode_proto::io::write_atomic(file, format!("http://{addr}").as_bytes())?;
+            lode_proto::io::write_atomic(file, url.as_bytes())?;
         }
         if let Some(metrics_addr) = &args.metrics {
             let metrics = tokio::net::TcpListener::bind(metrics_addr)
@@ -190,14 +220,14 @@ pub fn run_dispatcher(args: DispatcherArgs, out: &mut dyn std::io::Write) -> any
                 .with_context(|| format!("cannot serve metrics on {metrics_addr}"))?;
             writeln!(out, "metrics on http://{}/metrics", metrics.local_addr()?)?;
             out.flush()?;
-            let (job, token, url) = (args.job, token.clone(), format!("http://{addr}"));
+            let (job, token, url) = (args.job, token.clone(), url.clone());
             tokio::spawn(crate::metrics::serve_metrics(
                 metrics,
                 move || {
-                    let (token, url) = (token.clone(), url.clone());
+                    let (token, url, ca) = (token.clone(), url.clone(), own_ca.clone());
                     async move {
                         let status = async {
-                            let mut c = connect(&url, &token).await.ok()?;
+                            let mut c = connect(&url, &token, ca.as_ref()).await.ok()?;
                             c.status(StatusRequest { job_id: job }).await.ok()
                         }
                         .await;
@@ -231,6 +261,7 @@ pub fn run_worker_command(args: WorkerArgs, out: &mut dyn std::io::Write) -> any
             .map_err(|e| anyhow::anyhow!("--compression: {e}"))?,
         stage: args.stage,
         ignore_errors: args.ignore_errors,
+        tls: client_tls(args.tls.tls_ca.as_deref())?,
     };
     let rt = runtime()?;
     let summary = rt
@@ -333,15 +364,17 @@ pub async fn consume(
     args: &ConsumeArgs,
     progress: Option<Arc<std::sync::Mutex<ConsumeSummary>>>,
 ) -> anyhow::Result<ConsumeSummary> {
-    let mut dispatcher = connect(&args.dispatcher, &args.token).await?;
+    let tls = server_tls(&args.tls)?;
+    let ca = client_tls(args.tls_client.tls_ca.as_deref())?;
+    let mut dispatcher = connect(&args.dispatcher, &args.token, ca.as_ref()).await?;
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
-    let addr = listener.local_addr()?;
+    let receiver_addr = url_of(listener.local_addr()?, tls.is_some());
     let reg = dispatcher
         .register_consumer(RegisterConsumerRequest {
             job_id: args.job,
-            receiver_addr: format!("http://{addr}"),
+            receiver_addr,
         })
         .await
         .context("RegisterConsumer")?
@@ -385,7 +418,7 @@ pub async fn consume(
         ));
     }
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve_receiver(listener, service, async {
+    let server = tokio::spawn(serve_receiver(listener, service, tls, async {
         let _ = stop_rx.await;
     }));
     // Buffered: every report of the watermark flushes first, so the log always holds every
@@ -482,9 +515,10 @@ pub fn run_consume(args: ConsumeArgs, out: &mut dyn std::io::Write) -> anyhow::R
 }
 
 pub fn run_drain(args: DrainArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    let ca = client_tls(args.tls.tls_ca.as_deref())?;
     let rt = runtime()?;
     rt.block_on(async {
-        let mut client = connect(&args.addr, &args.token).await?;
+        let mut client = connect(&args.addr, &args.token, ca.as_ref()).await?;
         client
             .drain(lode_proto::service::v1::DrainRequest {
                 job_id: args.job,
@@ -507,9 +541,10 @@ fn worker_status(status: i32) -> &'static str {
 }
 
 pub fn run_status(args: StatusArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    let ca = client_tls(args.tls.tls_ca.as_deref())?;
     let rt = runtime()?;
     let status = rt.block_on(async {
-        let mut client = connect(&args.addr, &args.token).await?;
+        let mut client = connect(&args.addr, &args.token, ca.as_ref()).await?;
         let status = client
             .status(StatusRequest { job_id: args.job })
             .await
@@ -585,6 +620,15 @@ pub fn run_status(args: StatusArgs, out: &mut dyn std::io::Write) -> anyhow::Res
 /// `lode run`: partition (when given a model), then a dispatcher and a consumer in this
 /// process and `--workers` worker processes, until `--steps` steps are consumed.
 pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    let tls = server_tls(&args.tls)?;
+    let ca = args.tls_client.tls_ca.clone();
+    if tls.is_some() != ca.is_some() {
+        bail!(
+            "lode run takes --tls-cert, --tls-key and --tls-ca together (its consumer and \
+             workers check the dispatcher's and receiver's certificate against the CA), or none"
+        );
+    }
+    client_tls(ca.as_deref())?;
     let input = args
         .input
         .clone()
@@ -602,13 +646,14 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
     let job = 1;
     let config = dispatcher_config(&plan, None, args.epochs, Duration::from_secs(10), 3)?;
     let steps_total = args.steps;
-    let service = service_config(
+    let mut service = service_config(
         &plan,
         job,
         &token,
         config.clone(),
         &scratch.path().join("journal"),
     )?;
+    service.tls = tls;
     let rt = runtime()?;
     let exe = std::env::current_exe().context("cannot find the lode executable")?;
     let log = args
@@ -617,7 +662,7 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
         .unwrap_or_else(|| scratch.path().join("consumer.jsonl"));
     let summary = rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = format!("http://{}", listener.local_addr()?);
+        let addr = url_of(listener.local_addr()?, service.tls.is_some());
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let dispatcher = tokio::spawn(lode_dispatcher::serve(listener, service, async {
             let _ = stop_rx.await;
@@ -643,9 +688,14 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
         };
         let mut workers = Vec::new();
         for i in 0..args.workers {
-            let child = std::process::Command::new(&exe)
+            let mut command = std::process::Command::new(&exe);
+            command
                 .args(["worker", "--dispatcher", &addr, "--token", &token, "-q"])
-                .args(["--name", &format!("worker-{i}")])
+                .args(["--name", &format!("worker-{i}")]);
+            if let Some(ca) = &ca {
+                command.arg("--tls-ca").arg(ca);
+            }
+            let child = command
                 .stdout(std::process::Stdio::null())
                 .spawn()
                 .context("cannot start a worker process")?;
@@ -663,6 +713,8 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
             resume_from: None,
             capacity: 64,
             metrics: None,
+            tls: args.tls.clone(),
+            tls_client: args.tls_client.clone(),
         };
         let bar = indicatif::ProgressBar::new(steps_total);
         bar.set_style(

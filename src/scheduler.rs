@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use lode_proto::service::v1::{self, DrainRequest, StatusRequest};
 use lode_proto::service::{connect, DispatcherClient};
+use lode_proto::tls::ClientTls;
 use lode_scheduler::live::{LiveJob, QueueReading};
 use lode_scheduler::policy::MachineView;
 use lode_scheduler::{decide, Backend, DecideConfig, Decision, JobId, MachineId, Policy, Snapshot};
@@ -42,7 +43,7 @@ const LOCAL: MachineId = MachineId(0);
 #[serde(deny_unknown_fields)]
 pub struct Announcement {
     pub name: String,
-    /// `http://host:port` of the job's dispatcher.
+    /// `http://host:port` of the job's dispatcher (`https://` when it serves TLS).
     pub dispatcher: String,
     pub job: u64,
     pub token: String,
@@ -157,6 +158,8 @@ pub struct LocalBackend {
     jobs_dir: PathBuf,
     budget: u32,
     exe: PathBuf,
+    /// `--tls-ca`: trusted for https dispatchers, and handed to the workers started.
+    tls: Option<(PathBuf, ClientTls)>,
     clock: Instant,
     jobs: BTreeMap<String, Tracked>,
     ids: BTreeMap<String, JobId>,
@@ -165,7 +168,12 @@ pub struct LocalBackend {
 }
 
 impl LocalBackend {
-    pub fn new(jobs_dir: &Path, budget: u32, exe: PathBuf) -> anyhow::Result<Self> {
+    pub fn new(
+        jobs_dir: &Path,
+        budget: u32,
+        exe: PathBuf,
+        tls_ca: Option<&Path>,
+    ) -> anyhow::Result<Self> {
         anyhow::ensure!(
             jobs_dir.is_dir(),
             "{}: the jobs directory does not exist",
@@ -175,11 +183,16 @@ impl LocalBackend {
             .enable_all()
             .build()
             .context("cannot start the async runtime")?;
+        let tls = match tls_ca {
+            Some(ca) => Some((ca.to_owned(), ClientTls::from_ca_file(ca)?)),
+            None => None,
+        };
         Ok(Self {
             rt,
             jobs_dir: jobs_dir.to_owned(),
             budget,
             exe,
+            tls,
             clock: Instant::now(),
             jobs: BTreeMap::new(),
             ids: BTreeMap::new(),
@@ -249,10 +262,11 @@ impl LocalBackend {
         let tracked = self.jobs.get_mut(name)?;
         let a = tracked.announcement.clone();
         let mut client = tracked.client.clone();
+        let tls = self.tls.as_ref().map(|(_, tls)| tls);
         let status = self.rt.block_on(async {
             let mut c = match client.take() {
                 Some(c) => c,
-                None => tokio::time::timeout(RPC_TIMEOUT, connect(&a.dispatcher, &a.token))
+                None => tokio::time::timeout(RPC_TIMEOUT, connect(&a.dispatcher, &a.token, tls))
                     .await
                     .map_err(|_| anyhow::anyhow!("connecting timed out"))??,
             };
@@ -316,10 +330,15 @@ impl LocalBackend {
         self.spawn_seq += 1;
         let a = &tracked.announcement;
         let worker_name = format!("{WORKER_PREFIX}{}-{}", a.name, self.spawn_seq);
-        let child = std::process::Command::new(&self.exe)
+        let mut command = std::process::Command::new(&self.exe);
+        command
             .args(["worker", "--dispatcher", &a.dispatcher])
             .args(["--job", &a.job.to_string(), "--threads", "1", "-q"])
-            .args(["--name", &worker_name])
+            .args(["--name", &worker_name]);
+        if let Some((ca, _)) = &self.tls {
+            command.arg("--tls-ca").arg(ca);
+        }
+        let child = command
             .env("LODE_TOKEN", &a.token)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -526,7 +545,7 @@ pub fn run_scheduler(args: SchedulerArgs, out: &mut dyn std::io::Write) -> anyho
             .map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
     });
     let exe = std::env::current_exe().context("cannot find the lode executable")?;
-    let mut backend = LocalBackend::new(&args.jobs, budget, exe)?;
+    let mut backend = LocalBackend::new(&args.jobs, budget, exe, args.tls.tls_ca.as_deref())?;
     let config = DecideConfig::default();
     let mut round = 0u64;
     let result = (|| -> anyhow::Result<()> {

@@ -194,7 +194,7 @@ async fn service_transfer(
         let _ = stopped.await;
     };
     let server = match windows {
-        Windows::Default => tokio::spawn(serve_receiver(listener, service, shutdown)),
+        Windows::Default => tokio::spawn(serve_receiver(listener, service, None, shutdown)),
         Windows::Wide => tokio::spawn(async move {
             tonic::transport::Server::builder()
                 .initial_stream_window_size(WIDE_STREAM_WINDOW)
@@ -217,12 +217,12 @@ async fn service_transfer(
     for _ in 0..pushers {
         clients.push(match transport {
             Transport::DataPlane => Pusher::DataPlane(
-                DataPlaneClient::connect(&addr, JOB, TOKEN)
+                DataPlaneClient::connect(&addr, JOB, TOKEN, None)
                     .await
                     .expect("connect"),
             ),
             Transport::Grpc(Windows::Default) => {
-                Pusher::Grpc(connect_receiver(&addr, TOKEN).await.expect("connect"))
+                Pusher::Grpc(connect_receiver(&addr, TOKEN, None).await.expect("connect"))
             }
             Transport::Grpc(Windows::Wide) => {
                 let channel = tonic::transport::Endpoint::from_shared(addr.clone())

@@ -98,7 +98,7 @@ async fn worker(
     done: mpsc::UnboundedSender<u64>,
     per_epoch: u64,
 ) -> WorkerStats {
-    let mut client = connect(&endpoint, TOKEN).await.expect("connect");
+    let mut client = connect(&endpoint, TOKEN, None).await.expect("connect");
     let worker_id = client
         .register(v1::RegisterRequest {
             job_id: JOB,
@@ -225,7 +225,7 @@ async fn run_case(name: &str, journal_dir: &Path, workers: usize, secs: Duration
     }));
 
     let (done_tx, done_rx) = mpsc::unbounded_channel();
-    let consumer_client = connect(&endpoint, TOKEN).await.expect("connect");
+    let consumer_client = connect(&endpoint, TOKEN, None).await.expect("connect");
     let consumer = tokio::spawn(consumer(consumer_client, done_rx, per_epoch));
 
     // Registration of 64 workers costs 64 fsyncs; start the clock after it.

@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lode_dispatcher::journal::JOURNAL_FILE;
-use lode_dispatcher::service::endpoint_of;
+use lode_dispatcher::service::{endpoint_of, tls_endpoint_of};
 use lode_dispatcher::{
     index_batch, serve, DispatcherConfig, JobId, JournalError, ManualClock, ServeError,
     ServiceConfig, Shuffle, StepId, PROTOCOL_VERSION,
 };
 use lode_proto::service::v1::{self, lease_response::Outcome};
-use lode_proto::service::{connect, DispatcherClient};
+use lode_proto::service::{connect, ClientError, DispatcherClient};
+use lode_proto::tls::{ClientTls, ServerTls};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -52,8 +53,22 @@ struct Server {
 
 impl Server {
     async fn start(dir: &Path, dispatcher: DispatcherConfig) -> Server {
+        Server::start_with(dir, dispatcher, None).await
+    }
+
+    /// A dispatcher that serves TLS only when `tls` is given (its endpoint is then https).
+    async fn start_with(
+        dir: &Path,
+        dispatcher: DispatcherConfig,
+        tls: Option<ServerTls>,
+    ) -> Server {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let endpoint = endpoint_of(listener.local_addr().expect("local addr"));
+        let local = listener.local_addr().expect("local addr");
+        let endpoint = if tls.is_some() {
+            tls_endpoint_of(local)
+        } else {
+            endpoint_of(local)
+        };
         let clock = Arc::new(ManualClock::new());
         let stages = dispatcher.stages;
         let mut config = ServiceConfig::new(
@@ -65,6 +80,7 @@ impl Server {
             dir,
         );
         config.clock = clock.clone();
+        config.tls = tls;
         let (shutdown, stopped) = oneshot::channel();
         let task = tokio::spawn(serve(listener, config, async {
             let _ = stopped.await;
@@ -78,7 +94,7 @@ impl Server {
     }
 
     async fn client(&self) -> DispatcherClient {
-        connect(&self.endpoint, TOKEN).await.expect("connect")
+        connect(&self.endpoint, TOKEN, None).await.expect("connect")
     }
 
     async fn stop(self) {
@@ -303,7 +319,7 @@ async fn bad_credentials_and_other_jobs_are_rejected_without_touching_state() {
     let mut no_token = v1::dispatcher_client::DispatcherClient::connect(server.endpoint.clone())
         .await
         .expect("connect");
-    let mut wrong_token = connect(&server.endpoint, "not-the-token")
+    let mut wrong_token = connect(&server.endpoint, "not-the-token", None)
         .await
         .expect("connect");
     let checks: [(Code, u64); 3] = [
@@ -393,6 +409,81 @@ async fn bad_credentials_and_other_jobs_are_rejected_without_touching_state() {
         .await
         .expect("complete");
     drop((client, no_token, wrong_token));
+    server.stop().await;
+}
+
+/// A file of the test-only TLS material in `proto/testdata/tls/`.
+fn testdata(file: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../proto/testdata/tls")
+        .join(file)
+}
+
+/// The error chain in one line, as the binary prints it.
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(e) = cause {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        cause = e.source();
+    }
+    text
+}
+
+#[tokio::test]
+async fn a_tls_dispatcher_serves_clients_that_trust_its_ca_and_no_one_else() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let identity =
+        ServerTls::from_pem_files(&testdata("server.crt"), &testdata("server.key")).expect("id");
+    let server = Server::start_with(dir.path(), config(1), Some(identity)).await;
+    assert!(server.endpoint.starts_with("https://127.0.0.1:"));
+    let ca = ClientTls::from_ca_file(&testdata("ca.crt")).expect("CA");
+
+    // Over TLS, by IP (the certificate's IP SAN) and by name (its DNS SAN).
+    let mut client = connect(&server.endpoint, TOKEN, Some(&ca))
+        .await
+        .expect("connect over TLS");
+    let worker = register(&mut client, 0).await.worker_id;
+    leased(&mut client, worker).await;
+    let by_name = server.endpoint.replacen("127.0.0.1", "localhost", 1);
+    let mut named = connect(&by_name, TOKEN, Some(&ca))
+        .await
+        .expect("connect by name");
+    assert_eq!(status(&mut named).await.workers.len(), 1);
+
+    // A plaintext client on the same port gets nowhere (at connect or at its first call).
+    let plain = server.endpoint.replacen("https://", "http://", 1);
+    if let Ok(mut c) = connect(&plain, TOKEN, None).await {
+        let refused = c.status(v1::StatusRequest { job_id: JOB }).await;
+        assert!(refused.is_err(), "{refused:?}");
+    }
+    // A client that trusts another CA refuses the server; not worth retrying.
+    let other = ClientTls::from_ca_file(&testdata("other-ca.crt")).expect("other CA");
+    let distrust = connect(&server.endpoint, TOKEN, Some(&other))
+        .await
+        .expect_err("unknown issuer");
+    assert!(!distrust.is_unreachable(), "{distrust:?}");
+    let text = chain(&distrust);
+    assert!(
+        text.contains(&server.endpoint) && text.contains("certificate"),
+        "{text}"
+    );
+    // An https address without a CA: a clear error naming the address and the flag.
+    let no_ca = connect(&server.endpoint, TOKEN, None)
+        .await
+        .expect_err("no CA");
+    assert!(matches!(no_ca, ClientError::Dial(_)), "{no_ca:?}");
+    let text = no_ca.to_string();
+    assert!(
+        text.contains(&server.endpoint) && text.contains("--tls-ca"),
+        "{text}"
+    );
+
+    // None of that disturbed the server or the state.
+    let after = status(&mut client).await;
+    assert_eq!(after.workers.len(), 1);
+    assert_eq!(after.leases.len(), 1);
     server.stop().await;
 }
 

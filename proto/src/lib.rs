@@ -14,6 +14,8 @@
 //! - [`plan`]: the plan directory's `plan.json`, shared by every crate that reads a plan.
 //! - [`service`]: Lode's service protocol (`lode.v1`: dispatcher RPCs), prost + tonic code
 //!   generated from `protos/lode/service/`, with the token interceptor and shared limits.
+//! - [`tls`]: optional TLS for every connection (rustls, ring): server identities, client
+//!   trust, the https-means-TLS rule, and the streams both ends use.
 //! - [`view`]: a zero-copy GraphDef view for large graphs; unchanged nodes are written back
 //!   byte for byte.
 //!
@@ -31,6 +33,7 @@ pub mod ops;
 pub mod plan;
 pub mod service;
 pub mod text;
+pub mod tls;
 pub mod view;
 
 /// Generated rust-protobuf code; regenerate by building (see `build.rs`).

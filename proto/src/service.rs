@@ -7,17 +7,20 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use lode_proto::service::{connect, v1::StatusRequest};
-//! let mut client = connect("http://127.0.0.1:7000", "job-token").await?;
+//! let mut client = connect("http://127.0.0.1:7000", "job-token", None).await?;
 //! let status = client.status(StatusRequest { job_id: 1 }).await?.into_inner();
 //! # let _ = status; Ok(()) }
 //! ```
 
 use std::fmt;
 
+use hyper_util::rt::TokioIo;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status};
+
+use crate::tls::{self, ClientTls, DialError};
 
 /// Generated prost + tonic code; regenerate by building (see `build.rs`).
 #[allow(
@@ -170,19 +173,56 @@ pub enum ClientError {
         #[source]
         source: tonic::transport::Error,
     },
+    #[error(transparent)]
+    Dial(#[from] DialError),
 }
 
-/// Connects to the dispatcher at `addr` (`http://host:port`), sending `token` with every
-/// request and accepting messages up to [`MAX_MESSAGE_BYTES`].
-pub async fn connect(addr: &str, token: &str) -> Result<DispatcherClient, ClientError> {
-    let auth = BearerAuth::new(token)?;
-    Ok(with_auth(open_channel(addr).await?, auth))
+impl ClientError {
+    /// Whether the server was not up or went away (worth retrying), rather than refused this
+    /// client (a certificate it does not trust, no CA for an https address, a bad token).
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            ClientError::Connect { source, .. } => {
+                dial_cause(source).is_none_or(DialError::is_unreachable)
+            }
+            ClientError::Dial(e) => e.is_unreachable(),
+            ClientError::InvalidToken | ClientError::InvalidAddress { .. } => false,
+        }
+    }
 }
 
-/// Connects to a receiver (`http://host:port`) like [`connect`] does.
-pub async fn connect_receiver(addr: &str, token: &str) -> Result<ReceiverClient, ClientError> {
+/// The [`DialError`] a connection failure comes from, when the TLS connector failed.
+fn dial_cause(err: &tonic::transport::Error) -> Option<&DialError> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(err);
+    while let Some(e) = cause {
+        if let Some(dial) = e.downcast_ref::<DialError>() {
+            return Some(dial);
+        }
+        cause = e.source();
+    }
+    None
+}
+
+/// Connects to the dispatcher at `addr` (`http://host:port`, or `https://host:port` over TLS
+/// checked against `tls`'s CA), sending `token` with every request and accepting messages up
+/// to [`MAX_MESSAGE_BYTES`].
+pub async fn connect(
+    addr: &str,
+    token: &str,
+    tls: Option<&ClientTls>,
+) -> Result<DispatcherClient, ClientError> {
     let auth = BearerAuth::new(token)?;
-    let channel = open_channel(addr).await?;
+    Ok(with_auth(open_channel(addr, tls).await?, auth))
+}
+
+/// Connects to a receiver (`http://host:port` or `https://host:port`) like [`connect`] does.
+pub async fn connect_receiver(
+    addr: &str,
+    token: &str,
+    tls: Option<&ClientTls>,
+) -> Result<ReceiverClient, ClientError> {
+    let auth = BearerAuth::new(token)?;
+    let channel = open_channel(addr, tls).await?;
     Ok(
         v1::receiver_client::ReceiverClient::with_interceptor(channel, auth)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -190,20 +230,34 @@ pub async fn connect_receiver(addr: &str, token: &str) -> Result<ReceiverClient,
     )
 }
 
-async fn open_channel(addr: &str) -> Result<Channel, ClientError> {
+/// A channel to `addr`: tonic's own connector in plaintext, [`tls::dial`] over TLS (also
+/// when tonic reconnects).
+async fn open_channel(addr: &str, tls: Option<&ClientTls>) -> Result<Channel, ClientError> {
+    let trust = tls::trust_for(addr, tls)?.cloned();
     let endpoint =
         Endpoint::from_shared(addr.to_owned()).map_err(|source| ClientError::InvalidAddress {
             addr: addr.to_owned(),
             source,
         })?;
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|source| ClientError::Connect {
-            addr: addr.to_owned(),
-            source,
-        })?;
-    Ok(channel)
+    let connected = match trust {
+        None => endpoint.connect().await,
+        Some(trust) => {
+            let target: std::sync::Arc<str> = addr.into();
+            let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+                let (trust, target) = (trust.clone(), target.clone());
+                async move {
+                    tls::dial(&target, Some(&trust), tls::Protocol::Grpc)
+                        .await
+                        .map(TokioIo::new)
+                }
+            });
+            endpoint.connect_with_connector(connector).await
+        }
+    };
+    connected.map_err(|source| ClientError::Connect {
+        addr: addr.to_owned(),
+        source,
+    })
 }
 
 /// Wraps an existing channel (e.g. a lazily connecting one) like [`connect`] does.
@@ -233,6 +287,23 @@ mod tests {
         let bytes = answer.encode_to_vec();
         let back = v1::LeaseResponse::decode(bytes.as_slice()).expect("decodes");
         assert_eq!(back, answer);
+    }
+
+    #[tokio::test]
+    async fn an_https_address_without_a_ca_is_refused_before_dialing() {
+        let err = connect("https://127.0.0.1:1", "token", None)
+            .await
+            .expect_err("no CA");
+        assert!(
+            matches!(err, ClientError::Dial(DialError::NoCa { .. })),
+            "{err:?}"
+        );
+        assert!(!err.is_unreachable());
+        let text = err.to_string();
+        assert!(
+            text.contains("https://127.0.0.1:1") && text.contains("--tls-ca"),
+            "{text}"
+        );
     }
 
     #[test]

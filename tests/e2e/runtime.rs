@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::{fixtures, lode, ok};
+use crate::support::{fixtures, lode, ok, stderr, tls_file};
 
 const TOKEN: &str = "e2e-token";
 
@@ -55,6 +55,11 @@ fn bin() -> Command {
 
 /// Starts a dispatcher and returns it with its address, once it listens.
 fn dispatcher(plan: &Path, journal: &Path, listen: &str) -> (Proc, String) {
+    dispatcher_with(plan, journal, listen, &[])
+}
+
+/// [`dispatcher`] with more arguments; the address is https when it serves TLS.
+fn dispatcher_with(plan: &Path, journal: &Path, listen: &str, extra: &[&str]) -> (Proc, String) {
     let mut child = bin()
         .args(["dispatcher", "--plan", plan.to_str().expect("UTF-8")])
         .args(["--journal", journal.to_str().expect("UTF-8")])
@@ -68,6 +73,7 @@ fn dispatcher(plan: &Path, journal: &Path, listen: &str) -> (Proc, String) {
             "--lease-ms",
             "1500",
         ])
+        .args(extra)
         .stdout(Stdio::piped())
         .spawn()
         .expect("start the dispatcher");
@@ -77,13 +83,17 @@ fn dispatcher(plan: &Path, journal: &Path, listen: &str) -> (Proc, String) {
         .expect("the dispatcher prints its address");
     let addr = line
         .split_whitespace()
-        .find(|w| w.starts_with("http://"))
+        .find(|w| w.starts_with("http://") || w.starts_with("https://"))
         .unwrap_or_else(|| panic!("no address in {line:?}"))
         .to_owned();
     (Proc(child), addr)
 }
 
 fn worker(addr: &str, name: &str) -> Proc {
+    worker_with(addr, name, &[])
+}
+
+fn worker_with(addr: &str, name: &str, extra: &[&str]) -> Proc {
     Proc(
         bin()
             .args([
@@ -96,6 +106,7 @@ fn worker(addr: &str, name: &str) -> Proc {
                 name,
                 "-q",
             ])
+            .args(extra)
             .stdout(Stdio::piped())
             .spawn()
             .expect("start a worker"),
@@ -500,4 +511,89 @@ fn a_worker_whose_job_is_gone_exits_on_its_own() {
                 .any(|m| err.contains(m)),
         "{err}"
     );
+}
+
+#[test]
+fn a_job_over_tls_delivers_every_record_once() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let plan = tmp.path().join("plan");
+    let p = plan.to_str().expect("UTF-8");
+    ok(&lode(&[
+        "synthetic",
+        "-o",
+        p,
+        "--latency",
+        "2ms",
+        "--records",
+        "803",
+        "--batch",
+        "8",
+    ]));
+    let (cert, key, ca) = (
+        tls_file("server.crt"),
+        tls_file("server.key"),
+        tls_file("ca.crt"),
+    );
+    let server_tls = ["--tls-cert", &cert, "--tls-key", &key];
+    let client_tls = ["--tls-ca", ca.as_str()];
+    let run = |name: &str, tls: &[&str]| {
+        let log = tmp.path().join(name);
+        let mut args = vec![
+            "run",
+            p,
+            "--workers",
+            "2",
+            "--steps",
+            "100",
+            "--log",
+            log.to_str().expect("UTF-8"),
+        ];
+        args.extend_from_slice(tls);
+        let out = ok(&lode(&args));
+        assert!(out.contains("100 steps, 800 samples"), "{out}");
+        lines(&log)
+    };
+    let plaintext = run("plain.jsonl", &[]);
+    // `lode run` with TLS: dispatcher and receiver serve TLS, the workers it starts trust the CA.
+    let all_tls = [server_tls.as_slice(), client_tls.as_slice()].concat();
+    assert_exactly_once(&run("run-tls.jsonl", &all_tls), &plaintext, 800);
+
+    // The same job as separate processes, every connection TLS: the dispatcher, a consumer
+    // whose receiver serves TLS (registered as https), and two workers.
+    let (mut disp, addr) = dispatcher_with(
+        &plan,
+        &tmp.path().join("journal"),
+        "127.0.0.1:0",
+        &server_tls,
+    );
+    assert!(addr.starts_with("https://127.0.0.1:"), "{addr}");
+    let log = tmp.path().join("processes.jsonl");
+    let mut cons = consumer(&addr, &log, &all_tls);
+    let mut workers: Vec<Proc> = (0..2)
+        .map(|i| worker_with(&addr, &format!("w{i}"), &client_tls))
+        .collect();
+    wait_ok(&mut cons, Duration::from_secs(120), "the TLS consumer");
+    let status = ok(&lode(&[
+        "status", &addr, "--token", TOKEN, "--format", "json", "--tls-ca", &ca,
+    ]));
+    let status: Value = serde_json::from_str(&status).expect("status JSON");
+    assert_eq!(status["end_of_data"], true, "{status}");
+
+    // Without the CA, or with a file that holds none, a client stops with status 2 and says
+    // why.
+    let no_ca = lode(&["status", &addr, "--token", TOKEN]);
+    assert_eq!(no_ca.status.code(), Some(2));
+    assert!(stderr(&no_ca).contains("--tls-ca"), "{}", stderr(&no_ca));
+    let not_a_ca = lode(&["status", &addr, "--token", TOKEN, "--tls-ca", &key]);
+    assert_eq!(not_a_ca.status.code(), Some(2));
+    assert!(
+        stderr(&not_a_ca).contains(&key) && stderr(&not_a_ca).contains("no certificate"),
+        "{}",
+        stderr(&not_a_ca)
+    );
+    for mut w in workers.drain(..) {
+        kill(&mut w);
+    }
+    kill(&mut disp);
+    assert_exactly_once(&lines(&log), &plaintext, 800);
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::{lode, ok, stderr};
+use crate::support::{lode, ok, stderr, tls_file};
 
 /// A child killed (SIGINT first, then SIGKILL) when dropped, so a failing test leaves nothing.
 struct Job(Child);
@@ -35,6 +35,10 @@ impl Drop for Job {
 }
 
 fn start_job(plan: &Path, jobs: &Path, name: &str, step_time: &str) -> Job {
+    start_job_with(plan, jobs, name, step_time, &[])
+}
+
+fn start_job_with(plan: &Path, jobs: &Path, name: &str, step_time: &str, extra: &[&str]) -> Job {
     let child = Command::new(env!("CARGO_BIN_EXE_lode"))
         .env_remove("LODE_TOKEN")
         .args(["run", plan.to_str().expect("UTF-8")])
@@ -47,6 +51,7 @@ fn start_job(plan: &Path, jobs: &Path, name: &str, step_time: &str) -> Job {
             step_time,
         ])
         .args(["--announce", jobs.to_str().expect("UTF-8"), "--name", name])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -73,6 +78,10 @@ fn synthetic(dir: &Path, name: &str, latency: &str) -> std::path::PathBuf {
 
 /// Active workers of an announced job, by `lode status`.
 fn active_workers(jobs: &Path, name: &str) -> usize {
+    active_workers_with(jobs, name, &[])
+}
+
+fn active_workers_with(jobs: &Path, name: &str, extra: &[&str]) -> usize {
     let a: Value = serde_json::from_str(
         &std::fs::read_to_string(jobs.join(format!("{name}.json"))).expect("announcement"),
     )
@@ -80,6 +89,7 @@ fn active_workers(jobs: &Path, name: &str) -> usize {
     let out = Command::new(env!("CARGO_BIN_EXE_lode"))
         .args(["status", a["dispatcher"].as_str().expect("address")])
         .args(["--job", &a["job"].to_string(), "--format", "json"])
+        .args(extra)
         .env("LODE_TOKEN", a["token"].as_str().expect("token"))
         .output()
         .expect("lode status");
@@ -183,5 +193,63 @@ fn the_scheduler_moves_workers_to_the_job_that_gains_more() {
             );
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+}
+
+#[test]
+fn the_scheduler_reaches_a_tls_job_and_its_workers_join_it_over_tls() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let jobs = tmp.path().join("jobs");
+    std::fs::create_dir(&jobs).expect("mkdir");
+    let (cert, key, ca) = (
+        tls_file("server.crt"),
+        tls_file("server.key"),
+        tls_file("ca.crt"),
+    );
+    let heavy = synthetic(tmp.path(), "heavy", "40ms");
+    let _job = start_job_with(
+        &heavy,
+        &jobs,
+        "heavy",
+        "10ms",
+        &["--tls-cert", &cert, "--tls-key", &key, "--tls-ca", &ca],
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !jobs.join("heavy.json").is_file() {
+        assert!(Instant::now() < deadline, "the job did not announce itself");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let scheduler = |extra: &[&str]| {
+        let mut args = vec![
+            "scheduler",
+            "--policy",
+            "maxtp",
+            "--jobs",
+            jobs.to_str().expect("UTF-8"),
+            "--interval",
+            "2s",
+            "--max-workers",
+            "3",
+            "--format",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        lode(&args)
+    };
+    // Without the CA the job cannot be read: no reading, no decision.
+    let blind = ok(&scheduler(&["--rounds", "1"]));
+    assert!(blind.contains("\"jobs\":[]"), "{blind}");
+    // With it, the scheduler measures the job and its workers join it over TLS.
+    let text = ok(&scheduler(&["--rounds", "4", "--tls-ca", &ca]));
+    let last: Value = serde_json::from_str(text.lines().last().expect("a round")).expect("JSON");
+    let workers = last["jobs"][0]["workers"].as_u64().expect("measured");
+    assert!(workers > 1, "the scheduler's workers joined: {text}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while active_workers_with(&jobs, "heavy", &["--tls-ca", &ca]) != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the scheduler's workers were not drained"
+        );
+        std::thread::sleep(Duration::from_millis(200));
     }
 }

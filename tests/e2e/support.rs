@@ -11,6 +11,16 @@ pub fn fixtures() -> PathBuf {
     repo().join("fixtures")
 }
 
+/// A file of the test-only TLS material in `proto/testdata/tls/`, as an argument.
+pub fn tls_file(file: &str) -> String {
+    repo()
+        .join("proto/testdata/tls")
+        .join(file)
+        .to_str()
+        .expect("UTF-8 test path")
+        .to_owned()
+}
+
 /// Every fixture directory (those holding a facts.json), sorted.
 pub fn fixture_dirs() -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(fixtures())

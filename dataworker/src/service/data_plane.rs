@@ -1,5 +1,5 @@
-//! The receiver's data plane: step frames over a plain TCP connection, on the receiver's own
-//! port beside gRPC.
+//! The receiver's data plane: step frames over a TCP connection (inside TLS when the receiver
+//! serves TLS), on the receiver's own port beside gRPC.
 //!
 //! gRPC's unary `Push` copies a 1 MiB frame about four times outside the kernel (the request
 //! encoder, HTTP/2 framing, the response decoder's buffer) and reached about a fifth of a
@@ -11,7 +11,9 @@
 //! [`super::receiver::serve_receiver`] looks at the first four bytes of every accepted
 //! connection: [`DATA_PLANE_MAGIC`] starts a data-plane connection, anything else (HTTP/2
 //! starts with `PRI `) goes to the gRPC server. So the address the consumer registers with
-//! the dispatcher, and the heartbeat hands the workers, serves both.
+//! the dispatcher, and the heartbeat hands the workers, serves both. A receiver that serves
+//! TLS (`https://` address) completes the handshake first and looks at the first four bytes
+//! inside it; every connection to it must be TLS.
 //!
 //! # Connection
 //! All integers little-endian.
@@ -41,8 +43,10 @@ use std::time::Duration;
 
 use lode_proto::service::v1::PushStatus;
 use lode_proto::service::{constant_time_eq, MAX_MESSAGE_BYTES, PROTOCOL_VERSION};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use lode_proto::tls::{self, ClientStream, ClientTls, DialError};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+pub use lode_proto::tls::host_port;
 
 use super::receiver::ReceiverService;
 use crate::transfer::{FrameChecksum, FrameParts, StepDecoder};
@@ -73,7 +77,11 @@ const REFUSED: u8 = 1;
 /// Errors of the data plane's client.
 #[derive(Debug, thiserror::Error)]
 pub enum DataPlaneError {
-    /// The receiver could not be reached, or the connection broke (it may be restarting).
+    /// The receiver could not be reached or its TLS handshake failed (see
+    /// [`DialError::is_unreachable`]).
+    #[error(transparent)]
+    Dial(#[from] DialError),
+    /// The connection broke (the receiver may be restarting).
     #[error("data plane connection to {addr} failed")]
     Io {
         addr: String,
@@ -97,7 +105,11 @@ pub enum DataPlaneError {
 impl DataPlaneError {
     /// Whether the receiver was unreachable or went away: worth reconnecting and retrying.
     pub fn is_unreachable(&self) -> bool {
-        matches!(self, DataPlaneError::Io { .. })
+        match self {
+            DataPlaneError::Io { .. } => true,
+            DataPlaneError::Dial(e) => e.is_unreachable(),
+            _ => false,
+        }
     }
 }
 
@@ -113,13 +125,19 @@ pub struct PushAnswer {
 #[derive(Debug)]
 pub struct DataPlaneClient {
     addr: String,
-    stream: TcpStream,
+    stream: ClientStream,
 }
 
 impl DataPlaneClient {
-    /// Connects to the receiver at `addr` (`host:port`, optionally `http://host:port` as the
-    /// dispatcher hands it out) and says hello for `job` with `token`.
-    pub async fn connect(addr: &str, job: u64, token: &str) -> Result<Self, DataPlaneError> {
+    /// Connects to the receiver at `addr` (`host:port`, `http://host:port` as the dispatcher
+    /// hands it out, or `https://host:port` over TLS checked against `tls`'s CA) and says
+    /// hello for `job` with `token`.
+    pub async fn connect(
+        addr: &str,
+        job: u64,
+        token: &str,
+        tls: Option<&ClientTls>,
+    ) -> Result<Self, DataPlaneError> {
         let token_len = u16::try_from(token.len())
             .ok()
             .filter(|&n| n > 0 && n <= MAX_TOKEN_BYTES)
@@ -129,15 +147,14 @@ impl DataPlaneClient {
             addr: host.to_owned(),
             source,
         };
-        let mut stream = TcpStream::connect(host).await.map_err(io)?;
-        stream.set_nodelay(true).map_err(io)?;
+        let mut stream = tls::dial(addr, tls, tls::Protocol::DataPlane).await?;
         let mut hello = Vec::with_capacity(18 + token.len());
         hello.extend_from_slice(&DATA_PLANE_MAGIC);
         hello.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
         hello.extend_from_slice(&job.to_le_bytes());
         hello.extend_from_slice(&token_len.to_le_bytes());
         hello.extend_from_slice(token.as_bytes());
-        stream.write_all(&hello).await.map_err(io)?;
+        send(&mut stream, &hello).await.map_err(io)?;
         let verdict = stream.read_u8().await.map_err(io)?;
         match verdict {
             WELCOME => Ok(DataPlaneClient {
@@ -205,6 +222,8 @@ impl DataPlaneClient {
             }
             IoSlice::advance_slices(&mut unsent, sent);
         }
+        // Over TLS the last records may still sit in the session's buffer.
+        self.stream.flush().await.map_err(io)?;
         // Status, retry_after_ms and the reason's length in one read.
         let mut head = [0u8; 7];
         self.stream.read_exact(&mut head).await.map_err(io)?;
@@ -230,24 +249,23 @@ impl DataPlaneClient {
     }
 }
 
-/// `host:port` of an address the dispatcher hands out (`http://host:port` or `host:port`).
-pub fn host_port(addr: &str) -> &str {
-    let rest = addr
-        .strip_prefix("http://")
-        .or_else(|| addr.strip_prefix("https://"))
-        .unwrap_or(addr);
-    rest.trim_end_matches('/')
-}
-
 fn max_frame_bytes() -> u64 {
     u64::try_from(MAX_MESSAGE_BYTES).unwrap_or(u64::MAX)
 }
 
-async fn read_reason(stream: &mut TcpStream) -> std::io::Result<String> {
+async fn read_reason(stream: &mut (impl AsyncRead + Unpin)) -> std::io::Result<String> {
     let len = stream.read_u16_le().await?;
     let mut reason = vec![0u8; usize::from(len)];
     stream.read_exact(&mut reason).await?;
     Ok(String::from_utf8_lossy(&reason).into_owned())
+}
+
+/// Writes `bytes` and flushes them: a TLS stream keeps what the socket did not take yet in its
+/// session's buffer, and both ends wait for an answer after each message (a plain TCP
+/// stream's flush does nothing).
+async fn send(stream: &mut (impl AsyncWrite + Unpin), bytes: &[u8]) -> std::io::Result<()> {
+    stream.write_all(bytes).await?;
+    stream.flush().await
 }
 
 /// `reason` cut to [`MAX_REASON_BYTES`] at a character boundary.
@@ -289,7 +307,10 @@ fn answer_bytes(status: PushStatus, retry_after_ms: u64, reason: &str) -> Vec<u8
 struct Refusal(String);
 
 /// Reads and checks a hello; the buffer is not touched.
-async fn read_hello(stream: &mut TcpStream, service: &ReceiverService) -> Result<(), Refusal> {
+async fn read_hello(
+    stream: &mut (impl AsyncRead + Unpin),
+    service: &ReceiverService,
+) -> Result<(), Refusal> {
     let broken = |e: std::io::Error| Refusal(format!("incomplete hello: {e}"));
     let mut head = [0u8; 18];
     stream.read_exact(&mut head).await.map_err(broken)?;
@@ -328,7 +349,7 @@ async fn read_hello(stream: &mut TcpStream, service: &ReceiverService) -> Result
 /// arrive. The buffer grows with the bytes that actually arrive (by at most
 /// [`READ_CHUNK`] ahead of them), whatever the prefix said.
 async fn read_frame(
-    stream: &mut TcpStream,
+    stream: &mut (impl AsyncRead + Unpin),
     len: u32,
     frame: &mut Vec<u8>,
 ) -> std::io::Result<FrameChecksum> {
@@ -351,16 +372,16 @@ async fn read_frame(
     Ok(sum)
 }
 
-/// Serves one data-plane connection (its first bytes are [`DATA_PLANE_MAGIC`]) until the peer
-/// closes it, it breaks the protocol, or `stop` turns true.
+/// Serves one data-plane connection (its first bytes are [`DATA_PLANE_MAGIC`]; plaintext or
+/// TLS, with Nagle's delay off) until the peer closes it, it breaks the protocol, or `stop`
+/// turns true.
 pub(crate) async fn serve_connection(
-    mut stream: TcpStream,
+    mut stream: impl AsyncRead + AsyncWrite + Unpin,
     peer: Option<SocketAddr>,
     service: ReceiverService,
     admitted: bool,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let _ = stream.set_nodelay(true);
     let hello = match tokio::time::timeout(HELLO_TIMEOUT, read_hello(&mut stream, &service)).await {
         Ok(Ok(())) if !admitted => Err(Refusal(format!(
             "over {MAX_DATA_CONNECTIONS} data-plane connections"
@@ -372,10 +393,10 @@ pub(crate) async fn serve_connection(
         tracing::warn!(?peer, %reason, "data plane: refused a connection");
         let mut out = vec![REFUSED];
         put_reason(&mut out, &reason);
-        let _ = stream.write_all(&out).await;
+        let _ = send(&mut stream, &out).await;
         return;
     }
-    if stream.write_all(&[WELCOME]).await.is_err() {
+    if send(&mut stream, &[WELCOME]).await.is_err() {
         return;
     }
     let mut decoder = StepDecoder::new(max_frame_bytes());
@@ -394,9 +415,7 @@ pub(crate) async fn serve_connection(
             let reason =
                 format!("a {len}-byte frame is over the limit of {MAX_MESSAGE_BYTES} bytes");
             tracing::warn!(?peer, %reason, "data plane: closing a connection");
-            let _ = stream
-                .write_all(&answer_bytes(PushStatus::Rejected, 0, &reason))
-                .await;
+            let _ = send(&mut stream, &answer_bytes(PushStatus::Rejected, 0, &reason)).await;
             return;
         }
         let sum = match read_frame(&mut stream, len, &mut frame).await {
@@ -412,9 +431,7 @@ pub(crate) async fn serve_connection(
         } else {
             0
         };
-        let sent = stream
-            .write_all(&answer_bytes(status, retry_after_ms, &reason))
-            .await;
+        let sent = send(&mut stream, &answer_bytes(status, retry_after_ms, &reason)).await;
         if sent.is_err() || status == PushStatus::Rejected {
             if status == PushStatus::Rejected {
                 tracing::warn!(?peer, %reason, "data plane: closing after a rejected frame");

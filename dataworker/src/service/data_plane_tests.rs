@@ -1,7 +1,10 @@
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+use lode_proto::tls::{ClientTls, ServerTls};
 
 use super::*;
 use crate::service::receiver::serve_receiver;
@@ -21,15 +24,22 @@ struct Served {
 
 impl Served {
     async fn start() -> Served {
+        Served::start_with(None).await
+    }
+
+    /// A receiver that serves TLS only when `tls` is given (its address is then https).
+    async fn start_with(tls: Option<ServerTls>) -> Served {
         let buffer = Arc::new(
             SharedReceiver::new(ReceiverConfig::new(JOB, [0u32], 0, 4)).expect("receiver"),
         );
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = format!("http://{}", listener.local_addr().expect("addr"));
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let addr = format!("{scheme}://{}", listener.local_addr().expect("addr"));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(serve_receiver(
             listener,
             ReceiverService::new(JOB, TOKEN, buffer.clone()),
+            tls,
             async {
                 let _ = stopped.await;
             },
@@ -95,6 +105,35 @@ async fn welcomed(served: &Served) -> TcpStream {
     s
 }
 
+/// The answer to step `step` of stage 0 pushed over `client`.
+async fn pushed(client: &mut DataPlaneClient, step: u64) -> PushStatus {
+    client
+        .push(&frame(&message(JOB, 0, step)))
+        .await
+        .expect("answer")
+        .status
+}
+
+/// Pushes step `step` of stage 0 by gRPC to the receiver at `addr` (a new connection); the
+/// error is the connection's or the call's.
+async fn grpc_push(
+    addr: &str,
+    tls: Option<&ClientTls>,
+    step: u64,
+) -> Result<lode_proto::service::v1::PushResponse, String> {
+    let mut grpc = lode_proto::service::connect_receiver(addr, TOKEN, tls)
+        .await
+        .map_err(|e| e.to_string())?;
+    let request = lode_proto::service::v1::PushRequest {
+        job_id: JOB,
+        frame: frame(&message(JOB, 0, step)).into(),
+    };
+    match grpc.push(request).await {
+        Ok(answer) => Ok(answer.into_inner()),
+        Err(status) => Err(status.to_string()),
+    }
+}
+
 /// Reads one push answer (status, reason).
 async fn answer(s: &mut TcpStream) -> (u8, String) {
     let code = s.read_u8().await.expect("status");
@@ -109,9 +148,9 @@ async fn hellos_with_wrong_credentials_are_refused_before_the_buffer() {
         Err(DataPlaneError::Refused { reason, .. }) => reason,
         other => panic!("expected a refusal, got {other:?}"),
     };
-    let wrong_token = refused(DataPlaneClient::connect(&served.addr, JOB, "wrong").await);
+    let wrong_token = refused(DataPlaneClient::connect(&served.addr, JOB, "wrong", None).await);
     assert!(wrong_token.contains("token"), "{wrong_token}");
-    let other_job = refused(DataPlaneClient::connect(&served.addr, JOB + 1, TOKEN).await);
+    let other_job = refused(DataPlaneClient::connect(&served.addr, JOB + 1, TOKEN, None).await);
     assert!(other_job.contains("job-5"), "{other_job}");
 
     // Another protocol version, an over-long token and a hello cut short, by hand.
@@ -162,7 +201,7 @@ async fn hellos_with_wrong_credentials_are_refused_before_the_buffer() {
 #[tokio::test]
 async fn frames_are_answered_like_grpc_push() {
     let served = Served::start().await;
-    let mut client = DataPlaneClient::connect(&served.addr, JOB, TOKEN)
+    let mut client = DataPlaneClient::connect(&served.addr, JOB, TOKEN, None)
         .await
         .expect("welcome");
     let good = frame(&message(JOB, 0, 0));
@@ -194,17 +233,7 @@ async fn frames_are_answered_like_grpc_push() {
     assert!(client.push(&good).await.is_err_and(|e| e.is_unreachable()));
 
     // gRPC still answers on the same port.
-    let mut grpc = lode_proto::service::connect_receiver(&served.addr, TOKEN)
-        .await
-        .expect("connect");
-    let answer = grpc
-        .push(lode_proto::service::v1::PushRequest {
-            job_id: JOB,
-            frame: frame(&message(JOB, 0, 1)).into(),
-        })
-        .await
-        .expect("answered")
-        .into_inner();
+    let answer = grpc_push(&served.addr, None, 1).await.expect("answered");
     assert_eq!(answer.status, PushStatus::Accepted as i32);
     assert_eq!(served.buffer.metrics().accepted, 2);
     served.shutdown().await;
@@ -265,13 +294,93 @@ async fn hostile_frames_close_the_connection_and_leave_the_buffer_alone() {
     let _ = closed(&mut s).await;
 
     assert_eq!(served.buffer.metrics().accepted, 0);
-    let mut client = DataPlaneClient::connect(&served.addr, JOB, TOKEN)
+    let mut client = DataPlaneClient::connect(&served.addr, JOB, TOKEN, None)
         .await
         .expect("still serving");
     assert_eq!(
         client.push(&good).await.expect("answer").status,
         PushStatus::Accepted
     );
+    served.shutdown().await;
+}
+
+/// A file of the test-only TLS material in `proto/testdata/tls/`.
+fn testdata(file: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../proto/testdata/tls")
+        .join(file)
+}
+
+#[tokio::test]
+async fn a_tls_receiver_takes_both_transports_on_one_port_and_only_over_tls() {
+    let identity =
+        ServerTls::from_pem_files(&testdata("server.crt"), &testdata("server.key")).expect("id");
+    let ca = ClientTls::from_ca_file(&testdata("ca.crt")).expect("CA");
+    let served = Served::start_with(Some(identity)).await;
+    assert!(served.addr.starts_with("https://"));
+
+    // The data plane over TLS.
+    let mut plane = DataPlaneClient::connect(&served.addr, JOB, TOKEN, Some(&ca))
+        .await
+        .expect("welcome over TLS");
+    assert_eq!(pushed(&mut plane, 0).await, PushStatus::Accepted);
+    // gRPC over TLS, on the same port.
+    let answer = grpc_push(&served.addr, Some(&ca), 1)
+        .await
+        .expect("answered over TLS");
+    assert_eq!(answer.status, PushStatus::Accepted as i32);
+
+    // A plaintext hello is not a TLS handshake: no welcome, the connection is closed.
+    let mut s = served.raw().await;
+    s.write_all(&hello(PROTOCOL_VERSION, JOB, TOKEN.as_bytes()))
+        .await
+        .expect("write");
+    let mut reply = Vec::new();
+    let _ = tokio::time::timeout(HELLO_TIMEOUT, s.read_to_end(&mut reply))
+        .await
+        .expect("closed in time");
+    assert_ne!(reply.first(), Some(&WELCOME), "{reply:?}");
+    let plain = served.addr.replacen("https://", "http://", 1);
+    assert!(DataPlaneClient::connect(&plain, JOB, TOKEN, None)
+        .await
+        .is_err());
+    // A plaintext gRPC push fails too (at connect or at the call).
+    let refused = grpc_push(&plain, None, 2).await;
+    assert!(refused.is_err(), "{refused:?}");
+    // A client that trusts another CA refuses the receiver, and says it is not a matter of
+    // retrying.
+    let other = ClientTls::from_ca_file(&testdata("other-ca.crt")).expect("other CA");
+    let distrust = DataPlaneClient::connect(&served.addr, JOB, TOKEN, Some(&other))
+        .await
+        .expect_err("unknown issuer");
+    assert!(!distrust.is_unreachable(), "{distrust:?}");
+    // An https address without a CA is refused before dialing.
+    let no_ca = DataPlaneClient::connect(&served.addr, JOB, TOKEN, None)
+        .await
+        .expect_err("no CA");
+    assert!(no_ca.to_string().contains("--tls-ca"), "{no_ca}");
+
+    // None of that touched the buffer, and the receiver goes on serving, frames of many TLS
+    // records included (each write must be flushed out of TLS's buffer before the answer is
+    // awaited, on both sides).
+    assert_eq!(served.buffer.metrics().accepted, 2);
+    assert_eq!(pushed(&mut plane, 2).await, PushStatus::Accepted);
+    let mut big = message(JOB, 0, 3);
+    big.tensors =
+        vec![
+            crate::Tensor::new(vec![1 << 21], crate::TensorData::Int64(vec![7; 1 << 21]))
+                .expect("16 MiB"),
+        ];
+    for _ in 0..2 {
+        let answer = tokio::time::timeout(Duration::from_secs(20), plane.push(&frame(&big)))
+            .await
+            .expect("answered in time")
+            .expect("answer");
+        assert_ne!(answer.status, PushStatus::Rejected, "{}", answer.reason);
+    }
+    for step in 0..4 {
+        assert_eq!(served.buffer.try_pop().expect("in order").step, step);
+    }
     served.shutdown().await;
 }
 

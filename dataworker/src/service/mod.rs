@@ -2,8 +2,9 @@
 //!
 //! - [`receiver`]: the `lode.v1.Receiver` endpoint over a [`SharedReceiver`]: data workers push
 //!   step frames, later stages fetch their inputs, the consumer pops complete steps in order.
-//! - [`data_plane`]: step frames over plain TCP on the receiver's port (hello with job and
-//!   token, then length-prefixed frames, one answer each): the workers' push path.
+//! - [`data_plane`]: step frames over TCP (inside TLS when the receiver serves TLS) on the
+//!   receiver's port (hello with job and token, then length-prefixed frames, one answer each):
+//!   the workers' push path.
 //! - [`worker`]: the data-worker loop: register, load the stage, lease → read → execute →
 //!   push → complete, heartbeat, drain.
 //!

@@ -4,18 +4,26 @@
 //! worker pushes again later) rather than blocking a server thread.
 //!
 //! [`serve_receiver`] serves gRPC and the data plane ([`super::data_plane`]) on one port; both
-//! offer frames through [`ReceiverService::offer_frame`], so they answer alike.
+//! offer frames through [`ReceiverService::offer_frame`], so they answer alike. With TLS every
+//! connection is TLS: the handshake comes first, then the same sniffing inside it; a peer that
+//! does not complete a handshake (a plaintext client) is logged and closed, untouched.
 
 use std::future::Future;
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use lode_proto::service::v1::receiver_server::{Receiver, ReceiverServer};
 use lode_proto::service::v1::{FetchRequest, FetchResponse, PushRequest, PushResponse, PushStatus};
 use lode_proto::service::{check_bearer, MAX_MESSAGE_BYTES};
+use lode_proto::tls::{ServerStream, ServerTls};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, Semaphore};
+use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic::{Request, Response, Status};
 
 use super::data_plane::{self, DATA_PLANE_MAGIC, HELLO_TIMEOUT, MAX_DATA_CONNECTIONS};
@@ -162,17 +170,19 @@ impl Receiver for ReceiverService {
 const GRPC_BACKLOG: usize = 64;
 
 /// Serves `service` on `listener` until `shutdown` resolves: gRPC, and the data plane on the
-/// same port (see [`super::data_plane`]). On shutdown, no connection is accepted any more,
-/// data-plane connections close after the frame in hand, and gRPC drains its calls.
+/// same port (see [`super::data_plane`]), over TLS only when `tls` is given. On shutdown, no
+/// connection is accepted any more, data-plane connections close after the frame in hand, and
+/// gRPC drains its calls.
 pub async fn serve_receiver(
     listener: TcpListener,
     service: ReceiverService,
+    tls: Option<ServerTls>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServiceError> {
     let addr = listener
         .local_addr()
         .map_or_else(|_| "?".to_owned(), |a| a.to_string());
-    let (to_grpc, grpc_incoming) = mpsc::channel::<std::io::Result<TcpStream>>(GRPC_BACKLOG);
+    let (to_grpc, grpc_incoming) = mpsc::channel::<io::Result<Sniffed>>(GRPC_BACKLOG);
     let (stop, stopped) = watch::channel(false);
     let grpc = {
         let mut stopped = stopped.clone();
@@ -209,6 +219,7 @@ pub async fn serve_receiver(
             tokio::spawn(route(
                 stream,
                 peer,
+                tls.clone(),
                 service.clone(),
                 to_grpc.clone(),
                 admission.clone(),
@@ -221,35 +232,78 @@ pub async fn serve_receiver(
     served.map_err(|source| ServiceError::Serve { addr, source })
 }
 
-/// Hands a new connection to the data plane or to gRPC by its first four bytes.
+/// Hands a new connection to the data plane or to gRPC by its first four bytes (inside TLS
+/// when the receiver serves TLS).
 async fn route(
     stream: TcpStream,
     peer: SocketAddr,
+    tls: Option<ServerTls>,
     service: ReceiverService,
-    to_grpc: mpsc::Sender<std::io::Result<TcpStream>>,
+    to_grpc: mpsc::Sender<io::Result<Sniffed>>,
     admission: Arc<Semaphore>,
     stopped: watch::Receiver<bool>,
 ) {
-    let mut head = [0u8; 4];
-    match tokio::time::timeout(HELLO_TIMEOUT, peek_head(&stream, &mut head)).await {
-        Ok(Ok(true)) if head == DATA_PLANE_MAGIC => {
+    let sniffed = match tls {
+        None => sniff_plain(stream).await,
+        Some(tls) => match tls.accept(stream).await {
+            Ok(stream) => sniff_tls(stream).await,
+            Err(e) => {
+                tracing::warn!(%peer, cause = %e, "receiver: TLS handshake failed; connection closed");
+                return;
+            }
+        },
+    };
+    match sniffed {
+        Some(stream) if stream.head == DATA_PLANE_MAGIC => {
+            let _ = stream.inner.tcp().set_nodelay(true);
             let permit = admission.try_acquire_owned().ok();
             let admitted = permit.is_some();
             data_plane::serve_connection(stream, Some(peer), service, admitted, stopped).await;
             drop(permit);
         }
-        // Closed before saying anything.
-        Ok(Ok(false)) => {}
         // Anything else is HTTP/2's business (it refuses what is not HTTP/2).
-        _ => {
+        Some(stream) => {
             let _ = to_grpc.send(Ok(stream)).await;
         }
+        // Closed before saying anything.
+        None => {}
+    }
+}
+
+/// A plaintext connection's first four bytes, peeked (left in the socket); None if it closed
+/// first. A peer silent for [`HELLO_TIMEOUT`] goes to gRPC, which times it out its own way.
+async fn sniff_plain(stream: TcpStream) -> Option<Sniffed> {
+    let mut head = [0u8; 4];
+    let head = match tokio::time::timeout(HELLO_TIMEOUT, peek_head(&stream, &mut head)).await {
+        Ok(Ok(false)) => return None,
+        Ok(Ok(true)) => head,
+        // Silent or broken: not the data plane.
+        _ => [0; 4],
+    };
+    Some(Sniffed {
+        head,
+        replayed: head.len(),
+        inner: ServerStream::Plain(stream),
+    })
+}
+
+/// A TLS connection's first four bytes, read and kept to be replayed; None if it closed, broke
+/// or stayed silent for [`HELLO_TIMEOUT`].
+async fn sniff_tls(mut stream: ServerStream) -> Option<Sniffed> {
+    let mut head = [0u8; 4];
+    match tokio::time::timeout(HELLO_TIMEOUT, stream.read_exact(&mut head)).await {
+        Ok(Ok(_)) => Some(Sniffed {
+            head,
+            replayed: 0,
+            inner: stream,
+        }),
+        _ => None,
     }
 }
 
 /// Waits for the first `head.len()` bytes of `stream` without consuming them; false if the
 /// peer closed first.
-async fn peek_head(stream: &TcpStream, head: &mut [u8]) -> std::io::Result<bool> {
+async fn peek_head(stream: &TcpStream, head: &mut [u8]) -> io::Result<bool> {
     loop {
         let n = stream.peek(head).await?;
         if n == 0 {
@@ -261,6 +315,71 @@ async fn peek_head(stream: &TcpStream, head: &mut [u8]) -> std::io::Result<bool>
         // A first segment shorter than four bytes: rare (clients send their hello or
         // preface in one write); `peek` would answer at once again, so wait a moment.
         tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// A connection whose first four bytes were looked at: a TLS stream had to read them, so they
+/// are handed out again before the rest; a plaintext one only peeked (nothing to replay).
+#[derive(Debug)]
+struct Sniffed {
+    head: [u8; 4],
+    /// How much of `head` the reader has had.
+    replayed: usize,
+    inner: ServerStream,
+}
+
+impl Connected for Sniffed {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+impl AsyncRead for Sniffed {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if let Some(rest) = this.head.get(this.replayed..).filter(|r| !r.is_empty()) {
+            let n = rest.len().min(buf.remaining());
+            buf.put_slice(&rest[..n]);
+            this.replayed += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Sniffed {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
 
@@ -281,6 +400,7 @@ mod tests {
         let server = tokio::spawn(serve_receiver(
             listener,
             ReceiverService::new(5, "right", buffer.clone()),
+            None,
             async {
                 let _ = stopped.await;
             },
@@ -288,7 +408,7 @@ mod tests {
         let push = |token: &'static str, job: u64, frame: Vec<u8>| {
             let addr = addr.clone();
             async move {
-                let mut client = connect_receiver(&addr, token).await.expect("connect");
+                let mut client = connect_receiver(&addr, token, None).await.expect("connect");
                 client
                     .push(PushRequest {
                         job_id: job,

@@ -23,6 +23,7 @@ use lode_proto::service::{
     PROTOCOL_VERSION,
 };
 use lode_proto::tf::graph::GraphDef;
+use lode_proto::tls::ClientTls;
 
 use super::data_plane::{DataPlaneClient, DataPlaneError};
 use super::ServiceError;
@@ -33,8 +34,11 @@ use crate::transfer::{CodecConfig, Compression, StepDecoder, StepEncoder, StepMe
 /// How a worker runs.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
-    /// `http://host:port` of the job's dispatcher.
+    /// `http://host:port` of the job's dispatcher (`https://` over TLS).
     pub dispatcher: String,
+    /// The CA that signs the dispatcher's and receivers' certificates, for `https://`
+    /// addresses; the scheme of each address decides (see [`lode_proto::tls`]).
+    pub tls: Option<ClientTls>,
     pub token: String,
     pub job: u64,
     /// Shown in the dispatcher's log.
@@ -124,7 +128,8 @@ pub async fn run_worker(
     config: WorkerConfig,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<WorkerSummary, ServiceError> {
-    let mut dispatcher = connect(&config.dispatcher, &config.token).await?;
+    let tls = config.tls.as_ref();
+    let mut dispatcher = connect(&config.dispatcher, &config.token, tls).await?;
     let reg = dispatcher
         .register(RegisterRequest {
             job_id: config.job,
@@ -304,7 +309,7 @@ pub async fn run_worker(
         // Inputs from earlier stages, held by the receiver until the step is complete.
         let mut received: HashMap<String, Arc<Tensor>> = HashMap::new();
         for r in stage.recv_plan() {
-            let client = receiver_client(&shared, &mut receiver, &config.token).await?;
+            let client = receiver_client(&shared, &mut receiver, &config.token, tls).await?;
             let from = u32::try_from(r.from_stage).map_err(|e| bad("plan", e))?;
             let answer = client
                 .clone()
@@ -375,7 +380,8 @@ pub async fn run_worker(
         let started = std::time::Instant::now();
         let mut pause = Duration::from_millis(10);
         loop {
-            let client = data_plane_client(&shared, &mut plane, config.job, &config.token).await?;
+            let client =
+                data_plane_client(&shared, &mut plane, config.job, &config.token, tls).await?;
             let answer = match client.push_parts(&frame).await {
                 Ok(answer) => answer,
                 Err(e) if e.is_unreachable() && started.elapsed() < RECONNECT_WINDOW => {
@@ -513,6 +519,7 @@ async fn receiver_client(
     shared: &Mutex<Shared>,
     cached: &mut Option<(String, ReceiverClient)>,
     token: &str,
+    tls: Option<&ClientTls>,
 ) -> Result<ReceiverClient, ServiceError> {
     let client = named_connection(
         shared,
@@ -523,9 +530,9 @@ async fn receiver_client(
             } else {
                 format!("http://{addr}")
             };
-            connect_receiver(&url, token).await
+            connect_receiver(&url, token, tls).await
         },
-        |e| matches!(e, lode_proto::service::ClientError::Connect { .. }),
+        lode_proto::service::ClientError::is_unreachable,
     )
     .await?;
     Ok(client.clone())
@@ -537,12 +544,13 @@ async fn data_plane_client<'a>(
     cached: &'a mut Option<(String, DataPlaneClient)>,
     job: u64,
     token: &str,
+    tls: Option<&ClientTls>,
 ) -> Result<&'a mut DataPlaneClient, ServiceError> {
     named_connection(
         shared,
         cached,
-        |addr| async move { DataPlaneClient::connect(&addr, job, token).await },
-        |e| matches!(e, DataPlaneError::Io { .. }),
+        |addr| async move { DataPlaneClient::connect(&addr, job, token, tls).await },
+        DataPlaneError::is_unreachable,
     )
     .await
 }

@@ -9,6 +9,11 @@
 //! `Core::apply`, which journals the events (one fsync'ed line per request) before
 //! the handler answers: whatever a client was told survives a crash.
 //!
+//! With [`ServiceConfig::tls`] the port serves TLS only: every accepted connection completes a
+//! handshake (on its own task, within [`lode_proto::tls::HANDSHAKE_TIMEOUT`], holding one of
+//! the [`MAX_CONNECTIONS`] permits) before gRPC sees a byte of it; one that does not is logged
+//! and closed.
+//!
 //! A background task ticks every [`TICK_INTERVAL`]: it expires leases whose deadline passed
 //! and declares lost every worker silent for `missed_heartbeats` heartbeat intervals.
 //!
@@ -33,9 +38,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use lode_proto::service::v1::dispatcher_server::DispatcherServer;
+use lode_proto::tls::{ServerStream, ServerTls};
 use prost::bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
@@ -106,6 +112,8 @@ pub struct ServiceConfig {
     /// A worker silent for this many heartbeat intervals is lost and its leases re-leased.
     pub missed_heartbeats: u32,
     pub clock: Arc<dyn Clock>,
+    /// Serve TLS only (every connection must complete a handshake), or plaintext when None.
+    pub tls: Option<ServerTls>,
 }
 
 impl ServiceConfig {
@@ -128,6 +136,7 @@ impl ServiceConfig {
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
             missed_heartbeats: DEFAULT_MISSED_HEARTBEATS,
             clock: Arc::new(MonotonicClock::new()),
+            tls: None,
         }
     }
 
@@ -206,6 +215,7 @@ impl fmt::Debug for ServiceConfig {
             .field("heartbeat_interval", &self.heartbeat_interval)
             .field("missed_heartbeats", &self.missed_heartbeats)
             .field("clock", &self.clock)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -247,6 +257,7 @@ pub async fn serve(
         heartbeat_interval,
         missed_heartbeats,
         clock,
+        tls,
     } = config;
     // Reading and replaying the journal is file I/O: keep it off the async workers.
     let restored =
@@ -263,11 +274,11 @@ pub async fn serve(
         clock,
     };
     let service = DispatcherService::new(parts, restored.core, restored.resume_at);
-    tracing::info!(job = %job_id, %addr, resume_at = %restored.resume_at, "dispatcher serving");
+    tracing::info!(job = %job_id, %addr, tls = tls.is_some(), resume_at = %restored.resume_at, "dispatcher serving");
 
     let (stop_ticker, ticker_stopped) = oneshot::channel();
     let ticker = tokio::spawn(run_ticker(service.clone(), ticker_stopped));
-    let (incoming, acceptor) = limited_incoming(listener, MAX_CONNECTIONS);
+    let (incoming, acceptor) = limited_incoming(listener, MAX_CONNECTIONS, tls);
     let server = DispatcherServer::new(service.clone())
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -312,14 +323,17 @@ async fn run_ticker(service: DispatcherService, mut stop: oneshot::Receiver<()>)
 /// A connection that holds one of [`MAX_CONNECTIONS`] permits while it is open.
 #[derive(Debug)]
 struct LimitedStream {
-    stream: TcpStream,
+    stream: ServerStream,
     _permit: OwnedSemaphorePermit,
 }
 
-/// Accepts connections while fewer than `limit` are open, handing them to the server.
+/// Accepts connections while fewer than `limit` are open, handing them to the server; with
+/// `tls`, only once their handshake completed (each handshake runs on its own task, so a slow
+/// or silent peer holds up nobody; it holds its permit until it fails or times out).
 fn limited_incoming(
     listener: TcpListener,
     limit: usize,
+    tls: Option<ServerTls>,
 ) -> (
     ReceiverStream<io::Result<LimitedStream>>,
     tokio::task::JoinHandle<()>,
@@ -342,13 +356,31 @@ fn limited_incoming(
                     if let Err(err) = stream.set_nodelay(true) {
                         tracing::debug!(%peer, cause = %err, "cannot set TCP_NODELAY");
                     }
-                    let conn = LimitedStream {
-                        stream,
-                        _permit: permit,
+                    let Some(tls) = &tls else {
+                        let conn = LimitedStream {
+                            stream: ServerStream::Plain(stream),
+                            _permit: permit,
+                        };
+                        if tx.send(Ok(conn)).await.is_err() {
+                            return;
+                        }
+                        continue;
                     };
-                    if tx.send(Ok(conn)).await.is_err() {
-                        return;
-                    }
+                    let (tls, tx) = (tls.clone(), tx.clone());
+                    tokio::spawn(async move {
+                        match tls.accept(stream).await {
+                            Ok(stream) => {
+                                let conn = LimitedStream {
+                                    stream,
+                                    _permit: permit,
+                                };
+                                let _ = tx.send(Ok(conn)).await;
+                            }
+                            Err(err) => {
+                                tracing::warn!(%peer, cause = %err, "TLS handshake failed; connection closed");
+                            }
+                        }
+                    });
                 }
                 Err(err) => {
                     tracing::warn!(cause = %err, "accept failed; backing off");
@@ -414,4 +446,9 @@ impl AsyncWrite for LimitedStream {
 /// The address a client should dial for a listener bound to `addr`.
 pub fn endpoint_of(addr: SocketAddr) -> String {
     format!("http://{addr}")
+}
+
+/// The address a client should dial for a listener bound to `addr` that serves TLS.
+pub fn tls_endpoint_of(addr: SocketAddr) -> String {
+    format!("https://{addr}")
 }
