@@ -122,6 +122,7 @@ async fn run_case(n: usize, latency: Duration, window: Duration) -> anyhow::Resu
         log: tmp.path().join("consumer.jsonl"),
         step_time: Duration::ZERO,
         listen: "127.0.0.1:0".into(),
+        advertise: None,
         steps: None,
         resume_from: None,
         capacity: u64::try_from(4 * n).unwrap_or(u64::MAX).max(64),

@@ -321,6 +321,11 @@ pub struct ConsumeArgs {
     /// Address the receiver serves on.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: String,
+    /// The address data workers dial for the receiver, `HOST` or `HOST:PORT` (the port
+    /// defaults to the one bound). Needed when --listen binds every interface (0.0.0.0 or
+    /// [::]); otherwise the bound address is registered.
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub advertise: Option<String>,
     /// Stop after this many steps (default: until end of data).
     #[arg(long)]
     pub steps: Option<u64>,

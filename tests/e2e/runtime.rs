@@ -559,7 +559,8 @@ fn a_job_over_tls_delivers_every_record_once() {
     assert_exactly_once(&run("run-tls.jsonl", &all_tls), &plaintext, 800);
 
     // The same job as separate processes, every connection TLS: the dispatcher, a consumer
-    // whose receiver serves TLS (registered as https), and two workers.
+    // whose receiver serves TLS on every interface, registered as https://localhost:PORT
+    // (--advertise; the workers check the certificate against that name), and two workers.
     let (mut disp, addr) = dispatcher_with(
         &plan,
         &tmp.path().join("journal"),
@@ -568,7 +569,8 @@ fn a_job_over_tls_delivers_every_record_once() {
     );
     assert!(addr.starts_with("https://127.0.0.1:"), "{addr}");
     let log = tmp.path().join("processes.jsonl");
-    let mut cons = consumer(&addr, &log, &all_tls);
+    let everywhere = ["--listen", "0.0.0.0:0", "--advertise", "localhost"];
+    let mut cons = consumer(&addr, &log, &[all_tls.as_slice(), &everywhere].concat());
     let mut workers: Vec<Proc> = (0..2)
         .map(|i| worker_with(&addr, &format!("w{i}"), &client_tls))
         .collect();
@@ -578,6 +580,29 @@ fn a_job_over_tls_delivers_every_record_once() {
     ]));
     let status: Value = serde_json::from_str(&status).expect("status JSON");
     assert_eq!(status["end_of_data"], true, "{status}");
+
+    // A receiver on every interface without --advertise would be registered at an address
+    // workers cannot dial: refused, status 2.
+    let never = tmp.path().join("never.jsonl");
+    let unreachable = lode(&[
+        "consume",
+        "--dispatcher",
+        &addr,
+        "--token",
+        TOKEN,
+        "--tls-ca",
+        &ca,
+        "--log",
+        never.to_str().expect("UTF-8"),
+        "--listen",
+        "0.0.0.0:0",
+    ]);
+    assert_eq!(unreachable.status.code(), Some(2));
+    assert!(
+        stderr(&unreachable).contains("--advertise"),
+        "{}",
+        stderr(&unreachable)
+    );
 
     // Without the CA, or with a file that holds none, a client stops with status 2 and says
     // why.
