@@ -16,8 +16,8 @@ use lode_dataworker::service::worker::{run_worker, WorkerConfig};
 use lode_dataworker::transfer::{ReceiverConfig, SharedReceiver};
 use lode_dispatcher::{DispatcherConfig, JobId, ServiceConfig, Shuffle};
 use lode_proto::plan::PlanDir;
-use lode_proto::service::connect;
 use lode_proto::service::v1::{ConsumedRequest, RegisterConsumerRequest, StatusRequest};
+use lode_proto::service::{connect, RpcError};
 use lode_proto::tls::{ClientTls, ServerTls};
 use serde::Serialize;
 
@@ -330,7 +330,7 @@ where
 {
     lode_proto::service::retry_unreachable(Duration::from_secs(30), rpc)
         .await
-        .map_err(|status| anyhow::anyhow!("{name}: {status}"))
+        .map_err(|status| RpcError { rpc: name, status }.into())
 }
 
 /// What the consumer has not told the dispatcher yet.
@@ -427,7 +427,7 @@ pub async fn consume(
             receiver_addr,
         })
         .await
-        .context("RegisterConsumer")?
+        .map_err(RpcError::of("RegisterConsumer"))?
         .into_inner();
     let plan: lode_proto::plan::Plan =
         serde_json::from_str(&reg.plan_json).context("the dispatcher's plan")?;
@@ -575,7 +575,8 @@ pub fn run_drain(args: DrainArgs, out: &mut dyn std::io::Write) -> anyhow::Resul
                 worker_id: args.worker,
             })
             .await
-            .with_context(|| format!("Drain worker-{}", args.worker))?;
+            .map_err(RpcError::of("Drain"))
+            .with_context(|| format!("cannot drain worker-{}", args.worker))?;
         anyhow::Ok(())
     })?;
     writeln!(out, "worker-{} is draining", args.worker)?;
@@ -598,7 +599,7 @@ pub fn run_status(args: StatusArgs, out: &mut dyn std::io::Write) -> anyhow::Res
         let status = client
             .status(StatusRequest { job_id: args.job })
             .await
-            .context("Status")?
+            .map_err(RpcError::of("Status"))?
             .into_inner();
         anyhow::Ok(status)
     })?;

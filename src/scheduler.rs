@@ -273,7 +273,8 @@ impl LocalBackend {
             let status =
                 tokio::time::timeout(RPC_TIMEOUT, c.status(StatusRequest { job_id: a.job }))
                     .await
-                    .map_err(|_| anyhow::anyhow!("Status timed out"))??
+                    .map_err(|_| anyhow::anyhow!("Status timed out"))?
+                    .map_err(lode_proto::service::RpcError::of("Status"))?
                     .into_inner();
             anyhow::Ok((c, status))
         });

@@ -452,11 +452,34 @@ async fn a_tls_dispatcher_serves_clients_that_trust_its_ca_and_no_one_else() {
         .expect("connect by name");
     assert_eq!(status(&mut named).await.workers.len(), 1);
 
-    // A plaintext client on the same port gets nowhere (at connect or at its first call).
+    // A plaintext client on the same port is refused before anything looks at its request,
+    // and told how to reach the port.
     let plain = server.endpoint.replacen("https://", "http://", 1);
-    if let Ok(mut c) = connect(&plain, TOKEN, None).await {
-        let refused = c.status(v1::StatusRequest { job_id: JOB }).await;
-        assert!(refused.is_err(), "{refused:?}");
+    let mut c = connect(&plain, TOKEN, None)
+        .await
+        .expect("a plaintext connection is taken, to answer it");
+    let register = v1::RegisterRequest {
+        job_id: JOB,
+        ..Default::default()
+    };
+    let refusals = [
+        c.status(v1::StatusRequest { job_id: JOB })
+            .await
+            .map(|_| ()),
+        c.register(register).await.map(|_| ()),
+    ];
+    for refused in refusals {
+        let refused = refused.expect_err("plaintext");
+        assert_eq!(
+            refused.code(),
+            tonic::Code::FailedPrecondition,
+            "{refused:?}"
+        );
+        let message = refused.message();
+        assert!(
+            message.contains("TLS only") && message.contains(&server.endpoint),
+            "{refused:?}"
+        );
     }
     // A client that trusts another CA refuses the server; not worth retrying.
     let other = ClientTls::from_ca_file(&testdata("other-ca.crt")).expect("other CA");

@@ -203,6 +203,38 @@ fn dial_cause(err: &tonic::transport::Error) -> Option<&DialError> {
     None
 }
 
+/// An RPC a server answered with an error status, said briefly: the call, the code and the
+/// server's message (tonic's own display adds details and metadata nobody reads). The
+/// transport error under a failed call, if any, is its source.
+#[derive(Debug)]
+pub struct RpcError {
+    pub rpc: &'static str,
+    pub status: Status,
+}
+
+impl RpcError {
+    /// A `map_err` adapter naming the call.
+    pub fn of(rpc: &'static str) -> impl FnOnce(Status) -> RpcError {
+        move |status| RpcError { rpc, status }
+    }
+}
+
+impl fmt::Display for RpcError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} failed: {:?}", self.rpc, self.status.code())?;
+        if !self.status.message().is_empty() {
+            write!(f, ": {}", self.status.message())?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for RpcError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.status)
+    }
+}
+
 /// Connects to the dispatcher at `addr` (`http://host:port`, or `https://host:port` over TLS
 /// checked against `tls`'s CA), sending `token` with every request and accepting messages up
 /// to [`MAX_MESSAGE_BYTES`].
@@ -287,6 +319,17 @@ mod tests {
         let bytes = answer.encode_to_vec();
         let back = v1::LeaseResponse::decode(bytes.as_slice()).expect("decodes");
         assert_eq!(back, answer);
+    }
+
+    #[test]
+    fn rpc_errors_say_the_call_the_code_and_the_message() {
+        let err = RpcError::of("Drain")(Status::not_found("worker-9 is not registered"));
+        assert_eq!(
+            err.to_string(),
+            "Drain failed: NotFound: worker-9 is not registered"
+        );
+        let bare = RpcError::of("Status")(Status::unavailable(""));
+        assert_eq!(bare.to_string(), "Status failed: Unavailable");
     }
 
     #[tokio::test]

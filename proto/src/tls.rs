@@ -212,8 +212,16 @@ impl ServerTls {
     }
 
     /// Completes the server side of a handshake on an accepted connection, within
-    /// [`HANDSHAKE_TIMEOUT`].
+    /// [`HANDSHAKE_TIMEOUT`]. A peer whose first bytes are a plaintext HTTP/2 preface or a
+    /// data-plane hello (a client given an `http://` address) is kept as
+    /// [`MaybeTls::PlainOnTlsPort`]: served only to be told, in its own protocol, that this
+    /// port takes TLS ([`refuse_plaintext`], the data plane's refusal).
     pub async fn accept(&self, stream: TcpStream) -> io::Result<ServerStream> {
+        let mut head = [0u8; 4];
+        let peeked = tokio::time::timeout(HANDSHAKE_TIMEOUT, peek_exact(&stream, &mut head)).await;
+        if matches!(peeked, Ok(Ok(true))) && PLAINTEXT_HEADS.contains(&head) {
+            return Ok(MaybeTls::PlainOnTlsPort(stream));
+        }
         match tokio::time::timeout(HANDSHAKE_TIMEOUT, self.acceptor.accept(stream)).await {
             Ok(Ok(tls)) => Ok(MaybeTls::Tls(Box::new(tls))),
             Ok(Err(e)) => Err(e),
@@ -223,6 +231,68 @@ impl ServerTls {
             )),
         }
     }
+}
+
+/// The first bytes of the plaintext protocols a TLS port recognises to refuse them clearly:
+/// HTTP/2's connection preface (`PRI * HTTP/2.0`, gRPC) and the data plane's hello. A TLS
+/// handshake starts with a record of type 22 instead.
+const PLAINTEXT_HEADS: [[u8; 4]; 2] = [*b"PRI ", *b"LODP"];
+
+/// Waits for the first `head.len()` bytes of `stream` without consuming them; false if the
+/// peer closed first.
+pub async fn peek_exact(stream: &TcpStream, head: &mut [u8]) -> io::Result<bool> {
+    loop {
+        let n = stream.peek(head).await?;
+        if n == 0 {
+            return Ok(false);
+        }
+        if n >= head.len() {
+            return Ok(true);
+        }
+        // Fewer bytes than asked for so far: wait for the rest.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// What a server knows of a connection a request came on (tonic puts it in the request's
+/// extensions).
+#[derive(Debug, Clone)]
+pub struct ServerConnectInfo {
+    pub tcp: TcpConnectInfo,
+    /// A plaintext client on a port that serves TLS only.
+    pub plaintext_on_tls_port: bool,
+}
+
+/// The peer a request came from.
+pub fn peer<T>(request: &tonic::Request<T>) -> Option<std::net::SocketAddr> {
+    request
+        .extensions()
+        .get::<ServerConnectInfo>()
+        .and_then(|info| info.tcp.remote_addr())
+}
+
+/// Refuses a request that came in plaintext to a port that serves TLS only, before anything
+/// else looks at it, saying how to reach the port.
+#[allow(clippy::result_large_err)] // tonic's handlers answer with a `Status` as it is
+pub fn refuse_plaintext<T>(request: &tonic::Request<T>) -> Result<(), tonic::Status> {
+    let Some(info) = request.extensions().get::<ServerConnectInfo>() else {
+        return Ok(());
+    };
+    if !info.plaintext_on_tls_port {
+        return Ok(());
+    }
+    Err(tonic::Status::failed_precondition(plaintext_refusal(
+        info.tcp.local_addr(),
+    )))
+}
+
+/// Why a plaintext client is refused by a TLS-only port at `local`.
+pub fn plaintext_refusal(local: Option<std::net::SocketAddr>) -> String {
+    let addr = local.map_or_else(|| "host:port".to_owned(), |a| a.to_string());
+    format!(
+        "this port serves TLS only: dial https://{addr} with --tls-ca FILE (the request came in \
+         plaintext and was not processed)"
+    )
 }
 
 /// What a client connection carries: gRPC negotiates HTTP/2 by ALPN; the data plane offers
@@ -361,6 +431,9 @@ pub async fn dial(
 pub enum MaybeTls<T> {
     Plain(TcpStream),
     Tls(Box<T>),
+    /// A plaintext client on a server's TLS-only port (see [`ServerTls::accept`]); never a
+    /// client's connection.
+    PlainOnTlsPort(TcpStream),
 }
 
 /// A server's accepted connection.
@@ -379,17 +452,20 @@ impl ServerStream {
     /// The TCP connection underneath.
     pub fn tcp(&self) -> &TcpStream {
         match self {
-            MaybeTls::Plain(tcp) => tcp,
+            MaybeTls::Plain(tcp) | MaybeTls::PlainOnTlsPort(tcp) => tcp,
             MaybeTls::Tls(tls) => tls.get_ref().0,
         }
     }
 }
 
 impl Connected for ServerStream {
-    type ConnectInfo = TcpConnectInfo;
+    type ConnectInfo = ServerConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.tcp().connect_info()
+        ServerConnectInfo {
+            tcp: self.tcp().connect_info(),
+            plaintext_on_tls_port: matches!(self, MaybeTls::PlainOnTlsPort(_)),
+        }
     }
 }
 
@@ -400,7 +476,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for MaybeTls<T> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            MaybeTls::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            MaybeTls::Plain(s) | MaybeTls::PlainOnTlsPort(s) => Pin::new(s).poll_read(cx, buf),
             MaybeTls::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
         }
     }
@@ -413,7 +489,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for MaybeTls<T> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            MaybeTls::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            MaybeTls::Plain(s) | MaybeTls::PlainOnTlsPort(s) => Pin::new(s).poll_write(cx, buf),
             MaybeTls::Tls(s) => Pin::new(&mut **s).poll_write(cx, buf),
         }
     }
@@ -424,28 +500,30 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for MaybeTls<T> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            MaybeTls::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            MaybeTls::Plain(s) | MaybeTls::PlainOnTlsPort(s) => {
+                Pin::new(s).poll_write_vectored(cx, bufs)
+            }
             MaybeTls::Tls(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
         }
     }
 
     fn is_write_vectored(&self) -> bool {
         match self {
-            MaybeTls::Plain(s) => s.is_write_vectored(),
+            MaybeTls::Plain(s) | MaybeTls::PlainOnTlsPort(s) => s.is_write_vectored(),
             MaybeTls::Tls(s) => s.is_write_vectored(),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            MaybeTls::Plain(s) => Pin::new(s).poll_flush(cx),
+            MaybeTls::Plain(s) | MaybeTls::PlainOnTlsPort(s) => Pin::new(s).poll_flush(cx),
             MaybeTls::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            MaybeTls::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            MaybeTls::Plain(s) | MaybeTls::PlainOnTlsPort(s) => Pin::new(s).poll_shutdown(cx),
             MaybeTls::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
         }
     }

@@ -609,6 +609,15 @@ fn a_job_over_tls_delivers_every_record_once() {
     let no_ca = lode(&["status", &addr, "--token", TOKEN]);
     assert_eq!(no_ca.status.code(), Some(2));
     assert!(stderr(&no_ca).contains("--tls-ca"), "{}", stderr(&no_ca));
+    // An http:// address for the TLS dispatcher: told what to dial instead.
+    let plain_addr = addr.replacen("https://", "http://", 1);
+    let plain = lode(&["status", &plain_addr, "--token", TOKEN]);
+    assert_eq!(plain.status.code(), Some(2));
+    assert!(
+        stderr(&plain).contains("TLS only") && stderr(&plain).contains(&addr),
+        "{}",
+        stderr(&plain)
+    );
     let not_a_ca = lode(&["status", &addr, "--token", TOKEN, "--tls-ca", &key]);
     assert_eq!(not_a_ca.status.code(), Some(2));
     assert!(

@@ -379,13 +379,12 @@ pub(crate) async fn serve_connection(
     mut stream: impl AsyncRead + AsyncWrite + Unpin,
     peer: Option<SocketAddr>,
     service: ReceiverService,
-    admitted: bool,
+    refusal: Option<String>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let hello = match tokio::time::timeout(HELLO_TIMEOUT, read_hello(&mut stream, &service)).await {
-        Ok(Ok(())) if !admitted => Err(Refusal(format!(
-            "over {MAX_DATA_CONNECTIONS} data-plane connections"
-        ))),
+        // Said whatever the hello was (it is read first, so the peer is not reset mid-write).
+        Ok(_) if refusal.is_some() => Err(Refusal(refusal.unwrap_or_default())),
         Ok(hello) => hello,
         Err(_) => Err(Refusal("no hello in time".to_owned())),
     };

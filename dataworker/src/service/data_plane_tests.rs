@@ -330,7 +330,8 @@ async fn a_tls_receiver_takes_both_transports_on_one_port_and_only_over_tls() {
         .expect("answered over TLS");
     assert_eq!(answer.status, PushStatus::Accepted as i32);
 
-    // A plaintext hello is not a TLS handshake: no welcome, the connection is closed.
+    // A plaintext hello is refused (not welcomed), saying that the port takes TLS; the
+    // connection is closed.
     let mut s = served.raw().await;
     s.write_all(&hello(PROTOCOL_VERSION, JOB, TOKEN.as_bytes()))
         .await
@@ -339,14 +340,21 @@ async fn a_tls_receiver_takes_both_transports_on_one_port_and_only_over_tls() {
     let _ = tokio::time::timeout(HELLO_TIMEOUT, s.read_to_end(&mut reply))
         .await
         .expect("closed in time");
-    assert_ne!(reply.first(), Some(&WELCOME), "{reply:?}");
+    assert_eq!(reply.first(), Some(&REFUSED), "{reply:?}");
     let plain = served.addr.replacen("https://", "http://", 1);
-    assert!(DataPlaneClient::connect(&plain, JOB, TOKEN, None)
+    let refused = DataPlaneClient::connect(&plain, JOB, TOKEN, None)
         .await
-        .is_err());
-    // A plaintext gRPC push fails too (at connect or at the call).
-    let refused = grpc_push(&plain, None, 2).await;
-    assert!(refused.is_err(), "{refused:?}");
+        .expect_err("plaintext");
+    assert!(
+        matches!(&refused, DataPlaneError::Refused { reason, .. } if reason.contains("TLS only") && reason.contains(&served.addr)),
+        "{refused:?}"
+    );
+    // So is a plaintext gRPC push, before the receiver looks at it.
+    let refused = grpc_push(&plain, None, 2).await.expect_err("plaintext");
+    assert!(
+        refused.contains("FailedPrecondition") && refused.contains("TLS only"),
+        "{refused}"
+    );
     // A client that trusts another CA refuses the receiver, and says it is not a matter of
     // retrying.
     let other = ClientTls::from_ca_file(&testdata("other-ca.crt")).expect("other CA");

@@ -44,11 +44,8 @@ pub(crate) mod test_frames {
 pub enum ServiceError {
     #[error(transparent)]
     Client(#[from] lode_proto::service::ClientError),
-    #[error("{rpc} failed: {status}")]
-    Rpc {
-        rpc: &'static str,
-        status: tonic::Status,
-    },
+    #[error(transparent)]
+    Rpc(#[from] lode_proto::service::RpcError),
     #[error("the dispatcher sent an unusable {what}: {reason}")]
     BadAnswer { what: &'static str, reason: String },
     #[error(transparent)]
@@ -69,6 +66,6 @@ pub enum ServiceError {
 
 impl ServiceError {
     pub(crate) fn rpc(rpc: &'static str) -> impl FnOnce(tonic::Status) -> ServiceError {
-        move |status| ServiceError::Rpc { rpc, status }
+        move |status| ServiceError::Rpc(lode_proto::service::RpcError { rpc, status })
     }
 }

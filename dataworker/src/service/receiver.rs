@@ -19,11 +19,11 @@ use std::time::Duration;
 use lode_proto::service::v1::receiver_server::{Receiver, ReceiverServer};
 use lode_proto::service::v1::{FetchRequest, FetchResponse, PushRequest, PushResponse, PushStatus};
 use lode_proto::service::{check_bearer, MAX_MESSAGE_BYTES};
-use lode_proto::tls::{ServerStream, ServerTls};
+use lode_proto::tls::{peek_exact, plaintext_refusal, ServerConnectInfo, ServerStream, ServerTls};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, Semaphore};
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::server::Connected;
 use tonic::{Request, Response, Status};
 
 use super::data_plane::{self, DATA_PLANE_MAGIC, HELLO_TIMEOUT, MAX_DATA_CONNECTIONS};
@@ -98,12 +98,14 @@ impl ReceiverService {
         request: &Request<T>,
         job: u64,
     ) -> Result<(), Status> {
+        lode_proto::tls::refuse_plaintext(request)?;
+        let remote = lode_proto::tls::peer(request);
         if let Err(status) = check_bearer(request.metadata(), &self.token) {
-            tracing::warn!(rpc, remote = ?request.remote_addr(), "rejected: {}", status.message());
+            tracing::warn!(rpc, ?remote, "rejected: {}", status.message());
             return Err(status);
         }
         if job != self.job {
-            tracing::warn!(rpc, remote = ?request.remote_addr(), job, "rejected: another job");
+            tracing::warn!(rpc, ?remote, job, "rejected: another job");
             return Err(Status::permission_denied(format!(
                 "this receiver serves job-{}, not job-{job}",
                 self.job
@@ -244,8 +246,10 @@ async fn route(
     stopped: watch::Receiver<bool>,
 ) {
     let sniffed = match tls {
-        None => sniff_plain(stream).await,
+        None => sniff_plain(stream, false).await,
         Some(tls) => match tls.accept(stream).await {
+            // A plaintext client: it is told, in its protocol, that this port takes TLS.
+            Ok(ServerStream::PlainOnTlsPort(tcp)) => sniff_plain(tcp, true).await,
             Ok(stream) => sniff_tls(stream).await,
             Err(e) => {
                 tracing::warn!(%peer, cause = %e, "receiver: TLS handshake failed; connection closed");
@@ -257,8 +261,16 @@ async fn route(
         Some(stream) if stream.head == DATA_PLANE_MAGIC => {
             let _ = stream.inner.tcp().set_nodelay(true);
             let permit = admission.try_acquire_owned().ok();
-            let admitted = permit.is_some();
-            data_plane::serve_connection(stream, Some(peer), service, admitted, stopped).await;
+            let refusal = if matches!(stream.inner, ServerStream::PlainOnTlsPort(_)) {
+                Some(plaintext_refusal(stream.inner.tcp().local_addr().ok()))
+            } else if permit.is_none() {
+                Some(format!(
+                    "over {MAX_DATA_CONNECTIONS} data-plane connections"
+                ))
+            } else {
+                None
+            };
+            data_plane::serve_connection(stream, Some(peer), service, refusal, stopped).await;
             drop(permit);
         }
         // Anything else is HTTP/2's business (it refuses what is not HTTP/2).
@@ -272,9 +284,10 @@ async fn route(
 
 /// A plaintext connection's first four bytes, peeked (left in the socket); None if it closed
 /// first. A peer silent for [`HELLO_TIMEOUT`] goes to gRPC, which times it out its own way.
-async fn sniff_plain(stream: TcpStream) -> Option<Sniffed> {
+/// `on_tls_port`: the receiver serves TLS, and this client is only to be refused.
+async fn sniff_plain(stream: TcpStream, on_tls_port: bool) -> Option<Sniffed> {
     let mut head = [0u8; 4];
-    let head = match tokio::time::timeout(HELLO_TIMEOUT, peek_head(&stream, &mut head)).await {
+    let head = match tokio::time::timeout(HELLO_TIMEOUT, peek_exact(&stream, &mut head)).await {
         Ok(Ok(false)) => return None,
         Ok(Ok(true)) => head,
         // Silent or broken: not the data plane.
@@ -283,7 +296,11 @@ async fn sniff_plain(stream: TcpStream) -> Option<Sniffed> {
     Some(Sniffed {
         head,
         replayed: head.len(),
-        inner: ServerStream::Plain(stream),
+        inner: if on_tls_port {
+            ServerStream::PlainOnTlsPort(stream)
+        } else {
+            ServerStream::Plain(stream)
+        },
     })
 }
 
@@ -301,23 +318,6 @@ async fn sniff_tls(mut stream: ServerStream) -> Option<Sniffed> {
     }
 }
 
-/// Waits for the first `head.len()` bytes of `stream` without consuming them; false if the
-/// peer closed first.
-async fn peek_head(stream: &TcpStream, head: &mut [u8]) -> io::Result<bool> {
-    loop {
-        let n = stream.peek(head).await?;
-        if n == 0 {
-            return Ok(false);
-        }
-        if n == head.len() {
-            return Ok(true);
-        }
-        // A first segment shorter than four bytes: rare (clients send their hello or
-        // preface in one write); `peek` would answer at once again, so wait a moment.
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
-
 /// A connection whose first four bytes were looked at: a TLS stream had to read them, so they
 /// are handed out again before the rest; a plaintext one only peeked (nothing to replay).
 #[derive(Debug)]
@@ -329,7 +329,7 @@ struct Sniffed {
 }
 
 impl Connected for Sniffed {
-    type ConnectInfo = TcpConnectInfo;
+    type ConnectInfo = ServerConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.inner.connect_info()

@@ -567,5 +567,5 @@ where
 {
     retry_unreachable(RECONNECT_WINDOW, rpc)
         .await
-        .map_err(|status| ServiceError::Rpc { rpc: name, status })
+        .map_err(ServiceError::rpc(name))
 }

@@ -38,13 +38,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use lode_proto::service::v1::dispatcher_server::DispatcherServer;
-use lode_proto::tls::{ServerStream, ServerTls};
+use lode_proto::tls::{ServerConnectInfo, ServerStream, ServerTls};
 use prost::bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::server::Connected;
 use tonic::transport::Server;
 
 pub use self::clock::{Clock, ManualClock, MonotonicClock};
@@ -396,7 +396,7 @@ fn limited_incoming(
 }
 
 impl Connected for LimitedStream {
-    type ConnectInfo = TcpConnectInfo;
+    type ConnectInfo = ServerConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.stream.connect_info()

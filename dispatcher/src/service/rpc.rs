@@ -155,7 +155,8 @@ impl DispatcherService {
         request: &Request<T>,
         job_id: u64,
     ) -> Result<(), Status> {
-        let remote = request.remote_addr();
+        lode_proto::tls::refuse_plaintext(request)?;
+        let remote = lode_proto::tls::peer(request);
         if let Err(status) = check_bearer(request.metadata(), &self.inner.token) {
             tracing::warn!(rpc, ?remote, "rejected: {}", status.message());
             return Err(status);
