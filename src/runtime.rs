@@ -40,17 +40,11 @@ pub fn client_tls(ca: Option<&Path>) -> anyhow::Result<Option<ClientTls>> {
     Ok(ca.map(ClientTls::from_ca_file).transpose()?)
 }
 
-/// The address clients dial for a listener on `addr`: https when it serves TLS.
-fn url_of(addr: std::net::SocketAddr, tls: bool) -> String {
-    format!("{}://{addr}", if tls { "https" } else { "http" })
-}
-
 /// The address workers dial for a receiver bound to `bound`: `advertise` (`HOST` or
 /// `HOST:PORT`, the port defaulting to the bound one) when given, else the bound address, which
 /// must then name one interface: an address bound to every interface (0.0.0.0, [::]) is not
 /// one a worker on another machine can dial.
 fn receiver_url(bound: SocketAddr, advertise: Option<&str>, tls: bool) -> anyhow::Result<String> {
-    let scheme = if tls { "https" } else { "http" };
     let Some(advertise) = advertise.map(str::trim) else {
         if bound.ip().is_unspecified() {
             bail!(
@@ -59,7 +53,7 @@ fn receiver_url(bound: SocketAddr, advertise: Option<&str>, tls: bool) -> anyhow
                  machine by"
             );
         }
-        return Ok(format!("{scheme}://{bound}"));
+        return Ok(lode_proto::tls::url(bound, tls));
     };
     let bad = |why: &str| anyhow::anyhow!("--advertise {advertise:?}: {why}");
     if advertise.is_empty()
@@ -87,7 +81,7 @@ fn receiver_url(bound: SocketAddr, advertise: Option<&str>, tls: bool) -> anyhow
     } else {
         format!("{advertise}:{}", bound.port())
     };
-    Ok(format!("{scheme}://{with_port}"))
+    Ok(lode_proto::tls::url(with_port, tls))
 }
 
 /// A fresh random token (hex), from the OS's randomness through std's hasher seeds.
@@ -251,7 +245,7 @@ pub fn run_dispatcher(args: DispatcherArgs, out: &mut dyn std::io::Write) -> any
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
-        let url = url_of(listener.local_addr()?, service.tls.is_some());
+        let url = lode_proto::tls::url(listener.local_addr()?, service.tls.is_some());
         writeln!(out, "dispatcher for job-{} listening on {url}", args.job)?;
         if generated {
             writeln!(out, "token: {token}")?;
@@ -713,7 +707,7 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
         .unwrap_or_else(|| scratch.path().join("consumer.jsonl"));
     let summary = rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = url_of(listener.local_addr()?, service.tls.is_some());
+        let addr = lode_proto::tls::url(listener.local_addr()?, service.tls.is_some());
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let dispatcher = tokio::spawn(lode_dispatcher::serve(listener, service, async {
             let _ = stop_rx.await;

@@ -429,33 +429,21 @@ mod tests {
 
     #[test]
     fn bad_specs_and_targets_are_refused() {
-        let mut s = spec(1);
-        s.batch = 0;
-        assert!(s
-            .validate()
-            .expect_err("refused")
-            .to_string()
-            .contains("batch is 0"));
-        let mut s = spec(1);
-        s.batch = 101;
-        assert!(s.validate().is_err());
-        let mut s = spec(1);
-        s.width = 0;
-        assert!(s
-            .validate()
-            .expect_err("refused")
-            .to_string()
-            .contains("width"));
-        let mut s = spec(1);
-        s.latency = Duration::from_secs(61);
-        assert!(s
-            .validate()
-            .expect_err("refused")
-            .to_string()
-            .contains("latency"));
-        let mut s = spec(1);
-        s.epochs = 0;
-        assert!(s.validate().is_err());
+        // Each change to a valid spec, and what the refusal must say ("" when any refusal will do).
+        type Change = fn(&mut SyntheticSpec);
+        let cases: [(Change, &str); 5] = [
+            (|s| s.batch = 0, "batch is 0"),
+            (|s| s.batch = 101, ""),
+            (|s| s.width = 0, "width"),
+            (|s| s.latency = Duration::from_secs(61), "latency"),
+            (|s| s.epochs = 0, ""),
+        ];
+        for (change, says) in cases {
+            let mut s = spec(1);
+            change(&mut s);
+            let err = s.validate().expect_err("refused").to_string();
+            assert!(err.contains(says), "{says}: {err}");
+        }
 
         let tmp = tempfile::tempdir().expect("tmp");
         let dir = tmp.path().join("taken");

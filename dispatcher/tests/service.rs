@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lode_dispatcher::journal::JOURNAL_FILE;
-use lode_dispatcher::service::{endpoint_of, tls_endpoint_of};
 use lode_dispatcher::{
     index_batch, serve, DispatcherConfig, JobId, JournalError, ManualClock, ServeError,
     ServiceConfig, Shuffle, StepId, PROTOCOL_VERSION,
@@ -64,11 +63,7 @@ impl Server {
     ) -> Server {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let local = listener.local_addr().expect("local addr");
-        let endpoint = if tls.is_some() {
-            tls_endpoint_of(local)
-        } else {
-            endpoint_of(local)
-        };
+        let endpoint = lode_proto::tls::url(local, tls.is_some());
         let clock = Arc::new(ManualClock::new());
         let stages = dispatcher.stages;
         let mut config = ServiceConfig::new(

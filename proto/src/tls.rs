@@ -345,6 +345,12 @@ impl ClientTls {
     }
 }
 
+/// The address clients dial for a server at `host_port`: `https://` when it serves TLS,
+/// `http://` otherwise (the scheme rule, see the module doc).
+pub fn url(host_port: impl fmt::Display, tls: bool) -> String {
+    format!("{}://{host_port}", if tls { "https" } else { "http" })
+}
+
 /// Whether `addr` names a TLS server (`https://`).
 pub fn is_https(addr: &str) -> bool {
     addr.starts_with("https://")

@@ -288,16 +288,8 @@ impl StepEncoder {
         msg: &StepMessage,
         out: &mut Vec<u8>,
     ) -> Result<FrameCompression, TransferError> {
-        let limit = self.config.max_message_bytes;
-        let decoded = decoded_size(msg);
-        if decoded > limit {
-            return Err(TransferError::MessageTooLarge {
-                bytes: decoded,
-                limit,
-            });
-        }
-        let probing = self.config.compression == Compression::Auto
-            && self.encoded % AUTO_RECHECK_INTERVAL < AUTO_PROBE_MESSAGES;
+        let limit = self.checked_limit(msg)?;
+        let probing = self.probing();
         let compress = match self.config.compression {
             Compression::Off => false,
             Compression::Lz4 => true,
@@ -352,8 +344,7 @@ impl StepEncoder {
             Compression::Off => true,
             Compression::Lz4 => false,
             Compression::Auto => {
-                let probing = self.encoded % AUTO_RECHECK_INTERVAL < AUTO_PROBE_MESSAGES;
-                !probing && self.auto_choice == Some(FrameCompression::None)
+                !self.probing() && self.auto_choice == Some(FrameCompression::None)
             }
         };
         if !uncompressed || !cfg!(target_endian = "little") {
@@ -366,14 +357,7 @@ impl StepEncoder {
                 len,
             });
         }
-        let limit = self.config.max_message_bytes;
-        let decoded = decoded_size(msg);
-        if decoded > limit {
-            return Err(TransferError::MessageTooLarge {
-                bytes: decoded,
-                limit,
-            });
-        }
+        let limit = self.checked_limit(msg)?;
         let mut parts = FrameParts {
             owned: vec![0; HEADER_LEN],
             pieces: Vec::with_capacity(2 * msg.tensors.len() + 1),
@@ -400,6 +384,25 @@ impl StepEncoder {
         parts.owned[..HEADER_LEN].copy_from_slice(&header);
         self.encoded += 1;
         Ok(parts)
+    }
+
+    /// The message limit, once `msg` is known to fit it decoded.
+    fn checked_limit(&self, msg: &StepMessage) -> Result<u64, TransferError> {
+        let limit = self.config.max_message_bytes;
+        let decoded = decoded_size(msg);
+        if decoded > limit {
+            return Err(TransferError::MessageTooLarge {
+                bytes: decoded,
+                limit,
+            });
+        }
+        Ok(limit)
+    }
+
+    /// Whether `auto` compresses this message to measure what compression gains.
+    fn probing(&self) -> bool {
+        self.config.compression == Compression::Auto
+            && self.encoded % AUTO_RECHECK_INTERVAL < AUTO_PROBE_MESSAGES
     }
 
     fn record_probe(&mut self, raw: usize, lz4: usize) {

@@ -443,12 +443,7 @@ impl AsyncWrite for LimitedStream {
     }
 }
 
-/// The address a client should dial for a listener bound to `addr`.
+/// The address a client should dial for a plaintext listener bound to `addr`.
 pub fn endpoint_of(addr: SocketAddr) -> String {
-    format!("http://{addr}")
-}
-
-/// The address a client should dial for a listener bound to `addr` that serves TLS.
-pub fn tls_endpoint_of(addr: SocketAddr) -> String {
-    format!("https://{addr}")
+    lode_proto::tls::url(addr, false)
 }
