@@ -419,6 +419,7 @@ pub async fn consume(
         .register_consumer(RegisterConsumerRequest {
             job_id: args.job,
             receiver_addr,
+            resume_from: None,
         })
         .await
         .map_err(RpcError::of("RegisterConsumer"))?

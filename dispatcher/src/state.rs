@@ -52,6 +52,12 @@ pub enum Command {
     /// A (new) receiver registered: whatever an earlier receiver buffered is gone, so every
     /// step completed and not yet consumed is leased again (and recomputed identically).
     ReceiverReset,
+    /// The training side restarted from a checkpoint that had consumed every step before
+    /// `next` (and none after): the watermark moves to the step before `next`, backwards or
+    /// forwards, and every lease and completion after it is dropped, so that the steps from
+    /// `next` on are leased again (and recomputed identically). `next` may be one past the
+    /// last step of a finite job.
+    Rewind { next: StepId },
 }
 
 /// A change of state; the journal is the list of applied events.
@@ -118,6 +124,11 @@ pub enum Event {
     /// The last step of the last epoch has been consumed.
     EndOfData {
         last: StepId,
+    },
+    /// The training side restarted from a checkpoint: everything before `next` is consumed,
+    /// nothing after it is leased or completed (leases were revoked first).
+    Rewound {
+        next: StepId,
     },
 }
 
@@ -437,6 +448,29 @@ impl DispatcherState {
                     self.emit(&mut out, Event::StepReturned { stage, step })?;
                 }
             }
+            Command::Rewind { next } => {
+                let seq = self
+                    .seq_or_end(next)
+                    .ok_or(Error::StepOutOfRange { step: next })?;
+                let mut touched = Vec::new();
+                for (stage, step, lease) in self.leases() {
+                    touched.push(lease.worker);
+                    self.emit(
+                        &mut out,
+                        Event::LeaseRevoked {
+                            worker: lease.worker,
+                            stage,
+                            step,
+                        },
+                    )?;
+                }
+                self.emit(&mut out, Event::Rewound { next })?;
+                self.finish_drained(&mut out, touched)?;
+                if let Some(last) = seq.checked_sub(1).filter(|_| self.total == Some(seq)) {
+                    let last = self.step_of(last);
+                    self.emit(&mut out, Event::EndOfData { last })?;
+                }
+            }
             Command::Tick => {
                 let mut touched = Vec::new();
                 for (stage, step, lease) in self.leases() {
@@ -588,6 +622,19 @@ impl DispatcherState {
                     st.next = st.next.max(after);
                 }
             }
+            Event::Rewound { next } => {
+                let seq = self.seq_or_end(*next).ok_or("rewind outside the job")?;
+                if self.stages.iter().any(|st| !st.leases.is_empty()) {
+                    return Err("rewind while steps are leased");
+                }
+                self.watermark = seq.checked_sub(1);
+                self.end_of_data = false;
+                for st in &mut self.stages {
+                    st.pending.clear();
+                    st.completed.clear();
+                    st.next = seq;
+                }
+            }
             Event::WorkerDraining { worker } => {
                 let info = self
                     .workers
@@ -734,6 +781,17 @@ impl DispatcherState {
             .0
             .checked_mul(self.per_epoch)?
             .checked_add(step.step.0)
+    }
+
+    /// [`Self::seq_of`], also accepting the step one past the last of a finite job.
+    fn seq_or_end(&self, step: StepId) -> Option<u64> {
+        match self.seq_of(step) {
+            Some(seq) => Some(seq),
+            None if step.step.0 == 0 && self.config.epochs == Some(step.epoch.0) => {
+                step.epoch.0.checked_mul(self.per_epoch)
+            }
+            None => None,
+        }
     }
 
     fn step_of(&self, seq: u64) -> StepId {

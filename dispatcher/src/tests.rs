@@ -797,3 +797,93 @@ fn a_receiver_reset_leases_completed_unconsumed_steps_again_with_the_same_batche
         );
     }
 }
+
+#[test]
+fn a_rewind_moves_the_watermark_to_a_checkpoint_and_leases_from_it_again() {
+    let mut c = config(1);
+    c.epochs = Some(1); // 4 steps of 3 records (the last holds 1)
+    let mut state = DispatcherState::new(c).expect("config");
+    register(&mut state, W1, S0);
+    let mut granted = BTreeMap::new();
+    for _ in 0..2 {
+        let (s, records) = lease(&mut state, W1, 0).expect("lease");
+        complete(&mut state, W1, S0, s).expect("complete");
+        granted.insert(s, records);
+    }
+    let (held, _) = lease(&mut state, W1, 0).expect("lease");
+    state
+        .apply(
+            Command::Consumed {
+                watermark: StepId::new(0, 1),
+            },
+            t(1),
+        )
+        .expect("consumed");
+    // The program restarts from a checkpoint taken after step 0: step 1 comes again, with the
+    // same records, and the lease W1 held is revoked first (replay must accept the order).
+    let events = state
+        .apply(
+            Command::Rewind {
+                next: StepId::new(0, 1),
+            },
+            t(2),
+        )
+        .expect("rewind");
+    assert_eq!(
+        events,
+        vec![
+            Event::LeaseRevoked {
+                worker: W1,
+                stage: S0,
+                step: held
+            },
+            Event::Rewound {
+                next: StepId::new(0, 1)
+            },
+        ]
+    );
+    assert_eq!(state.watermark(), Some(StepId::new(0, 0)));
+    let (again, records) = lease(&mut state, W1, 3).expect("lease");
+    assert_eq!(again, StepId::new(0, 1));
+    assert_eq!(Some(&records), granted.get(&again));
+    // Forwards too, up to one past the last step, which ends the data.
+    let events = state
+        .apply(
+            Command::Rewind {
+                next: StepId::new(1, 0),
+            },
+            t(4),
+        )
+        .expect("rewind to the end");
+    assert!(matches!(events.last(), Some(Event::EndOfData { last }) if *last == StepId::new(0, 3)));
+    assert!(state.is_end_of_data());
+    assert_eq!(
+        state.apply(
+            Command::Rewind {
+                next: StepId::new(1, 1)
+            },
+            t(5)
+        ),
+        Err(Error::StepOutOfRange {
+            step: StepId::new(1, 1)
+        })
+    );
+    let mut journal = Vec::new();
+    let mut live = DispatcherState::new(state.config().clone()).expect("config");
+    for command in [
+        Command::RegisterWorker {
+            worker: W1,
+            stage: S0,
+            protocol_version: PROTOCOL_VERSION,
+        },
+        Command::RequestLease { worker: W1 },
+        Command::Rewind {
+            next: StepId::new(0, 0),
+        },
+        Command::RequestLease { worker: W1 },
+    ] {
+        journal.extend(live.apply(command, t(6)).expect("apply"));
+    }
+    let replayed = DispatcherState::replay(live.config().clone(), &journal).expect("replay");
+    assert_eq!(replayed, live);
+}

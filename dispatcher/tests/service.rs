@@ -212,6 +212,7 @@ async fn register_lease_complete_consume_round_trip() {
         .register_consumer(v1::RegisterConsumerRequest {
             job_id: JOB,
             receiver_addr: "http://127.0.0.1:9".into(),
+            resume_from: None,
         })
         .await
         .expect("consumer")
@@ -369,6 +370,7 @@ async fn bad_credentials_and_other_jobs_are_rejected_without_touching_state() {
                     c.register_consumer(v1::RegisterConsumerRequest {
                         job_id,
                         receiver_addr: "http://127.0.0.1:9".into(),
+                        resume_from: None,
                     })
                     .await
                     .map(drop),
@@ -585,6 +587,7 @@ async fn mid_epoch(server: &Server, client: &mut DispatcherClient) -> [u64; 3] {
         .register_consumer(v1::RegisterConsumerRequest {
             job_id: JOB,
             receiver_addr: "http://127.0.0.1:9".into(),
+            resume_from: None,
         })
         .await
         .expect("consumer");

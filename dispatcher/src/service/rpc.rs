@@ -373,7 +373,9 @@ impl Dispatcher for DispatcherService {
         request: Request<v1::RegisterConsumerRequest>,
     ) -> Result<Response<v1::RegisterConsumerResponse>, Status> {
         self.authorize("RegisterConsumer", &request, request.get_ref().job_id)?;
-        let addr = request.into_inner().receiver_addr;
+        let request = request.into_inner();
+        let resume = request.resume_from.map(|s| StepId::new(s.epoch, s.step));
+        let addr = request.receiver_addr;
         if addr.is_empty() || addr.len() > MAX_ADDR_BYTES {
             return Err(Status::invalid_argument(format!(
                 "receiver_addr: must be 1 to {MAX_ADDR_BYTES} bytes"
@@ -383,6 +385,9 @@ impl Dispatcher for DispatcherService {
         let (first_step, end_of_data) = self
             .mutate(move |core, now| {
                 core.register_consumer(addr, now)?;
+                if let Some(next) = resume {
+                    core.apply(Command::Rewind { next }, now)?;
+                }
                 // The new receiver holds nothing: what the last one buffered is redone.
                 core.apply(Command::ReceiverReset, now)?;
                 Ok((core.first_unconsumed(), core.state().is_end_of_data()))
