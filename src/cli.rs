@@ -45,6 +45,9 @@ pub enum Command {
     Drain(DrainArgs),
     /// Run a whole job on this machine: dispatcher, consumer and worker processes.
     Run(RunArgs),
+    /// Train an unmodified TF1-style TensorFlow program on Lode: its graph is cut when it
+    /// creates its session, and data workers feed its training graph.
+    Train(TrainArgs),
     /// Simulate a GPU cluster's jobs under Lode's schedulers and the paper's baselines.
     Simulate(crate::simulate::SimulateArgs),
     /// Write a synthetic one-stage plan whose steps take a fixed time (for benchmarks and
@@ -452,4 +455,37 @@ pub struct DrainArgs {
     pub job: u64,
     #[command(flatten)]
     pub tls: ClientTlsArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// Local data-worker processes (default: one per core); 0 with --announce lets workers
+    /// started elsewhere (or `lode scheduler`) supply them.
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Threads per local data worker.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Cut at the tf.data boundary (IteratorGetNext) instead of the full stateless region.
+    #[arg(long)]
+    pub simple: bool,
+    /// A program Lode cannot cut is an error (status 2) instead of running unchanged.
+    #[arg(long)]
+    pub strict: bool,
+    /// The job's directory: plan, dispatcher journal, worker logs (default: a temporary one).
+    /// A restarted program given the same directory continues the job.
+    #[arg(long, value_name = "DIR")]
+    pub journal: Option<PathBuf>,
+    /// Publish DIR/NAME.json (dispatcher URL, job, token) for workers started elsewhere.
+    #[arg(long, value_name = "DIR")]
+    pub announce: Option<PathBuf>,
+    /// The job's name in --announce (default: train-PID).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Lease duration of a step, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    pub lease_ms: u64,
+    /// The program and its arguments, after `--`.
+    #[arg(required = true, last = true, value_name = "PROGRAM")]
+    pub program: Vec<String>,
 }

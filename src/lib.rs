@@ -7,6 +7,7 @@
 //! - `metrics`: Prometheus text endpoints for the dispatcher and the receiver.
 //! - `runtime`: `lode dispatcher`, `worker`, `consume`, `status` and `run`.
 //! - `simulate`: `lode simulate`, the cluster simulator of lode-scheduler.
+//! - `train`: `lode train`, an unmodified TensorFlow program trained on Lode.
 //! - [`run`]: dispatches a parsed command; `main` only parses, sets up logging and exits.
 //!
 //! # Invariants
@@ -22,6 +23,7 @@ pub mod metrics;
 pub mod runtime;
 pub mod scheduler;
 pub mod simulate;
+pub mod train;
 
 use anyhow::{bail, Context as _};
 use lode_proto::io::{self, GraphEncoding, LoadOptions};
@@ -46,6 +48,7 @@ pub fn run(command: Command, out: &mut dyn std::io::Write) -> anyhow::Result<()>
         Command::Simulate(args) => simulate::run_simulate(args, out),
         Command::Synthetic(args) => run_synthetic(args, out),
         Command::Scheduler(args) => scheduler::run_scheduler(args, out),
+        Command::Train(args) => train::run_train(args, out),
     }
 }
 
@@ -168,16 +171,12 @@ fn run_partition(args: PartitionArgs, out: &mut dyn std::io::Write) -> anyhow::R
         tags: args.model.tags.clone(),
     };
     let (path, bytes) = io::load_graph_bytes(&args.model.model, &options)?;
-    let view = lode_proto::view::GraphView::parse(&bytes)
-        .with_context(|| format!("{}: not a valid binary GraphDef", path.display()))?;
     let decouple_options = lode_decoupler::Options {
         simple: args.simple,
         stateful_ops: args.stateful_ops.clone(),
     };
-    let mut decoupled = lode_decoupler::decouple(&view, &decouple_options)
-        .with_context(|| format!("{}: cannot partition", path.display()))?;
-    decoupled.plan.data_root = Some(data_root(&args)?.display().to_string());
-    let missing = missing_kernels(&mut decoupled)?;
+    let (decoupled, missing) =
+        decouple_graph(&path, &bytes, &decouple_options, &data_root(&args)?)?;
     lode_decoupler::plan::write_dir(
         &args.output,
         &decoupled.graphs,
@@ -204,6 +203,23 @@ fn run_partition(args: PartitionArgs, out: &mut dyn std::io::Write) -> anyhow::R
         .into());
     }
     Ok(())
+}
+
+/// Cuts a binary GraphDef read from `path` into a plan whose data paths resolve against
+/// `data_root`; also returns how many distinct ops of its stages have no data-worker kernel.
+pub fn decouple_graph(
+    path: &std::path::Path,
+    bytes: &[u8],
+    options: &lode_decoupler::Options,
+    data_root: &std::path::Path,
+) -> anyhow::Result<(lode_decoupler::Decoupled, usize)> {
+    let view = lode_proto::view::GraphView::parse(bytes)
+        .with_context(|| format!("{}: not a valid binary GraphDef", path.display()))?;
+    let mut decoupled = lode_decoupler::decouple(&view, options)
+        .with_context(|| format!("{}: cannot partition", path.display()))?;
+    decoupled.plan.data_root = Some(data_root.display().to_string());
+    let missing = missing_kernels(&mut decoupled)?;
+    Ok((decoupled, missing))
 }
 
 /// Checks every stage graph against the data worker's kernels; records what is missing in

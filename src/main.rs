@@ -34,6 +34,13 @@ fn main() -> ExitCode {
     match lode::run(cli.command, &mut out).and_then(|()| Ok(out.flush()?)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Err(err) if err.downcast_ref::<lode::train::ProgramExit>().is_some() => {
+            // `lode train` passes the program's own status on, without a message of its own.
+            let code = err
+                .downcast_ref::<lode::train::ProgramExit>()
+                .map_or(2, |e| e.0);
+            ExitCode::from(u8::try_from(code).unwrap_or(2))
+        }
         Err(err) if err.downcast_ref::<lode::NegativeAnswer>().is_some() => {
             eprintln!("lode: {err}");
             ExitCode::from(1)

@@ -4,13 +4,13 @@
 
 use std::collections::BTreeSet;
 use std::io::Write as _;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use lode_dataworker::exec::source::RecordSource;
+use lode_dataworker::service::consumer::receiver_url;
 use lode_dataworker::service::receiver::{serve_receiver, ReceiverService};
 use lode_dataworker::service::worker::{run_worker, WorkerConfig};
 use lode_dataworker::transfer::{ReceiverConfig, SharedReceiver};
@@ -38,50 +38,6 @@ pub fn server_tls(args: &ServerTlsArgs) -> anyhow::Result<Option<ServerTls>> {
 /// The trust of `--tls-ca`, when given.
 pub fn client_tls(ca: Option<&Path>) -> anyhow::Result<Option<ClientTls>> {
     Ok(ca.map(ClientTls::from_ca_file).transpose()?)
-}
-
-/// The address workers dial for a receiver bound to `bound`: `advertise` (`HOST` or
-/// `HOST:PORT`, the port defaulting to the bound one) when given, else the bound address, which
-/// must then name one interface: an address bound to every interface (0.0.0.0, [::]) is not
-/// one a worker on another machine can dial.
-fn receiver_url(bound: SocketAddr, advertise: Option<&str>, tls: bool) -> anyhow::Result<String> {
-    let Some(advertise) = advertise.map(str::trim) else {
-        if bound.ip().is_unspecified() {
-            bail!(
-                "--listen binds every interface ({bound}), which is no address a data worker \
-                 can dial: give --advertise HOST[:PORT], the name or address workers reach this \
-                 machine by"
-            );
-        }
-        return Ok(lode_proto::tls::url(bound, tls));
-    };
-    let bad = |why: &str| anyhow::anyhow!("--advertise {advertise:?}: {why}");
-    if advertise.is_empty()
-        || advertise.contains("://")
-        || advertise.contains('/')
-        || advertise.contains(char::is_whitespace)
-    {
-        return Err(bad("expected HOST or HOST:PORT, without a scheme or path"));
-    }
-    // An IPv6 literal needs brackets; its colons are not a port.
-    let has_port = match advertise.rsplit_once(':') {
-        Some((host, _)) if advertise.starts_with('[') => host.ends_with(']'),
-        Some((host, _)) => !host.contains(':'),
-        None => false,
-    };
-    if advertise.parse::<std::net::Ipv6Addr>().is_ok() {
-        return Err(bad("write an IPv6 address in brackets, e.g. [2001:db8::1]"));
-    }
-    let with_port = if has_port {
-        let (_, port) = advertise.rsplit_once(':').unwrap_or_default();
-        match port.parse::<u16>() {
-            Ok(p) if p > 0 => advertise.to_owned(),
-            _ => return Err(bad("the port must be a number from 1 to 65535")),
-        }
-    } else {
-        format!("{advertise}:{}", bound.port())
-    };
-    Ok(lode_proto::tls::url(with_port, tls))
 }
 
 /// A fresh random token (hex), from the OS's randomness through std's hasher seeds.
@@ -413,7 +369,8 @@ pub async fn consume(
         listener.local_addr()?,
         args.advertise.as_deref(),
         tls.is_some(),
-    )?;
+    )
+    .map_err(anyhow::Error::msg)?;
     let mut dispatcher = connect(&args.dispatcher, &args.token, ca.as_ref()).await?;
     let reg = dispatcher
         .register_consumer(RegisterConsumerRequest {
@@ -838,69 +795,4 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
         }
     )?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_receiver_is_registered_at_an_address_workers_can_dial() {
-        let any: SocketAddr = "0.0.0.0:7001".parse().expect("addr");
-        let any6: SocketAddr = "[::]:7001".parse().expect("addr");
-        let local: SocketAddr = "127.0.0.1:7001".parse().expect("addr");
-        let url =
-            |bound, advertise, tls| receiver_url(bound, advertise, tls).map_err(|e| e.to_string());
-        assert_eq!(
-            url(local, None, false).as_deref(),
-            Ok("http://127.0.0.1:7001")
-        );
-        assert_eq!(
-            url(local, None, true).as_deref(),
-            Ok("https://127.0.0.1:7001")
-        );
-        for bound in [any, any6] {
-            let err = url(bound, None, false).expect_err("every interface");
-            assert!(
-                err.contains("--advertise") && err.contains(&bound.to_string()),
-                "{err}"
-            );
-        }
-        assert_eq!(
-            url(any, Some("trainer-3"), false).as_deref(),
-            Ok("http://trainer-3:7001")
-        );
-        assert_eq!(
-            url(any, Some("trainer-3.svc:9000"), true).as_deref(),
-            Ok("https://trainer-3.svc:9000")
-        );
-        assert_eq!(
-            url(any, Some("10.0.0.5"), false).as_deref(),
-            Ok("http://10.0.0.5:7001")
-        );
-        assert_eq!(
-            url(any6, Some("[2001:db8::1]"), false).as_deref(),
-            Ok("http://[2001:db8::1]:7001")
-        );
-        assert_eq!(
-            url(any6, Some("[2001:db8::1]:9"), false).as_deref(),
-            Ok("http://[2001:db8::1]:9")
-        );
-        for (bad, why) in [
-            ("", "HOST or HOST:PORT"),
-            ("http://trainer-3", "without a scheme"),
-            ("trainer-3/x", "without a scheme or path"),
-            ("trainer 3", "HOST or HOST:PORT"),
-            ("trainer-3:0", "port"),
-            ("trainer-3:http", "port"),
-            ("trainer-3:70000", "port"),
-            ("2001:db8::1", "brackets"),
-        ] {
-            let err = url(any, Some(bad), false).expect_err(bad);
-            assert!(
-                err.contains(why) && err.contains("--advertise"),
-                "{bad}: {err}"
-            );
-        }
-    }
 }

@@ -10,6 +10,7 @@
 //!
 //! [`SharedReceiver`]: crate::transfer::SharedReceiver
 
+pub mod consumer;
 pub mod data_plane;
 pub mod receiver;
 pub mod worker;

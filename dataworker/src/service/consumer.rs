@@ -1,0 +1,605 @@
+//! The training side's consumer: a receiver registered with a job's dispatcher, delivering the
+//! job's steps in order to a caller that blocks for each, and reporting what was consumed.
+//!
+//! This is what the training process runs (through the training-side package's C ABI, and
+//! `lode consume`'s emulator): [`Consumer`] owns a small tokio runtime of its own, so that its
+//! callers (TensorFlow's op threads, a command's main thread) stay synchronous.
+//!
+//! # Delivery
+//! [`Consumer::next`] returns the next step in step order, each exactly once (the receiver's
+//! reorder and dedup rule), or [`Next::EndOfData`] once the dispatcher says every step of the
+//! job was consumed. While it waits it flushes the consumed watermark (the dispatcher ends the
+//! data only when the last step is reported) and asks the dispatcher for the end of data; a
+//! dispatcher that cannot be reached for [`ConsumerConfig::patience`] is an error, never a hang.
+//!
+//! # Watermark
+//! [`Consumer::consumed`] records the last consumed step; a background task reports it to the
+//! dispatcher (the newest only, one report in flight), and [`Consumer::flush`] reports it
+//! synchronously. A report is never ahead of what the caller said it consumed.
+//!
+//! # Restart
+//! [`Consumer::resume`] re-registers from a checkpoint's step: the dispatcher moves its
+//! watermark there (`RegisterConsumer.resume_from`) and a fresh receiver starts at it.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use lode_proto::service::v1::{
+    ConsumedRequest, RegisterConsumerRequest, StatusRequest, StepRef as WireStep,
+};
+use lode_proto::service::{connect, retry_unreachable, ClientError, DispatcherClient, RpcError};
+use lode_proto::tls::{ClientTls, ServerTls};
+use tokio::sync::{oneshot, watch};
+
+use crate::service::receiver::{serve_receiver, ReceiverService};
+use crate::transfer::{ReceiverConfig, ReceiverMetrics, SharedReceiver, Step, TransferError};
+
+/// How long one wait for the next step lasts before the dispatcher is asked for the end of data.
+const POLL: Duration = Duration::from_millis(100);
+
+/// Settings of a [`Consumer`].
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    /// The dispatcher's URL (`http://host:port`, or `https://` with `client_tls`).
+    pub dispatcher: String,
+    pub token: String,
+    pub job: u64,
+    /// Where the receiver listens (`127.0.0.1:0` for any free loopback port).
+    pub listen: String,
+    /// `HOST[:PORT]` workers dial instead of the bound address (see [`receiver_url`]).
+    pub advertise: Option<String>,
+    /// The receiver's TLS identity; it then registers as `https://`.
+    pub server_tls: Option<ServerTls>,
+    /// Trust for an `https://` dispatcher.
+    pub client_tls: Option<ClientTls>,
+    /// Steps buffered ahead of the one being consumed.
+    pub capacity: u64,
+    /// The first global step to receive, when restarting from a checkpoint.
+    pub resume_from: Option<u64>,
+    /// How long an unreachable dispatcher is retried before a call fails.
+    pub patience: Duration,
+}
+
+impl ConsumerConfig {
+    /// Plaintext on a loopback port, 16 steps buffered, 30 s of patience.
+    pub fn new(dispatcher: impl Into<String>, token: impl Into<String>, job: u64) -> Self {
+        ConsumerConfig {
+            dispatcher: dispatcher.into(),
+            token: token.into(),
+            job,
+            listen: "127.0.0.1:0".into(),
+            advertise: None,
+            server_tls: None,
+            client_tls: None,
+            capacity: 16,
+            resume_from: None,
+            patience: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Why the consumer failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsumerError {
+    #[error("cannot start the consumer's runtime")]
+    Runtime(#[source] std::io::Error),
+    #[error("cannot listen on {addr}")]
+    Listen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Address(String),
+    #[error("cannot reach the dispatcher at {url}")]
+    Connect {
+        url: String,
+        #[source]
+        source: ClientError,
+    },
+    #[error("dispatcher at {url}: {source}")]
+    Rpc {
+        url: String,
+        #[source]
+        source: Box<RpcError>,
+    },
+    #[error("the dispatcher at {url} serves a plan that is not valid JSON")]
+    Plan {
+        url: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("the job's plan has no data-worker stage")]
+    NoStage,
+    #[error(transparent)]
+    Receiver(#[from] TransferError),
+    #[error("cancelled while waiting for the next step")]
+    Cancelled,
+}
+
+/// What [`Consumer::next`] found.
+#[derive(Debug)]
+pub enum Next {
+    Step(Step),
+    /// Every step of the job has been consumed.
+    EndOfData,
+}
+
+/// A step as the dispatcher numbers it: epoch and step within the epoch.
+fn wire_step(global: u64, per_epoch: u64) -> WireStep {
+    let per_epoch = per_epoch.max(1);
+    WireStep {
+        epoch: global / per_epoch,
+        step: global % per_epoch,
+    }
+}
+
+/// A receiver being served, and how to stop it.
+#[derive(Debug)]
+struct Served {
+    buffer: Arc<SharedReceiver>,
+    stop: Option<oneshot::Sender<()>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+/// The consumed watermark as the background reporter sees it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Watermark {
+    /// The last consumed global step, if any.
+    consumed: Option<u64>,
+    /// Time spent between deliveries since the last report (the training side's busy time).
+    busy_us: u64,
+}
+
+/// The training side of one job (see the module documentation).
+#[derive(Debug)]
+pub struct Consumer {
+    config: ConsumerConfig,
+    rt: tokio::runtime::Runtime,
+    dispatcher: DispatcherClient,
+    plan_json: String,
+    per_epoch: u64,
+    stages: BTreeSet<u32>,
+    served: Served,
+    watermark: watch::Sender<Watermark>,
+    /// The last watermark the dispatcher acknowledged.
+    reported: Arc<Mutex<Option<u64>>>,
+    delivered_at: Mutex<Option<Instant>>,
+}
+
+impl Consumer {
+    /// Connects to the dispatcher, serves a receiver and registers it (from
+    /// `config.resume_from` when set).
+    pub fn start(config: ConsumerConfig) -> Result<Self, ConsumerError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("lode-consumer")
+            .enable_all()
+            .build()
+            .map_err(ConsumerError::Runtime)?;
+        let url = config.dispatcher.clone();
+        let dispatcher = rt
+            .block_on(connect(&url, &config.token, config.client_tls.as_ref()))
+            .map_err(|source| ConsumerError::Connect {
+                url: url.clone(),
+                source,
+            })?;
+        let (watermark, _) = watch::channel(Watermark::default());
+        let reported = Arc::new(Mutex::new(None));
+        let mut consumer = Consumer {
+            served: Served {
+                buffer: Arc::new(SharedReceiver::new(ReceiverConfig::new(
+                    config.job,
+                    [0],
+                    0,
+                    1,
+                ))?),
+                stop: None,
+                server: rt.spawn(async {}),
+            },
+            config,
+            rt,
+            dispatcher,
+            plan_json: String::new(),
+            per_epoch: 1,
+            stages: BTreeSet::new(),
+            watermark,
+            reported,
+            delivered_at: Mutex::new(None),
+        };
+        consumer.register(None)?;
+        consumer.spawn_reporter();
+        if let Some(next) = consumer.config.resume_from {
+            consumer.resume(next)?;
+        }
+        Ok(consumer)
+    }
+
+    /// Serves a fresh receiver and registers it, from `resume` when given (which needs the
+    /// epoch length, known after the first registration).
+    fn register(&mut self, resume: Option<u64>) -> Result<(), ConsumerError> {
+        let config = &self.config;
+        let listen_error = |source| ConsumerError::Listen {
+            addr: config.listen.clone(),
+            source,
+        };
+        let listener = self
+            .rt
+            .block_on(tokio::net::TcpListener::bind(&config.listen))
+            .map_err(listen_error)?;
+        let bound = listener.local_addr().map_err(listen_error)?;
+        let request = RegisterConsumerRequest {
+            job_id: config.job,
+            receiver_addr: receiver_url(
+                bound,
+                config.advertise.as_deref(),
+                config.server_tls.is_some(),
+            )
+            .map_err(ConsumerError::Address)?,
+            resume_from: resume.map(|g| wire_step(g, self.per_epoch)),
+        };
+        let reg = self.call("RegisterConsumer", |mut d| {
+            let request = request.clone();
+            async move { d.register_consumer(request).await }
+        })?;
+        if self.plan_json.is_empty() {
+            let plan: lode_proto::plan::Plan =
+                serde_json::from_str(&reg.plan_json).map_err(|source| ConsumerError::Plan {
+                    url: self.config.dispatcher.clone(),
+                    source,
+                })?;
+            self.stages = (0..u32::try_from(plan.stages.len()).unwrap_or(0)).collect();
+            if self.stages.is_empty() {
+                return Err(ConsumerError::NoStage);
+            }
+            self.plan_json = reg.plan_json;
+        }
+        self.per_epoch = reg.steps_per_epoch.max(1);
+        let first = reg.first_step.unwrap_or_default();
+        let first_global = first.epoch * self.per_epoch + first.step;
+        self.serve(listener, first_global)
+    }
+
+    /// Replaces the served receiver with a fresh one starting at `first_global`.
+    fn serve(
+        &mut self,
+        listener: tokio::net::TcpListener,
+        first_global: u64,
+    ) -> Result<(), ConsumerError> {
+        let buffer = Arc::new(SharedReceiver::new(ReceiverConfig::new(
+            self.config.job,
+            self.stages.iter().copied(),
+            first_global,
+            self.config.capacity,
+        ))?);
+        let service = ReceiverService::new(self.config.job, &self.config.token, buffer.clone());
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let tls = self.config.server_tls.clone();
+        let server = self.rt.spawn(async move {
+            let stopped = async {
+                let _ = stop_rx.await;
+            };
+            if let Err(e) = serve_receiver(listener, service, tls, stopped).await {
+                tracing::warn!(cause = %e, "the consumer's receiver stopped");
+            }
+        });
+        let old = std::mem::replace(
+            &mut self.served,
+            Served {
+                buffer,
+                stop: Some(stop_tx),
+                server,
+            },
+        );
+        self.stop_served(old);
+        if let Ok(mut r) = self.reported.lock() {
+            *r = first_global.checked_sub(1);
+        }
+        self.watermark.send_replace(Watermark {
+            consumed: first_global.checked_sub(1),
+            busy_us: 0,
+        });
+        Ok(())
+    }
+
+    fn stop_served(&self, mut served: Served) {
+        if let Some(stop) = served.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = self
+            .rt
+            .block_on(async { tokio::time::timeout(Duration::from_secs(5), served.server).await });
+    }
+
+    /// Calls a dispatcher RPC, retrying while it is unreachable for the configured patience.
+    fn call<T, F, Fut>(&self, rpc: &'static str, call: F) -> Result<T, ConsumerError>
+    where
+        F: Fn(DispatcherClient) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let d = self.dispatcher.clone();
+        self.rt
+            .block_on(retry_unreachable(self.config.patience, || call(d.clone())))
+            .map_err(|status| ConsumerError::Rpc {
+                url: self.config.dispatcher.clone(),
+                source: Box::new(RpcError { rpc, status }),
+            })
+    }
+
+    /// Reports the newest watermark whenever it changes, one report at a time.
+    fn spawn_reporter(&self) {
+        let mut changes = self.watermark.subscribe();
+        let (d, job, per_epoch, reported, patience) = (
+            self.dispatcher.clone(),
+            self.config.job,
+            self.per_epoch,
+            self.reported.clone(),
+            self.config.patience,
+        );
+        self.rt.spawn(async move {
+            while changes.changed().await.is_ok() {
+                let mark = *changes.borrow_and_update();
+                if let Err(e) = report(&d, job, per_epoch, mark, &reported, patience).await {
+                    tracing::warn!(cause = %e, "cannot report the consumed watermark");
+                }
+            }
+        });
+    }
+
+    /// The plan the dispatcher serves (plan.json's text).
+    pub fn plan_json(&self) -> &str {
+        &self.plan_json
+    }
+
+    /// Steps per epoch: global step = epoch · steps_per_epoch + step within the epoch.
+    pub fn steps_per_epoch(&self) -> u64 {
+        self.per_epoch
+    }
+
+    /// The next global step [`Self::next`] delivers.
+    pub fn next_step(&self) -> u64 {
+        self.served.buffer.next_step()
+    }
+
+    pub fn metrics(&self) -> ReceiverMetrics {
+        self.served.buffer.metrics()
+    }
+
+    /// Blocks until the next step is complete, the job's data ends, or `cancelled()` says
+    /// to stop (checked every [`POLL`]).
+    pub fn next(&self, cancelled: &dyn Fn() -> bool) -> Result<Next, ConsumerError> {
+        loop {
+            if cancelled() {
+                return Err(ConsumerError::Cancelled);
+            }
+            if let Some(step) = self.served.buffer.pop(POLL) {
+                return Ok(Next::Step(step));
+            }
+            self.flush()?;
+            let job_id = self.config.job;
+            let status = self.call("Status", |mut d| async move {
+                d.status(StatusRequest { job_id }).await
+            })?;
+            if status.end_of_data {
+                // A step completed just before the status answer is still delivered.
+                return Ok(self
+                    .served
+                    .buffer
+                    .try_pop()
+                    .map_or(Next::EndOfData, Next::Step));
+            }
+        }
+    }
+
+    /// Records that the training side consumed `global` (and every step before it); the
+    /// background reporter tells the dispatcher.
+    pub fn consumed(&self, global: u64) {
+        let now = Instant::now();
+        let busy = self
+            .delivered_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .replace(now)
+            .map_or(0, |t| {
+                u64::try_from(now.duration_since(t).as_micros()).unwrap_or(u64::MAX)
+            });
+        self.watermark.send_modify(|w| {
+            if w.consumed.is_none_or(|c| c < global) {
+                w.consumed = Some(global);
+                w.busy_us = w.busy_us.saturating_add(busy);
+            }
+        });
+    }
+
+    /// Reports the newest watermark now, if the dispatcher has not acknowledged it yet.
+    pub fn flush(&self) -> Result<(), ConsumerError> {
+        let mark = *self.watermark.borrow();
+        self.rt
+            .block_on(report(
+                &self.dispatcher,
+                self.config.job,
+                self.per_epoch,
+                mark,
+                &self.reported,
+                self.config.patience,
+            ))
+            .map_err(|source| ConsumerError::Rpc {
+                url: self.config.dispatcher.clone(),
+                source: Box::new(source),
+            })
+    }
+
+    /// Restarts delivery at global step `next` (a checkpoint consumed every step before it):
+    /// the dispatcher's watermark moves there and a fresh receiver takes the steps from it.
+    pub fn resume(&mut self, next: u64) -> Result<(), ConsumerError> {
+        if next == self.next_step() {
+            return Ok(());
+        }
+        self.register(Some(next))
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        let _ = self.flush();
+        let placeholder = Served {
+            buffer: self.served.buffer.clone(),
+            stop: None,
+            server: self.rt.spawn(async {}),
+        };
+        let served = std::mem::replace(&mut self.served, placeholder);
+        self.stop_served(served);
+    }
+}
+
+/// Sends `mark` to the dispatcher unless it acknowledged it (or a later one) already.
+async fn report(
+    dispatcher: &DispatcherClient,
+    job: u64,
+    per_epoch: u64,
+    mark: Watermark,
+    reported: &Mutex<Option<u64>>,
+    patience: Duration,
+) -> Result<(), RpcError> {
+    let Some(global) = mark.consumed else {
+        return Ok(());
+    };
+    let done = *reported.lock().unwrap_or_else(PoisonError::into_inner);
+    if done.is_some_and(|r| r >= global) {
+        return Ok(());
+    }
+    let at = wire_step(global, per_epoch);
+    retry_unreachable(patience, || {
+        let mut d = dispatcher.clone();
+        async move {
+            d.consumed(ConsumedRequest {
+                job_id: job,
+                epoch: at.epoch,
+                step: at.step,
+                busy_us: mark.busy_us,
+            })
+            .await
+        }
+    })
+    .await
+    .map_err(RpcError::of("Consumed"))?;
+    let mut r = reported.lock().unwrap_or_else(PoisonError::into_inner);
+    if r.is_none_or(|r| r < global) {
+        *r = Some(global);
+    }
+    Ok(())
+}
+
+/// The address workers dial for a receiver bound to `bound`: `advertise` (`HOST` or
+/// `HOST:PORT`, the port defaulting to the bound one) when given, else the bound address, which
+/// must then name one interface: an address bound to every interface (0.0.0.0, [::]) is not
+/// one a worker on another machine can dial.
+pub fn receiver_url(
+    bound: SocketAddr,
+    advertise: Option<&str>,
+    tls: bool,
+) -> Result<String, String> {
+    let Some(advertise) = advertise.map(str::trim) else {
+        if bound.ip().is_unspecified() {
+            return Err(format!(
+                "--listen binds every interface ({bound}), which is no address a data worker \
+                 can dial: give --advertise HOST[:PORT], the name or address workers reach this \
+                 machine by"
+            ));
+        }
+        return Ok(lode_proto::tls::url(bound, tls));
+    };
+    let bad = |why: &str| format!("--advertise {advertise:?}: {why}");
+    if advertise.is_empty()
+        || advertise.contains("://")
+        || advertise.contains('/')
+        || advertise.contains(char::is_whitespace)
+    {
+        return Err(bad("expected HOST or HOST:PORT, without a scheme or path"));
+    }
+    // An IPv6 literal needs brackets; its colons are not a port.
+    let has_port = match advertise.rsplit_once(':') {
+        Some((host, _)) if advertise.starts_with('[') => host.ends_with(']'),
+        Some((host, _)) => !host.contains(':'),
+        None => false,
+    };
+    if advertise.parse::<std::net::Ipv6Addr>().is_ok() {
+        return Err(bad("write an IPv6 address in brackets, e.g. [2001:db8::1]"));
+    }
+    let with_port = if has_port {
+        let (_, port) = advertise.rsplit_once(':').unwrap_or_default();
+        match port.parse::<u16>() {
+            Ok(p) if p > 0 => advertise.to_owned(),
+            _ => return Err(bad("the port must be a number from 1 to 65535")),
+        }
+    } else {
+        format!("{advertise}:{}", bound.port())
+    };
+    Ok(lode_proto::tls::url(with_port, tls))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_receiver_is_registered_at_an_address_workers_can_dial() {
+        let any: SocketAddr = "0.0.0.0:7001".parse().expect("addr");
+        let any6: SocketAddr = "[::]:7001".parse().expect("addr");
+        let local: SocketAddr = "127.0.0.1:7001".parse().expect("addr");
+        let url = receiver_url;
+        assert_eq!(
+            url(local, None, false).as_deref(),
+            Ok("http://127.0.0.1:7001")
+        );
+        assert_eq!(
+            url(local, None, true).as_deref(),
+            Ok("https://127.0.0.1:7001")
+        );
+        for bound in [any, any6] {
+            let err = url(bound, None, false).expect_err("every interface");
+            assert!(
+                err.contains("--advertise") && err.contains(&bound.to_string()),
+                "{err}"
+            );
+        }
+        assert_eq!(
+            url(any, Some("trainer-3"), false).as_deref(),
+            Ok("http://trainer-3:7001")
+        );
+        assert_eq!(
+            url(any, Some("trainer-3.svc:9000"), true).as_deref(),
+            Ok("https://trainer-3.svc:9000")
+        );
+        assert_eq!(
+            url(any, Some("10.0.0.5"), false).as_deref(),
+            Ok("http://10.0.0.5:7001")
+        );
+        assert_eq!(
+            url(any6, Some("[2001:db8::1]"), false).as_deref(),
+            Ok("http://[2001:db8::1]:7001")
+        );
+        assert_eq!(
+            url(any6, Some("[2001:db8::1]:9"), false).as_deref(),
+            Ok("http://[2001:db8::1]:9")
+        );
+        for (bad, why) in [
+            ("", "HOST or HOST:PORT"),
+            ("http://trainer-3", "without a scheme"),
+            ("trainer-3/x", "without a scheme or path"),
+            ("trainer 3", "HOST or HOST:PORT"),
+            ("trainer-3:0", "port"),
+            ("trainer-3:http", "port"),
+            ("trainer-3:70000", "port"),
+            ("2001:db8::1", "brackets"),
+        ] {
+            let err = url(any, Some(bad), false).expect_err(bad);
+            assert!(
+                err.contains(why) && err.contains("--advertise"),
+                "{bad}: {err}"
+            );
+        }
+    }
+}

@@ -1,0 +1,184 @@
+// DWRecv and DWIteratorInit for TensorFlow: thin kernels over Lode's training-side library.
+//
+// DWRecv has exactly the attributes the decoupler writes (T, shapes, from_stage). Its outputs
+// take their static shapes from `shapes`, so shape inference and grappler see what they saw in
+// the original graph. Waiting for a step happens off TensorFlow's op threads (an AsyncOpKernel
+// whose work runs on a thread of its own) and observes the step's cancellation (a closed
+// session). The end of the job's data is OutOfRange, as IteratorGetNext reports it.
+//
+// DWIteratorInit stands in for the program's MakeIterator: running it restarts the job's data
+// order as re-initializing the iterator restarts the pipeline.
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/platform/env.h"
+
+#include "lode_training.h"
+
+namespace lode {
+
+using ::tensorflow::AsyncOpKernel;
+using ::tensorflow::CancellationManager;
+using ::tensorflow::CancellationToken;
+using ::tensorflow::DataType;
+using ::tensorflow::DataTypeVector;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::PartialTensorShape;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+using ::tensorflow::tstring;
+namespace errors = ::tensorflow::errors;
+namespace shape_inference = ::tensorflow::shape_inference;
+
+REGISTER_OP("DWRecv")
+    .Output("output: T")
+    .Attr("T: list(type) >= 0")
+    .Attr("shapes: list(shape) >= 0")
+    .Attr("from_stage: int")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      std::vector<PartialTensorShape> shapes;
+      TF_RETURN_IF_ERROR(c->GetAttr("shapes", &shapes));
+      if (static_cast<int>(shapes.size()) != c->num_outputs()) {
+        return errors::InvalidArgument("DWRecv: ", shapes.size(), " shapes for ",
+                                       c->num_outputs(), " outputs");
+      }
+      for (int i = 0; i < c->num_outputs(); ++i) {
+        shape_inference::ShapeHandle h;
+        TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shapes[i], &h));
+        c->set_output(i, h);
+      }
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("DWIteratorInit")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs);
+
+static std::string LastError() {
+  size_t n = lode_error_message(nullptr, 0);
+  std::string message(n + 1, '\0');
+  lode_error_message(&message[0], message.size());
+  message.resize(n);
+  return message;
+}
+
+class DWRecvOp : public AsyncOpKernel {
+ public:
+  explicit DWRecvOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("from_stage", &stage_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &types_));
+  }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    LodeCancel* cancel = lode_cancel_new();
+    CancellationManager* cm = ctx->cancellation_manager();
+    CancellationToken token = CancellationManager::kInvalidToken;
+    if (cm != nullptr) {
+      token = cm->get_cancellation_token();
+      if (!cm->RegisterCallback(token, [cancel]() { lode_cancel_fire(cancel); })) {
+        lode_cancel_free(cancel);
+        ctx->SetStatus(errors::Cancelled(name(), ": the step was cancelled"));
+        done();
+        return;
+      }
+    }
+    const int64_t run = ctx->step_id();
+    ctx->env()->SchedClosure([this, ctx, done = std::move(done), cancel, cm, token, run]() {
+      absl::Status status = Receive(ctx, run, cancel);
+      if (cm != nullptr) cm->DeregisterCallback(token);
+      lode_cancel_free(cancel);
+      if (!status.ok()) ctx->SetStatus(status);
+      done();
+    });
+  }
+
+ private:
+  absl::Status Receive(OpKernelContext* ctx, int64_t run, const LodeCancel* cancel) {
+    LodePart* part = nullptr;
+    switch (lode_recv(run, stage_, cancel, &part)) {
+      case LODE_OK:
+        break;
+      case LODE_END_OF_DATA:
+        return errors::OutOfRange("End of sequence");
+      case LODE_CANCELLED:
+        return errors::Cancelled(name(), ": cancelled while waiting for data");
+      default:
+        return errors::Unavailable(name(), ": ", LastError());
+    }
+    absl::Status status = Fill(ctx, part);
+    lode_part_free(part);
+    return status;
+  }
+
+  absl::Status Fill(OpKernelContext* ctx, const LodePart* part) {
+    const size_t count = lode_part_count(part);
+    if (count != types_.size()) {
+      return errors::InvalidArgument(name(), ": stage ", stage_, " sent ", count,
+                                     " tensors, the graph expects ", types_.size());
+    }
+    for (size_t i = 0; i < count; ++i) {
+      LodeTensorView view;
+      if (lode_part_tensor(part, i, &view) != LODE_OK) {
+        return errors::Internal(name(), ": ", LastError());
+      }
+      if (view.dtype != static_cast<int32_t>(types_[i])) {
+        return errors::InvalidArgument(name(), ": output ", i, " arrived as dtype ",
+                                       view.dtype, ", the graph expects ",
+                                       static_cast<int>(types_[i]));
+      }
+      TensorShape shape;
+      for (size_t d = 0; d < view.rank; ++d) {
+        TF_RETURN_IF_ERROR(shape.AddDimWithStatus(view.dims[d]));
+      }
+      Tensor* out = nullptr;
+      TF_RETURN_IF_ERROR(ctx->allocate_output(static_cast<int>(i), shape, &out));
+      if (types_[i] == ::tensorflow::DT_STRING) {
+        auto flat = out->flat<tstring>();
+        for (size_t j = 0; j < view.elements; ++j) {
+          const uint8_t* ptr = nullptr;
+          size_t len = 0;
+          if (lode_part_string(part, i, j, &ptr, &len) != LODE_OK) {
+            return errors::Internal(name(), ": ", LastError());
+          }
+          flat(j).assign(reinterpret_cast<const char*>(ptr), len);
+        }
+      } else {
+        if (out->TotalBytes() != view.bytes) {
+          return errors::InvalidArgument(name(), ": output ", i, " holds ", view.bytes,
+                                         " bytes for a shape of ", out->TotalBytes());
+        }
+        if (view.bytes > 0) std::memcpy(out->data(), view.data, view.bytes);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  int64_t stage_ = 0;
+  DataTypeVector types_;
+};
+
+class DWIteratorInitOp : public OpKernel {
+ public:
+  explicit DWIteratorInitOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    if (lode_iterator_init() != LODE_OK) {
+      ctx->SetStatus(errors::Unavailable(name(), ": ", LastError()));
+    }
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("DWRecv").Device(::tensorflow::DEVICE_CPU), DWRecvOp);
+REGISTER_KERNEL_BUILDER(Name("DWIteratorInit").Device(::tensorflow::DEVICE_CPU), DWIteratorInitOp);
+
+}  // namespace lode

@@ -1,0 +1,284 @@
+"""The session hook of `lode train`: an unmodified TF1-style program trains on Lode.
+
+`lode train` starts the program with a `sitecustomize` that calls `install()`. When TensorFlow's
+session module loads, `BaseSession` is patched (the approach of Alibaba's EasyParallelLibrary:
+Python-level, so it sees the whole graph once, before any run, rather than each run's pruned
+subgraph as a graph optimization pass would):
+
+- Creating a session on a graph with variables and an input pipeline exports the graph and asks
+  `lode train` (over its Unix socket) to cut it; `lode train` partitions it, starts the job's
+  dispatcher and data workers, and answers with the training graph. The session is then created
+  on that graph instead, and the process connects to the job (one receiver per process).
+- `run` and `make_callable` translate what the program fetches and feeds (tensors, operations,
+  variables, nested structures) into the training graph's elements of the same names, and tell
+  the training side when a run has finished (its step is then consumed).
+- `Saver.save` writes the next step beside the checkpoint (`PREFIX.lode.json`); `Saver.restore`
+  reads it back, so a restarted program receives the step after its checkpoint.
+
+A graph Lode cannot cut runs unchanged on its local pipeline, with one line on stderr saying
+why (or, under `lode train --strict`, the program stops with status 2). The logic of the cut and
+of the steps is Lode's Rust code; this module only moves graphs and names.
+"""
+
+import atexit
+import importlib.abc
+import json
+import os
+import socket
+import sys
+
+from lode._native import check, load_ops, native
+
+_SOCKET = "LODE_TRAIN_SOCKET"
+_WORKDIR = "LODE_TRAIN_DIR"
+
+_VARIABLE_OPS = {"VariableV2", "Variable", "VarHandleOp"}
+_PIPELINE_OPS = {"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional"}
+
+_state = {"connected": False, "cut": None, "replacements": {}, "said": set(), "requests": 0}
+
+
+def _say(message):
+    if message not in _state["said"]:
+        _state["said"].add(message)
+        sys.stderr.write(f"lode: {message}\n")
+        sys.stderr.flush()
+
+
+def _ask(request):
+    path = os.environ.get(_SOCKET)
+    if not path:
+        raise RuntimeError(f"lode: {_SOCKET} is not set: run the program under `lode train`")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(path)
+        s.sendall(json.dumps(request).encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    if not data:
+        raise RuntimeError("lode: `lode train` closed its socket without an answer")
+    return json.loads(data)
+
+
+def _why_not(graph):
+    types = {op.type for op in graph.get_operations()}
+    if not types & _VARIABLE_OPS:
+        return "the graph has no variables"
+    if not types & _PIPELINE_OPS:
+        return "the graph has no tf.data input pipeline (no IteratorGetNext)"
+    return None
+
+
+def _replacement(source):
+    """The training graph to run in place of `source`, or None to run it unchanged."""
+    cache = _state["replacements"]
+    if source in cache:
+        return cache[source]
+    cache[source] = None
+    why = _why_not(source)
+    if why is not None:
+        # Sessions on helper graphs (no variables, no pipeline) are common: say it once.
+        _say(f"a session's graph is not cut ({why}); it runs unchanged")
+        return None
+    if _state["cut"] is not None:
+        _say("a second graph with an input pipeline is not cut (one job per process); it runs unchanged")
+        return None
+    import tensorflow as tf
+
+    _state["requests"] += 1
+    workdir = os.environ.get(_WORKDIR) or "."
+    path = os.path.join(workdir, f"graph-{os.getpid()}-{_state['requests']}.pb")
+    with open(path, "wb") as f:
+        f.write(source.as_graph_def(add_shapes=True).SerializeToString())
+    reply = _ask({"graph": path, "cwd": os.getcwd()})
+    if not reply.get("ok"):
+        _say(reply.get("reason", "the graph cannot be cut"))
+        if reply.get("fatal"):
+            sys.stderr.flush()
+            os._exit(2)
+        return None
+    load_ops()
+    training = tf.compat.v1.GraphDef()
+    with open(reply["training"], "rb") as f:
+        training.ParseFromString(f.read())
+    inits = set(reply.get("iterator_inits", []))
+    for node in training.node:
+        if node.name in inits:
+            node.op = "DWIteratorInit"
+            for key in [k for k in node.attr if not k.startswith("_")]:
+                del node.attr[key]
+    replacement = tf.Graph()
+    replacement.seed = source.seed
+    with replacement.as_default():
+        tf.graph_util.import_graph_def(training, name="")
+    check(native().lode_connect(json.dumps(reply["job"]).encode()), "cannot connect to the job")
+    _state["connected"] = True
+    _state["cut"] = source
+    cache[source] = replacement
+    _say(reply.get("message", "training on Lode"))
+    return replacement
+
+
+class _Translator:
+    """Maps the program's graph elements to the training graph's elements of the same name."""
+
+    def __init__(self, source, target):
+        self.source = source
+        self.target = target
+
+    def __call__(self, x):
+        import tensorflow as tf
+
+        if x is None or isinstance(x, (str, bytes)):
+            return x
+        if isinstance(x, list):
+            return [self(v) for v in x]
+        if isinstance(x, tuple):
+            items = [self(v) for v in x]
+            return type(x)(*items) if hasattr(x, "_fields") else tuple(items)
+        if isinstance(x, dict):
+            items = [(k, self(v)) for k, v in x.items()]
+            try:
+                return type(x)(items)
+            except TypeError:
+                return dict(items)
+        if isinstance(x, tf.SparseTensor):
+            return tf.SparseTensor(self(x.indices), self(x.values), self(x.dense_shape))
+        if isinstance(x, tf.IndexedSlices):
+            return tf.IndexedSlices(self(x.values), self(x.indices), self(x.dense_shape))
+        if isinstance(x, (tf.Tensor, tf.Operation)):
+            return self.target.as_graph_element(x.name) if x.graph is self.source else x
+        element = getattr(x, "_as_graph_element", None)
+        if callable(element):
+            el = element()
+            if el is not None and getattr(el, "graph", None) is self.source:
+                return self.target.as_graph_element(el.name)
+        return x
+
+    def feeds(self, feed_dict):
+        if not feed_dict:
+            return feed_dict
+        return {self(k): v for k, v in feed_dict.items()}
+
+
+def _patch_session(module):
+    base = module.BaseSession
+    init, run, make_callable = base.__init__, base.run, base.make_callable
+
+    def __init__(self, target="", graph=None, config=None):
+        from tensorflow.python.framework import ops
+
+        source = graph if graph is not None else ops.get_default_graph()
+        replacement = _replacement(source)
+        if replacement is None:
+            return init(self, target, graph, config)
+        init(self, target, replacement, config)
+        self._lode_source = source
+
+    def lode_run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+        source = getattr(self, "_lode_source", None)
+        if source is None:
+            return run(self, fetches, feed_dict, options, run_metadata)
+        t = _Translator(source, self.graph)
+        try:
+            return run(self, t(fetches), t.feeds(feed_dict), options, run_metadata)
+        finally:
+            native().lode_run_finished()
+
+    def lode_make_callable(self, fetches, feed_list=None, accept_options=False):
+        source = getattr(self, "_lode_source", None)
+        if source is None:
+            return make_callable(self, fetches, feed_list, accept_options)
+        t = _Translator(source, self.graph)
+        call = make_callable(self, t(fetches), t(feed_list), accept_options)
+
+        def finished(*args, **kwargs):
+            try:
+                return call(*args, **kwargs)
+            finally:
+                native().lode_run_finished()
+
+        return finished
+
+    base.__init__ = __init__
+    base.run = lode_run
+    base.make_callable = lode_make_callable
+
+
+def _sidecar(prefix):
+    return f"{prefix}.lode.json"
+
+
+def _patch_saver(module):
+    saver = module.Saver
+    save, restore = saver.save, saver.restore
+
+    def lode_save(self, sess, save_path, *args, **kwargs):
+        path = save(self, sess, save_path, *args, **kwargs)
+        if path and _state["connected"]:
+            position = native().lode_position()
+            if position >= 0:
+                tmp = _sidecar(path) + ".tmp"
+                with open(tmp, "w") as f:
+                    json.dump({"next_step": position}, f)
+                os.replace(tmp, _sidecar(path))
+        return path
+
+    def lode_restore(self, sess, save_path):
+        result = restore(self, sess, save_path)
+        if save_path and _state["connected"] and os.path.exists(_sidecar(save_path)):
+            with open(_sidecar(save_path)) as f:
+                position = int(json.load(f)["next_step"])
+            check(native().lode_resume(position), f"cannot resume from {save_path}")
+        return result
+
+    saver.save = lode_save
+    saver.restore = lode_restore
+
+
+_PATCHES = {
+    "tensorflow.python.client.session": _patch_session,
+    "tensorflow.python.training.saver": _patch_saver,
+}
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Patches TensorFlow's session and saver modules right after they are executed."""
+
+    def find_spec(self, name, path, target=None):
+        patch = _PATCHES.get(name)
+        if patch is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        execute = spec.loader.exec_module
+
+        def exec_module(module):
+            execute(module)
+            patch(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _at_exit():
+    if _state["connected"]:
+        native().lode_shutdown()
+
+
+def install():
+    """Patches TensorFlow when it is imported (or now, if it already is)."""
+    for name, patch in _PATCHES.items():
+        if name in sys.modules:
+            patch(sys.modules[name])
+    sys.meta_path.insert(0, _Finder())
+    atexit.register(_at_exit)

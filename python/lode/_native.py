@@ -1,0 +1,50 @@
+"""The two compiled libraries: the Rust training side (C ABI) and TensorFlow's op library."""
+
+import ctypes
+import os
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_native = None
+_ops = None
+
+
+def native():
+    """The Rust library (ctypes), with its signatures declared."""
+    global _native
+    if _native is None:
+        lib = ctypes.CDLL(os.path.join(_HERE, "liblode_training.so"))
+        lib.lode_connect.argtypes = [ctypes.c_char_p]
+        lib.lode_connect.restype = ctypes.c_int32
+        lib.lode_run_finished.restype = ctypes.c_int32
+        lib.lode_position.restype = ctypes.c_int64
+        lib.lode_resume.argtypes = [ctypes.c_int64]
+        lib.lode_resume.restype = ctypes.c_int32
+        lib.lode_shutdown.restype = ctypes.c_int32
+        lib.lode_error_message.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        lib.lode_error_message.restype = ctypes.c_size_t
+        _native = lib
+    return _native
+
+
+def last_error():
+    lib = native()
+    n = lib.lode_error_message(None, 0)
+    buf = ctypes.create_string_buffer(n + 1)
+    lib.lode_error_message(buf, n + 1)
+    return buf.value.decode("utf-8", "replace")
+
+
+def check(status, what):
+    if status != 0:
+        raise RuntimeError(f"lode: {what}: {last_error()}")
+
+
+def load_ops():
+    """Registers DWRecv and DWIteratorInit with TensorFlow (loads the op library once)."""
+    global _ops
+    if _ops is None:
+        import tensorflow as tf
+
+        native()  # the op library links against it; load it from this package first
+        _ops = tf.load_op_library(os.path.join(_HERE, "_lode_ops.so"))
+    return _ops

@@ -1,0 +1,20 @@
+//! lode-training: Lode's training side as a C library, loaded into the user's TensorFlow
+//! process by the `lode` Python package. The DWRecv op (a thin C++ kernel compiled against the
+//! installed TensorFlow) and the package's session hook call it.
+//!
+//! # Layout
+//! - [`side`]: [`side::TrainingSide`], the process's consumer of its job (dataworker's
+//!   [`Consumer`](lode_dataworker::service::consumer::Consumer): receiver, reorder, dedup,
+//!   watermark) and the rules mapping TensorFlow runs and iterator initializations to steps.
+//! - [`ffi`]: the C ABI (`extern "C"`), the only unsafe code of Lode; every block states why it
+//!   is sound.
+//!
+//! # Invariants
+//! - All DWRecv nodes of one `session.run` receive the same step; consecutive runs receive
+//!   consecutive steps, in the job's order, each once.
+//! - A step is reported consumed only after the run that used it has finished.
+//! - No call blocks without a way out: waiting for data observes the kernel's cancellation,
+//!   and an unreachable dispatcher fails the call after the configured patience.
+
+pub mod ffi;
+pub mod side;

@@ -1,0 +1,275 @@
+//! The training side of one process: the job's [`Consumer`] and the rules that turn
+//! TensorFlow's runs into Lode's steps. No FFI here; [`crate::ffi`] wraps it.
+//!
+//! # Steps and runs
+//! Every DWRecv node of one `session.run` takes the same step: the first DWRecv of a run
+//! (TensorFlow's step id) pops the next step, and the others of that run take their stage's
+//! part of it. A step is consumed once its run has finished: when the training package says so
+//! ([`TrainingSide::run_finished`], after `session.run` returns) or, at the latest, when a DWRecv
+//! of a later run asks for data.
+//!
+//! # Iterator passes
+//! Each run of the iterator's initializer (its stand-in op calls [`TrainingSide::iterator_init`])
+//! starts a new pass through the pipeline, as TensorFlow's iterator does, which ends
+//! (OutOfRange) after the pipeline's own steps: its `repeat` count times the steps of an
+//! epoch. Pass `k` takes the job's steps `k·L .. (k+1)·L` (L the pass length): the job's epochs
+//! run on across passes, so that a pass that was read to its end is followed by the next
+//! without a restart of the data order (the workers are already computing it), and epoch `e`'s
+//! order is TensorFlow's `e`-th iteration of the pipeline. A pass left before its end makes the
+//! job skip to the next pass's first step. A pipeline that repeats forever has one pass; its
+//! re-initialization restarts the job at step 0. The first initialization after a checkpoint
+//! was restored keeps the restored position, so that a restarted program receives the step
+//! after its checkpoint, as an uninterrupted run would.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lode_dataworker::service::consumer::{Consumer, ConsumerConfig, ConsumerError, Next};
+use lode_dataworker::transfer::Step;
+use lode_proto::tls::ClientTls;
+
+/// The environment variables a process without explicit configuration reads.
+pub const ENV_DISPATCHER: &str = "LODE_DISPATCHER";
+pub const ENV_TOKEN: &str = "LODE_TOKEN";
+pub const ENV_JOB: &str = "LODE_JOB";
+pub const ENV_TLS_CA: &str = "LODE_TLS_CA";
+pub const ENV_PATIENCE: &str = "LODE_PATIENCE_SECS";
+
+/// Why the training side failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SideError {
+    #[error(
+        "no Lode job is configured in this process: set {ENV_DISPATCHER} (the job's dispatcher \
+         URL) and {ENV_TOKEN} (its token), or run the program under `lode train`"
+    )]
+    NotConfigured,
+    #[error("{var}={value:?}: {why}")]
+    BadSetting {
+        var: &'static str,
+        value: String,
+        why: String,
+    },
+    #[error("the configuration is not valid JSON: {0}")]
+    BadConfig(#[from] serde_json::Error),
+    #[error("{0}")]
+    Tls(#[from] lode_proto::tls::TlsError),
+    #[error(transparent)]
+    Consumer(#[from] ConsumerError),
+    #[error("step {step} has no tensors from stage {stage} (its parts: {parts:?})")]
+    NoPart {
+        step: u64,
+        stage: u32,
+        parts: Vec<u32>,
+    },
+}
+
+/// How the process reaches its job.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct JobConfig {
+    pub dispatcher: String,
+    pub token: String,
+    #[serde(default = "default_job")]
+    pub job: u64,
+    #[serde(default)]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// Seconds an unreachable dispatcher is retried before DWRecv fails.
+    #[serde(default = "default_patience")]
+    pub patience_secs: u64,
+    /// Steps buffered ahead.
+    #[serde(default = "default_capacity")]
+    pub capacity: u64,
+}
+
+fn default_job() -> u64 {
+    1
+}
+fn default_patience() -> u64 {
+    30
+}
+fn default_capacity() -> u64 {
+    16
+}
+
+impl JobConfig {
+    /// The job named by the `LODE_*` environment variables.
+    pub fn from_env() -> Result<Self, SideError> {
+        let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let (Some(dispatcher), Some(token)) = (var(ENV_DISPATCHER), var(ENV_TOKEN)) else {
+            return Err(SideError::NotConfigured);
+        };
+        let number = |name: &'static str, default: u64| match var(name) {
+            None => Ok(default),
+            Some(v) => v.parse::<u64>().map_err(|e| SideError::BadSetting {
+                var: name,
+                why: e.to_string(),
+                value: v,
+            }),
+        };
+        Ok(JobConfig {
+            dispatcher,
+            token,
+            job: number(ENV_JOB, default_job())?,
+            tls_ca: var(ENV_TLS_CA).map(Into::into),
+            patience_secs: number(ENV_PATIENCE, default_patience())?,
+            capacity: default_capacity(),
+        })
+    }
+
+    fn consumer_config(&self) -> Result<ConsumerConfig, SideError> {
+        let mut c = ConsumerConfig::new(&self.dispatcher, &self.token, self.job);
+        c.client_tls = self
+            .tls_ca
+            .as_deref()
+            .map(ClientTls::from_ca_file)
+            .transpose()?;
+        c.patience = Duration::from_secs(self.patience_secs.max(1));
+        c.capacity = self.capacity.max(1);
+        Ok(c)
+    }
+}
+
+/// What a DWRecv receives.
+#[derive(Debug)]
+pub enum Received {
+    /// Stage part `part` of `step`.
+    Part {
+        step: Arc<Step>,
+        part: usize,
+    },
+    EndOfData,
+}
+
+/// The training side of one process (see the module documentation).
+#[derive(Debug)]
+pub struct TrainingSide {
+    consumer: Consumer,
+    /// Steps of one pass of the iterator; None when the pipeline repeats forever.
+    pass_steps: Option<u64>,
+    /// The pass in progress.
+    pass: u64,
+    /// The step of the run in progress (or just finished) and the run's id.
+    current: Option<(i64, Arc<Step>)>,
+    /// A checkpoint was restored and no initializer has run since.
+    restored: bool,
+    /// The initializer has run at least once.
+    initialized: bool,
+}
+
+impl TrainingSide {
+    pub fn connect(config: &JobConfig) -> Result<Self, SideError> {
+        let consumer = Consumer::start(config.consumer_config()?)?;
+        let plan: lode_proto::plan::Plan = serde_json::from_str(consumer.plan_json())?;
+        let epochs = match plan.source.as_ref().and_then(|s| s.repeat) {
+            None => Some(1),
+            Some(r) if r < 0 => None,
+            Some(r) => Some(u64::try_from(r).unwrap_or(0)),
+        };
+        let pass_steps = epochs.map(|e| e.saturating_mul(consumer.steps_per_epoch()));
+        Ok(TrainingSide {
+            consumer,
+            pass_steps,
+            pass: 0,
+            current: None,
+            restored: false,
+            initialized: false,
+        })
+    }
+
+    /// Stage `stage`'s tensors of the step of run `run` (see the module documentation).
+    pub fn recv(
+        &mut self,
+        run: i64,
+        stage: u32,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<Received, SideError> {
+        let step = match &self.current {
+            Some((id, step)) if *id == run => step.clone(),
+            _ => {
+                self.run_finished();
+                if self
+                    .pass_end()
+                    .is_some_and(|end| self.consumer.next_step() >= end)
+                {
+                    return Ok(Received::EndOfData);
+                }
+                match self.consumer.next(cancelled)? {
+                    Next::EndOfData => return Ok(Received::EndOfData),
+                    Next::Step(step) => {
+                        let step = Arc::new(step);
+                        self.current = Some((run, step.clone()));
+                        step
+                    }
+                }
+            }
+        };
+        let part = step
+            .parts
+            .iter()
+            .position(|p| p.stage == stage)
+            .ok_or_else(|| SideError::NoPart {
+                step: step.step,
+                stage,
+                parts: step.parts.iter().map(|p| p.stage).collect(),
+            })?;
+        Ok(Received::Part { step, part })
+    }
+
+    /// The run that took the current step has finished: the step is consumed.
+    pub fn run_finished(&mut self) {
+        if let Some((_, step)) = self.current.take() {
+            self.consumer.consumed(step.step);
+        }
+    }
+
+    /// The next step the program receives: the number of steps this pass consumed so far,
+    /// which a checkpoint saves.
+    pub fn position(&self) -> u64 {
+        match &self.current {
+            Some((_, step)) => step.step.saturating_add(1),
+            None => self.consumer.next_step(),
+        }
+    }
+
+    /// The first step after the current pass, when passes end.
+    fn pass_end(&self) -> Option<u64> {
+        self.pass_steps
+            .map(|n| self.pass.saturating_add(1).saturating_mul(n))
+    }
+
+    /// The program's iterator initializer ran (see the module documentation).
+    pub fn iterator_init(&mut self) -> Result<(), SideError> {
+        self.run_finished();
+        let first = !std::mem::replace(&mut self.initialized, true);
+        if std::mem::take(&mut self.restored) {
+            return Ok(());
+        }
+        let next = self.consumer.next_step();
+        let start = match self.pass_steps {
+            None if first => next,
+            None => 0,
+            Some(n) if first => self.pass.saturating_mul(n),
+            Some(n) => {
+                self.pass = next.div_ceil(n.max(1));
+                self.pass.saturating_mul(n)
+            }
+        };
+        if start != next {
+            self.consumer.resume(start)?;
+        }
+        Ok(())
+    }
+
+    /// A checkpoint that had consumed every step before `next` was restored.
+    pub fn resume(&mut self, next: u64) -> Result<(), SideError> {
+        self.current = None;
+        self.restored = true;
+        self.pass = self.pass_steps.map_or(0, |n| next / n.max(1));
+        self.consumer.resume(next)?;
+        Ok(())
+    }
+
+    /// Reports the consumed watermark now.
+    pub fn flush(&self) -> Result<(), SideError> {
+        Ok(self.consumer.flush()?)
+    }
+}
