@@ -133,7 +133,9 @@ struct Ctx<'g, 'a> {
 impl<'a> Ctx<'_, 'a> {
     fn stub_kind(&self, id: NodeId) -> Option<&'static str> {
         let op = self.graph.node(id).op;
-        if self.part.table_inits.contains(&id) || op == "MakeIterator" {
+        // A data-side NoOp is a group the program may run by name (e.g. a scaffold's
+        // `local_init_op` grouping the iterator's initializer): it gets a stand-in too.
+        if self.part.table_inits.contains(&id) || op == "MakeIterator" || op == "NoOp" {
             Some("NoOp")
         } else if op.starts_with("IteratorGetNext") {
             Some("IdentityN")
@@ -422,8 +424,9 @@ pub fn rewrite<'a>(
         .filter(|&c| part.place[c] != Place::Training && ctx.stub_kind(c).is_some())
         .collect();
     let mut stubs = Vec::new();
+    let present: HashSet<String> = names.iter().map(|n| n.to_string()).collect();
     for id in 0..n {
-        if part.place[id] == Place::Training {
+        if part.place[id] == Place::Training || present.contains(graph.node(id).name) {
             continue;
         }
         let Some(kind) = ctx.stub_kind(id) else {
@@ -453,6 +456,15 @@ pub fn rewrite<'a>(
             stubs.push((node.name.clone(), "IdentityN over DWRecv outputs"));
         } else if kind == "NoOp" || referenced.contains(&id) || kind == "IdentityN" {
             node.op = "NoOp".into();
+            // Running the stand-in runs the stand-ins (and training nodes) it grouped; control
+            // inputs on data-side work are dropped: running a group never waits for a step.
+            if original.op == "NoOp" {
+                for &c in &graph.controls[id] {
+                    if part.place[c] == Place::Training || ctx.stub_kind(c).is_some() {
+                        node.input.push(format!("^{}", graph.node(c).name));
+                    }
+                }
+            }
             stubs.push((node.name.clone(), "NoOp"));
         } else {
             continue;
