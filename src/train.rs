@@ -216,6 +216,7 @@ pub fn run_train(args: TrainArgs, out: &mut dyn std::io::Write) -> anyhow::Resul
         .env("PYTHONPATH", python_path)
         .env("LODE_TRAIN_SOCKET", &socket)
         .env("LODE_TRAIN_DIR", scratch.path())
+        .env("LODE_TRAIN_STRICT", if args.strict { "1" } else { "0" })
         .spawn()
         .with_context(|| format!("cannot start {program:?}"))?;
     let status = wait_interruptibly(&mut child)?;

@@ -31,6 +31,7 @@ from lode._native import check, load_ops, native
 
 _SOCKET = "LODE_TRAIN_SOCKET"
 _WORKDIR = "LODE_TRAIN_DIR"
+_STRICT = "LODE_TRAIN_STRICT"
 
 _VARIABLE_OPS = {"VariableV2", "Variable", "VarHandleOp"}
 _PIPELINE_OPS = {"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional"}
@@ -64,12 +65,15 @@ def _ask(request):
 
 
 def _why_not(graph):
+    """Why the graph is not cut (None: it is a candidate), and whether it looks like training
+    at all (variables or a pipeline): a helper graph with neither is never an error."""
     types = {op.type for op in graph.get_operations()}
-    if not types & _VARIABLE_OPS:
-        return "the graph has no variables"
-    if not types & _PIPELINE_OPS:
-        return "the graph has no tf.data input pipeline (no IteratorGetNext)"
-    return None
+    variables, pipeline = bool(types & _VARIABLE_OPS), bool(types & _PIPELINE_OPS)
+    if not variables:
+        return "the graph has no variables", pipeline
+    if not pipeline:
+        return "the graph has no tf.data input pipeline (no IteratorGetNext)", True
+    return None, True
 
 
 def _replacement(source):
@@ -78,8 +82,11 @@ def _replacement(source):
     if source in cache:
         return cache[source]
     cache[source] = None
-    why = _why_not(source)
+    why, training_like = _why_not(source)
     if why is not None:
+        if training_like and os.environ.get(_STRICT) == "1":
+            _say(f"the program's graph cannot be cut ({why}) and lode train runs with --strict")
+            os._exit(2)
         # Sessions on helper graphs (no variables, no pipeline) are common: say it once.
         _say(f"a session's graph is not cut ({why}); it runs unchanged")
         return None
