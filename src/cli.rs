@@ -485,6 +485,12 @@ pub struct TrainArgs {
     /// Lease duration of a step, in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub lease_ms: u64,
+    // TLS on every connection of the job (all three TLS flags, or none): the dispatcher and the
+    // training process's receiver serve --tls-cert, workers and the training side trust --tls-ca.
+    #[command(flatten)]
+    pub tls: ServerTlsArgs,
+    #[command(flatten)]
+    pub tls_client: ClientTlsArgs,
     /// The program and its arguments, after `--`.
     #[arg(required = true, last = true, value_name = "PROGRAM")]
     pub program: Vec<String>,

@@ -43,6 +43,45 @@ struct JobAddress {
     token: String,
     job: u64,
     patience_secs: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_ca: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_cert: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_key: Option<PathBuf>,
+}
+
+/// The job's TLS: the servers' identity and the files the other processes load.
+#[derive(Debug)]
+struct TrainTls {
+    server: lode_proto::tls::ServerTls,
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+fn train_tls(args: &TrainArgs) -> anyhow::Result<Option<TrainTls>> {
+    let absolute = |p: &PathBuf| {
+        p.canonicalize()
+            .with_context(|| format!("{}: cannot read", p.display()))
+    };
+    match (&args.tls.tls_cert, &args.tls.tls_key, &args.tls_client.tls_ca) {
+        (None, None, None) => Ok(None),
+        (Some(cert), Some(key), Some(ca)) => {
+            crate::runtime::client_tls(Some(ca))?;
+            Ok(Some(TrainTls {
+                server: lode_proto::tls::ServerTls::from_pem_files(cert, key)?,
+                ca: absolute(ca)?,
+                cert: absolute(cert)?,
+                key: absolute(key)?,
+            }))
+        }
+        _ => bail!(
+            "lode train takes --tls-cert, --tls-key and --tls-ca together (its workers and the \
+             training process check the dispatcher's and the receiver's certificate against the \
+             CA), or none"
+        ),
+    }
 }
 
 /// The answer to the hook.
@@ -142,6 +181,7 @@ struct Settings {
     announce: Option<PathBuf>,
     name: String,
     exe: PathBuf,
+    tls: Option<TrainTls>,
 }
 
 pub fn run_train(args: TrainArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
@@ -180,6 +220,7 @@ pub fn run_train(args: TrainArgs, out: &mut dyn std::io::Write) -> anyhow::Resul
             .clone()
             .unwrap_or_else(|| format!("train-{}", std::process::id())),
         exe: std::env::current_exe().context("cannot find the lode binary")?,
+        tls: train_tls(&args)?,
     });
     let boot = scratch.path().join("boot");
     std::fs::create_dir_all(&boot)?;
@@ -412,10 +453,11 @@ fn start_job(request: &Request, settings: &Settings) -> Result<(Job, Reply), Ref
     // again): the job's order runs on for as many passes as the program asks for.
     config.epochs = None;
     let token = generate_token();
-    let service = service_config(&plan, 1, &token, config, &settings.dir.join("journal"))?;
+    let mut service = service_config(&plan, 1, &token, config, &settings.dir.join("journal"))?;
+    service.tls = settings.tls.as_ref().map(|t| t.server.clone());
     let listener = std::net::TcpListener::bind("127.0.0.1:0").context("cannot listen")?;
     listener.set_nonblocking(true)?;
-    let url = lode_proto::tls::url(listener.local_addr()?, false);
+    let url = lode_proto::tls::url(listener.local_addr()?, settings.tls.is_some());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let dispatcher = std::thread::spawn(move || -> anyhow::Result<()> {
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -439,8 +481,12 @@ fn start_job(request: &Request, settings: &Settings) -> Result<(Job, Reply), Ref
             .append(true)
             .open(&log)
             .with_context(|| format!("{}: cannot open", log.display()))?;
-        let child = Command::new(&settings.exe)
-            .arg("worker")
+        let mut command = Command::new(&settings.exe);
+        command.arg("worker");
+        if let Some(tls) = &settings.tls {
+            command.arg("--tls-ca").arg(&tls.ca);
+        }
+        let child = command
             .arg("--dispatcher")
             .arg(&url)
             .arg("--threads")
@@ -494,6 +540,9 @@ fn start_job(request: &Request, settings: &Settings) -> Result<(Job, Reply), Ref
                 token,
                 job: 1,
                 patience_secs: 30,
+                tls_ca: settings.tls.as_ref().map(|t| t.ca.clone()),
+                tls_cert: settings.tls.as_ref().map(|t| t.cert.clone()),
+                tls_key: settings.tls.as_ref().map(|t| t.key.clone()),
             }),
             message: Some(message),
         },

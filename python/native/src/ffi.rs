@@ -44,6 +44,7 @@ fn with_side<T>(f: impl FnOnce(&mut TrainingSide) -> Result<T, SideError>) -> Re
     let mut guard = side();
     if guard.is_none() {
         *guard = Some(TrainingSide::connect(&JobConfig::from_env()?)?);
+        crate::interrupt::install();
     }
     match guard.as_mut() {
         Some(s) => f(s),
@@ -98,6 +99,7 @@ pub unsafe extern "C" fn lode_connect(config_json: *const c_char) -> i32 {
     }
     match config.and_then(|c| TrainingSide::connect(&c)) {
         Ok(s) => {
+            crate::interrupt::install();
             *guard = Some(s);
             LODE_OK
         }
@@ -125,7 +127,11 @@ pub unsafe extern "C" fn lode_recv(
     };
     // SAFETY: the caller keeps `cancel` alive for the call (or passes null).
     let cancel = unsafe { cancel.as_ref() };
-    let cancelled = || cancel.is_some_and(|c| c.0.load(Ordering::Acquire));
+    let interrupts = crate::interrupt::interrupts();
+    let cancelled = || {
+        cancel.is_some_and(|c| c.0.load(Ordering::Acquire))
+            || crate::interrupt::interrupts() != interrupts
+    };
     match with_side(|s| s.recv(run, stage, &cancelled)) {
         Ok(Received::Part { step, part }) => {
             let dims = step.parts[part]

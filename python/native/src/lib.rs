@@ -6,8 +6,9 @@
 //! - [`side`]: [`side::TrainingSide`], the process's consumer of its job (dataworker's
 //!   [`Consumer`](lode_dataworker::service::consumer::Consumer): receiver, reorder, dedup,
 //!   watermark) and the rules mapping TensorFlow runs and iterator initializations to steps.
-//! - [`ffi`]: the C ABI (`extern "C"`), the only unsafe code of Lode; every block states why it
-//!   is sound.
+//! - [`ffi`]: the C ABI (`extern "C"`), the only unsafe code of Lode with [`interrupt`]; every
+//!   block states why it is sound.
+//! - [`interrupt`]: a SIGINT handler chained before the program's, so that Ctrl-C ends a wait.
 //!
 //! # Invariants
 //! - All DWRecv nodes of one `session.run` receive the same step; consecutive runs receive
@@ -17,4 +18,5 @@
 //!   and an unreachable dispatcher fails the call after the configured patience.
 
 pub mod ffi;
+pub mod interrupt;
 pub mod side;

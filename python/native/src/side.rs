@@ -26,13 +26,15 @@ use std::time::Duration;
 
 use lode_dataworker::service::consumer::{Consumer, ConsumerConfig, ConsumerError, Next};
 use lode_dataworker::transfer::Step;
-use lode_proto::tls::ClientTls;
+use lode_proto::tls::{ClientTls, ServerTls};
 
 /// The environment variables a process without explicit configuration reads.
 pub const ENV_DISPATCHER: &str = "LODE_DISPATCHER";
 pub const ENV_TOKEN: &str = "LODE_TOKEN";
 pub const ENV_JOB: &str = "LODE_JOB";
 pub const ENV_TLS_CA: &str = "LODE_TLS_CA";
+pub const ENV_TLS_CERT: &str = "LODE_TLS_CERT";
+pub const ENV_TLS_KEY: &str = "LODE_TLS_KEY";
 pub const ENV_PATIENCE: &str = "LODE_PATIENCE_SECS";
 
 /// Why the training side failed.
@@ -72,6 +74,11 @@ pub struct JobConfig {
     pub job: u64,
     #[serde(default)]
     pub tls_ca: Option<std::path::PathBuf>,
+    /// The receiver's TLS identity (it then registers as https://).
+    #[serde(default)]
+    pub tls_cert: Option<std::path::PathBuf>,
+    #[serde(default)]
+    pub tls_key: Option<std::path::PathBuf>,
     /// Seconds an unreachable dispatcher is retried before DWRecv fails.
     #[serde(default = "default_patience")]
     pub patience_secs: u64,
@@ -110,6 +117,8 @@ impl JobConfig {
             token,
             job: number(ENV_JOB, default_job())?,
             tls_ca: var(ENV_TLS_CA).map(Into::into),
+            tls_cert: var(ENV_TLS_CERT).map(Into::into),
+            tls_key: var(ENV_TLS_KEY).map(Into::into),
             patience_secs: number(ENV_PATIENCE, default_patience())?,
             capacity: default_capacity(),
         })
@@ -122,6 +131,10 @@ impl JobConfig {
             .as_deref()
             .map(ClientTls::from_ca_file)
             .transpose()?;
+        c.server_tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(ServerTls::from_pem_files(cert, key)?),
+            _ => None,
+        };
         c.patience = Duration::from_secs(self.patience_secs.max(1));
         c.capacity = self.capacity.max(1);
         Ok(c)
@@ -244,15 +257,8 @@ impl TrainingSide {
             return Ok(());
         }
         let next = self.consumer.next_step();
-        let start = match self.pass_steps {
-            None if first => next,
-            None => 0,
-            Some(n) if first => self.pass.saturating_mul(n),
-            Some(n) => {
-                self.pass = next.div_ceil(n.max(1));
-                self.pass.saturating_mul(n)
-            }
-        };
+        let (pass, start) = pass_start(self.pass_steps, self.pass, next, first);
+        self.pass = pass;
         if start != next {
             self.consumer.resume(start)?;
         }
@@ -271,5 +277,50 @@ impl TrainingSide {
     /// Reports the consumed watermark now.
     pub fn flush(&self) -> Result<(), SideError> {
         Ok(self.consumer.flush()?)
+    }
+}
+
+/// Where an initialization of the iterator starts reading: `(pass, first step)`, given the
+/// pass length (None: endless), the pass in progress, the next step the receiver delivers and
+/// whether this is the first initialization (see the module documentation).
+fn pass_start(pass_steps: Option<u64>, pass: u64, next: u64, first: bool) -> (u64, u64) {
+    match pass_steps {
+        None => (0, 0),
+        Some(n) if first => (pass, pass.saturating_mul(n)),
+        Some(n) => {
+            let pass = next.div_ceil(n.max(1));
+            (pass, pass.saturating_mul(n))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pass_start;
+
+    #[test]
+    fn a_pass_read_to_its_end_is_followed_by_the_next_without_a_restart() {
+        // 8 steps a pass: after pass 0 the receiver is at step 8, where pass 1 starts.
+        assert_eq!(pass_start(Some(8), 0, 8, false), (1, 8));
+        assert_eq!(pass_start(Some(8), 4, 40, false), (5, 40));
+    }
+
+    #[test]
+    fn a_pass_left_early_skips_to_the_next_pass() {
+        assert_eq!(pass_start(Some(8), 0, 3, false), (1, 8));
+        assert_eq!(pass_start(Some(8), 1, 9, false), (2, 16));
+    }
+
+    #[test]
+    fn the_first_initialization_starts_the_pass_in_progress_from_its_beginning() {
+        // A program restarted without a checkpoint reads from step 0, as TensorFlow does.
+        assert_eq!(pass_start(Some(8), 0, 13, true), (0, 0));
+        assert_eq!(pass_start(Some(8), 0, 0, true), (0, 0));
+    }
+
+    #[test]
+    fn an_endless_pipeline_restarts_at_step_zero_when_initialized_again() {
+        assert_eq!(pass_start(None, 0, 57, false), (0, 0));
+        assert_eq!(pass_start(None, 0, 57, true), (0, 0));
     }
 }
