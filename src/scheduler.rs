@@ -45,8 +45,10 @@ const MAX_ANNOUNCEMENT_BYTES: u64 = 64 * 1024;
 const RPC_TIMEOUT: Duration = Duration::from_secs(5);
 /// Names of workers the scheduler starts begin with this.
 const WORKER_PREFIX: &str = "sched-";
-/// Names of the tuner's probe workers contain this.
-const PROBE_MARK: &str = "-probe-";
+/// Names of the tuner's probe workers begin with this. Names are `sched-<n>-<job>` and
+/// `sched-probe-<n>-<job>`, the counter first, so that no job name makes one look like the
+/// other.
+const PROBE_PREFIX: &str = "sched-probe-";
 /// The one machine of the local backend.
 const LOCAL: MachineId = MachineId(0);
 
@@ -173,9 +175,15 @@ impl Tracked {
     }
 }
 
+/// The name of the `seq`-th worker the scheduler starts for `job`.
+fn worker_name(probe: bool, seq: u64, job: &str) -> String {
+    let prefix = if probe { PROBE_PREFIX } else { WORKER_PREFIX };
+    format!("{prefix}{seq}-{job}")
+}
+
 /// Whether the scheduler started this worker to serve the job (not a probe, not the job's own).
 fn is_allocated(w: &v1::WorkerEntry) -> bool {
-    w.name.starts_with(WORKER_PREFIX) && !w.name.contains(PROBE_MARK)
+    w.name.starts_with(WORKER_PREFIX) && !w.name.starts_with(PROBE_PREFIX)
 }
 
 #[derive(Debug)]
@@ -372,7 +380,8 @@ impl LocalBackend {
     }
 
     /// Starts a `lode worker` of `threads` threads for the job (on `stage`, or where the
-    /// dispatcher puts it); a probe's name carries [`PROBE_MARK`]. Returns the worker's name.
+    /// dispatcher puts it); a probe's name begins with [`PROBE_PREFIX`]. Returns the worker's
+    /// name.
     fn spawn_worker(
         &mut self,
         name: &str,
@@ -383,8 +392,7 @@ impl LocalBackend {
         let tracked = self.jobs.get(name)?;
         self.spawn_seq += 1;
         let a = &tracked.announcement;
-        let mark = if probe { PROBE_MARK } else { "-" };
-        let worker_name = format!("{WORKER_PREFIX}{}{mark}{}", a.name, self.spawn_seq);
+        let worker_name = worker_name(probe, self.spawn_seq, &a.name);
         let mut command = std::process::Command::new(&self.exe);
         command
             .args(["worker", "--dispatcher", &a.dispatcher])
@@ -905,6 +913,20 @@ fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn worker_names_tell_probes_from_allocated_workers_whatever_the_job_name() {
+        let entry = |name: String| v1::WorkerEntry {
+            name,
+            ..v1::WorkerEntry::default()
+        };
+        for job in ["a", "probe-1", "x-probe-2", "sched-probe-3"] {
+            assert!(is_allocated(&entry(worker_name(false, 7, job))), "{job}");
+            assert!(!is_allocated(&entry(worker_name(true, 8, job))), "{job}");
+        }
+        // A job's own workers are never the scheduler's.
+        assert!(!is_allocated(&entry("worker-0".into())));
+    }
 
     #[test]
     fn announcements_round_trip_and_bad_ones_are_refused() {
