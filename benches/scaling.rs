@@ -95,6 +95,7 @@ async fn run_case(n: usize, latency: Duration, window: Duration) -> anyhow::Resu
         spin: false,
         width: 16,
         epochs: 1,
+        parallelism: 1,
     };
     let plan_dir = tmp.path().join("plan");
     spec.write(&plan_dir)?;

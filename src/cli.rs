@@ -82,6 +82,10 @@ pub struct SyntheticArgs {
     /// Passes over the records (the plan's repeat count).
     #[arg(long, default_value_t = 1)]
     pub epochs: u64,
+    /// Equal parts a step's work splits into, run in parallel on the worker's threads: a
+    /// worker of k threads takes ceil(P/k) × latency / P per step.
+    #[arg(long, default_value_t = 1)]
+    pub parallelism: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -427,9 +431,15 @@ pub struct SchedulerArgs {
     /// Time between rounds.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub interval: std::time::Duration,
-    /// Data workers this machine may run, over all jobs (default: one per core).
+    /// Data workers this machine may run, over all jobs (default: one per core); with --tune,
+    /// worker threads.
     #[arg(long)]
     pub max_workers: Option<u32>,
+    /// Apply the job-level tuner: size each job's workers (threads, stage by stage) from the
+    /// measured speedups of probe workers, and withdraw the scheduler's workers from a job
+    /// they do not speed up. Without it every worker the scheduler starts has one thread.
+    #[arg(long)]
+    pub tune: bool,
     /// Stop after this many rounds (default: until interrupted). Workers the scheduler started
     /// are drained when it stops.
     #[arg(long)]

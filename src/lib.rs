@@ -286,18 +286,20 @@ fn run_synthetic(args: cli::SyntheticArgs, out: &mut dyn std::io::Write) -> anyh
         spin: args.spin,
         width: args.width,
         epochs: args.epochs,
+        parallelism: args.parallelism,
     };
     spec.write(&args.output)?;
     writeln!(
         out,
-        "wrote {}: {} records, {} steps per epoch of {} records, {} epoch(s), {:?} per step ({})",
+        "wrote {}: {} records, {} steps per epoch of {} records, {} epoch(s), {:?} per step ({}, {} part(s))",
         args.output.display(),
         spec.records,
         spec.steps_per_epoch(),
         spec.batch,
         spec.epochs,
         spec.latency,
-        if spec.spin { "spinning" } else { "sleeping" }
+        if spec.spin { "spinning" } else { "sleeping" },
+        spec.parallelism
     )?;
     Ok(())
 }

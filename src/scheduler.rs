@@ -11,6 +11,14 @@
 //!
 //! The local machine is one `MachineView` whose data-worker budget is `--max-workers`
 //! one-CPU workers, counting the workers jobs started themselves.
+//!
+//! With `--tune` the job-level tuner runs first for each job (`lode_scheduler::live_tuner`):
+//! while it reads a job, the backend starts and drains the probe workers the tuner asks for
+//! (`--threads K --stage S`, one at a time), logs every tuning decision with the speedup it
+//! measured, and hands the job to the policy only once its worker size is known; the workers
+//! the scheduler then adds have that many threads, and the budget counts threads. A job's own
+//! workers (those it started itself, one thread each as `lode run` starts them) are its
+//! baseline and are never drained.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
@@ -23,7 +31,9 @@ use lode_proto::service::v1::{self, DrainRequest, StatusRequest};
 use lode_proto::service::{connect, DispatcherClient};
 use lode_proto::tls::ClientTls;
 use lode_scheduler::live::{LiveJob, QueueReading};
+use lode_scheduler::live_tuner::{LiveTuner, TuningRecord, Want, WorkerCounters};
 use lode_scheduler::policy::MachineView;
+use lode_scheduler::TunerConfig;
 use lode_scheduler::{decide, Backend, DecideConfig, Decision, JobId, MachineId, Policy, Snapshot};
 use serde::{Deserialize, Serialize};
 
@@ -35,6 +45,10 @@ const MAX_ANNOUNCEMENT_BYTES: u64 = 64 * 1024;
 const RPC_TIMEOUT: Duration = Duration::from_secs(5);
 /// Names of workers the scheduler starts begin with this.
 const WORKER_PREFIX: &str = "sched-";
+/// Names of the tuner's probe workers begin with this. Names are `sched-<n>-<job>` and
+/// `sched-probe-<n>-<job>`, the counter first, so that no job name makes one look like the
+/// other.
+const PROBE_PREFIX: &str = "sched-probe-";
 /// The one machine of the local backend.
 const LOCAL: MachineId = MachineId(0);
 
@@ -143,11 +157,40 @@ struct Tracked {
     drained: BTreeSet<u64>,
     /// Whether the last reading succeeded.
     seen: bool,
+    /// Data-worker stages of the job's plan (from its dispatcher).
+    stages: u32,
+    /// With `--tune`: the job-level tuner, its current probe worker (name, stage, threads),
+    /// and whether the scheduler's workers were withdrawn after a fallback.
+    tuner: Option<LiveTuner>,
+    probe: Option<(String, usize, u32)>,
+    withdrawn: bool,
+}
+
+impl Tracked {
+    /// Active workers not being drained by the scheduler.
+    fn active(&self) -> impl Iterator<Item = &v1::WorkerEntry> {
+        self.workers
+            .iter()
+            .filter(|w| !self.drained.contains(&w.id))
+    }
+}
+
+/// The name of the `seq`-th worker the scheduler starts for `job`.
+fn worker_name(probe: bool, seq: u64, job: &str) -> String {
+    let prefix = if probe { PROBE_PREFIX } else { WORKER_PREFIX };
+    format!("{prefix}{seq}-{job}")
+}
+
+/// Whether the scheduler started this worker to serve the job (not a probe, not the job's own).
+fn is_allocated(w: &v1::WorkerEntry) -> bool {
+    w.name.starts_with(WORKER_PREFIX) && !w.name.starts_with(PROBE_PREFIX)
 }
 
 #[derive(Debug)]
 struct Spawned {
     job: String,
+    name: String,
+    threads: u32,
     child: Child,
 }
 
@@ -165,6 +208,10 @@ pub struct LocalBackend {
     ids: BTreeMap<String, JobId>,
     spawned: Vec<Spawned>,
     spawn_seq: u64,
+    /// Apply the job-level tuner (`--tune`).
+    tune: bool,
+    /// Tuning decisions made while reading the jobs this round: (job, record).
+    tuning: Vec<(String, TuningRecord)>,
 }
 
 impl LocalBackend {
@@ -173,6 +220,7 @@ impl LocalBackend {
         budget: u32,
         exe: PathBuf,
         tls_ca: Option<&Path>,
+        tune: bool,
     ) -> anyhow::Result<Self> {
         anyhow::ensure!(
             jobs_dir.is_dir(),
@@ -198,6 +246,8 @@ impl LocalBackend {
             ids: BTreeMap::new(),
             spawned: Vec::new(),
             spawn_seq: 0,
+            tune,
+            tuning: Vec::new(),
         })
     }
 
@@ -249,6 +299,10 @@ impl LocalBackend {
                     workers: Vec::new(),
                     drained: BTreeSet::new(),
                     seen: false,
+                    stages: 1,
+                    tuner: None,
+                    probe: None,
+                    withdrawn: false,
                 },
             );
         }
@@ -289,6 +343,7 @@ impl LocalBackend {
         };
         tracked.client = Some(c);
         tracked.seen = true;
+        tracked.stages = status.stages.max(1);
         if status.end_of_data {
             // Finished: nothing to plan; its workers leave by themselves.
             tracked.workers.clear();
@@ -324,18 +379,29 @@ impl LocalBackend {
         Some((reading, active))
     }
 
-    fn spawn_worker(&mut self, name: &str) {
-        let Some(tracked) = self.jobs.get(name) else {
-            return;
-        };
+    /// Starts a `lode worker` of `threads` threads for the job (on `stage`, or where the
+    /// dispatcher puts it); a probe's name begins with [`PROBE_PREFIX`]. Returns the worker's
+    /// name.
+    fn spawn_worker(
+        &mut self,
+        name: &str,
+        threads: u32,
+        stage: Option<usize>,
+        probe: bool,
+    ) -> Option<String> {
+        let tracked = self.jobs.get(name)?;
         self.spawn_seq += 1;
         let a = &tracked.announcement;
-        let worker_name = format!("{WORKER_PREFIX}{}-{}", a.name, self.spawn_seq);
+        let worker_name = worker_name(probe, self.spawn_seq, &a.name);
         let mut command = std::process::Command::new(&self.exe);
         command
             .args(["worker", "--dispatcher", &a.dispatcher])
-            .args(["--job", &a.job.to_string(), "--threads", "1", "-q"])
+            .args(["--job", &a.job.to_string(), "-q"])
+            .args(["--threads", &threads.max(1).to_string()])
             .args(["--name", &worker_name]);
+        if let Some(stage) = stage {
+            command.args(["--stage", &stage.to_string()]);
+        }
         if let Some((ca, _)) = &self.tls {
             command.arg("--tls-ca").arg(ca);
         }
@@ -347,27 +413,48 @@ impl LocalBackend {
             .spawn();
         match child {
             Ok(child) => {
-                tracing::info!(job = %name, worker = %worker_name, pid = child.id(), "worker started");
+                tracing::info!(job = %name, worker = %worker_name, threads, pid = child.id(), "worker started");
                 self.spawned.push(Spawned {
                     job: name.to_owned(),
+                    name: worker_name.clone(),
+                    threads: threads.max(1),
                     child,
                 });
+                Some(worker_name)
             }
-            Err(err) => tracing::error!(job = %name, "cannot start a worker: {err}"),
+            Err(err) => {
+                tracing::error!(job = %name, "cannot start a worker: {err}");
+                None
+            }
         }
     }
 
-    /// Drains one active worker of the job: the newest one the scheduler started, else the
-    /// newest. Returns its id.
-    fn drain_worker(&mut self, name: &str) -> Option<u64> {
-        let tracked = self.jobs.get_mut(name)?;
-        let candidates = tracked
-            .workers
+    /// Threads of a listed worker: as started by the scheduler, else one (a job's own workers
+    /// run with `lode run`'s default of one thread).
+    fn threads_of(&self, worker: &v1::WorkerEntry) -> u32 {
+        self.spawned
             .iter()
-            .filter(|w| !tracked.drained.contains(&w.id));
-        let pick = candidates
+            .find(|s| s.name == worker.name)
+            .map_or(1, |s| s.threads)
+    }
+
+    /// Drains one active worker of the job: the newest one the scheduler started, else the
+    /// newest; with `--tune`, only workers the scheduler allocated (never a probe or the
+    /// job's own). Returns its id.
+    fn drain_worker(&mut self, name: &str) -> Option<u64> {
+        let tune = self.tune;
+        let tracked = self.jobs.get(name)?;
+        let pick = tracked
+            .active()
+            .filter(|w| !tune || is_allocated(w))
             .max_by_key(|w| (w.name.starts_with(WORKER_PREFIX), w.id))?
             .id;
+        self.drain_id(name, pick)
+    }
+
+    /// Drains the job's worker `pick`. Returns its id once the dispatcher took the drain.
+    fn drain_id(&mut self, name: &str, pick: u64) -> Option<u64> {
+        let tracked = self.jobs.get_mut(name)?;
         let a = tracked.announcement.clone();
         let client = tracked.client.clone()?;
         let answer = self.rt.block_on(async move {
@@ -398,6 +485,128 @@ impl LocalBackend {
         }
     }
 
+    /// With `--tune`: feeds the job's tuner its latest rates and probe counters, carries out
+    /// what it wants (a probe of another size, a withdrawal after a fallback), and returns the
+    /// job's view once it is tuned, with the worker threads that stay outside the plan.
+    fn tune_job(
+        &mut self,
+        name: &str,
+        now_s: f64,
+    ) -> (Option<lode_scheduler::policy::JobView>, u32) {
+        let Some(tracked) = self.jobs.get_mut(name) else {
+            return (None, 0);
+        };
+        if tracked.tuner.is_none() {
+            let stages = usize::try_from(tracked.stages).unwrap_or(1);
+            match LiveTuner::new(stages, TunerConfig::default()) {
+                Ok(t) => tracked.tuner = Some(t),
+                Err(err) => tracing::error!(job = %name, "cannot tune: {err}"),
+            }
+        }
+        let probe = tracked.probe.as_ref().and_then(|(probe, ..)| {
+            tracked
+                .active()
+                .find(|w| &w.name == probe)
+                .map(|w| WorkerCounters {
+                    steps_computed: w.steps_computed,
+                    compute_us: w.compute_us,
+                })
+        });
+        let allocated =
+            u32::try_from(tracked.active().filter(|w| is_allocated(w)).count()).unwrap_or(u32::MAX);
+        let rates = tracked.live.rates();
+        let Some(tuner) = tracked.tuner.as_mut() else {
+            return (None, 0);
+        };
+        let records = tuner
+            .observe(now_s, &rates, probe, allocated)
+            .unwrap_or_else(|err| {
+                tracing::warn!(job = %name, "tuning skipped this round: {err}");
+                Vec::new()
+            });
+        let want = tuner.want();
+        for r in records {
+            tracing::info!(
+                job = %name,
+                kind = r.kind,
+                stage = ?r.stage,
+                threads = ?r.threads,
+                rate = r.rate,
+                speedup = ?r.speedup,
+                "tuning decision: {}",
+                r.decision
+            );
+            self.tuning.push((name.to_owned(), r));
+        }
+        match want {
+            Want::Measure => {}
+            Want::Probe { stage, threads } => {
+                let current = tracked.probe.as_ref().map(|(_, s, t)| (*s, *t));
+                if current != Some((stage, threads)) {
+                    self.stop_probe(name);
+                    let started = self.spawn_worker(name, threads, Some(stage), true);
+                    if let Some(t) = self.jobs.get_mut(name) {
+                        t.probe = started.map(|w| (w, stage, threads));
+                    }
+                }
+            }
+            Want::Allocate { .. } => self.stop_probe(name),
+            Want::FellBack => {
+                self.stop_probe(name);
+                if self.jobs.get(name).is_some_and(|t| !t.withdrawn) {
+                    let ours: Vec<u64> = self.jobs.get(name).map_or_else(Vec::new, |t| {
+                        t.active()
+                            .filter(|w| is_allocated(w))
+                            .map(|w| w.id)
+                            .collect()
+                    });
+                    for id in ours {
+                        self.drain_id(name, id);
+                    }
+                    if let Some(t) = self.jobs.get_mut(name) {
+                        t.withdrawn = true;
+                    }
+                }
+            }
+        }
+        let Some(tracked) = self.jobs.get(name) else {
+            return (None, 0);
+        };
+        let view = tracked
+            .tuner
+            .as_ref()
+            .and_then(|t| t.view(&tracked.live, LOCAL, allocated));
+        let outside = tracked
+            .active()
+            .filter(|w| view.is_none() || !is_allocated(w))
+            .map(|w| self.threads_of(w))
+            .fold(0u32, u32::saturating_add);
+        (view, outside)
+    }
+
+    /// Stops the job's probe worker: drained when its dispatcher lists it, else (not
+    /// registered yet) its process is killed, before it takes a lease.
+    fn stop_probe(&mut self, name: &str) {
+        let Some((probe, ..)) = self.jobs.get_mut(name).and_then(|t| t.probe.take()) else {
+            return;
+        };
+        let listed = self
+            .jobs
+            .get(name)
+            .and_then(|t| t.active().find(|w| w.name == probe).map(|w| w.id));
+        match listed {
+            Some(id) => {
+                self.drain_id(name, id);
+            }
+            None => {
+                if let Some(s) = self.spawned.iter_mut().find(|s| s.name == probe) {
+                    let _ = s.child.kill();
+                    let _ = s.child.wait();
+                }
+            }
+        }
+    }
+
     /// Reaps workers that exited.
     fn reap(&mut self) {
         self.spawned
@@ -415,14 +624,14 @@ impl LocalBackend {
                     t.workers = workers;
                 }
             }
-            let ours = self.jobs.get(&name).map_or(0, |t| {
-                t.workers
-                    .iter()
-                    .filter(|w| w.name.starts_with(WORKER_PREFIX) && !t.drained.contains(&w.id))
-                    .count()
+            let ours: Vec<u64> = self.jobs.get(&name).map_or_else(Vec::new, |t| {
+                t.active()
+                    .filter(|w| w.name.starts_with(WORKER_PREFIX))
+                    .map(|w| w.id)
+                    .collect()
             });
-            for _ in 0..ours {
-                self.drain_worker(&name);
+            for id in ours {
+                self.drain_id(&name, id);
             }
         }
         let deadline = Instant::now() + grace;
@@ -460,6 +669,12 @@ impl Backend for LocalBackend {
             };
             tracked.workers = workers;
             tracked.live.observe(reading);
+            if self.tune {
+                let (view, outside) = self.tune_job(&name, reading.at_s);
+                jobs.extend(view);
+                unplanned = unplanned.saturating_add(outside);
+                continue;
+            }
             match tracked.live.view(LOCAL) {
                 Some(view) => jobs.push(view),
                 // Not measured yet: its workers stay where they are and use the budget.
@@ -483,9 +698,9 @@ impl Backend for LocalBackend {
                     let name = self.name_of(*job).to_owned();
                     self.drain_worker(&name);
                 }
-                Decision::Add { job, .. } => {
+                Decision::Add { job, cpus, .. } => {
                     let name = self.name_of(*job).to_owned();
-                    self.spawn_worker(&name);
+                    self.spawn_worker(&name, *cpus, None, false);
                 }
                 // One machine: nothing to move between.
                 Decision::Migrate { .. } => {}
@@ -515,6 +730,16 @@ struct DecisionLine {
     action: &'static str,
     job: String,
     metric: Option<f64>,
+    /// Threads of an added worker.
+    threads: Option<u32>,
+}
+
+/// One job-level tuning decision in a round's report (`--tune`).
+#[derive(Debug, Serialize)]
+struct TuningLine {
+    job: String,
+    #[serde(flatten)]
+    record: TuningRecord,
 }
 
 #[derive(Debug, Serialize)]
@@ -522,6 +747,7 @@ struct RoundLine {
     round: u64,
     policy: &'static str,
     jobs: Vec<JobLine>,
+    tuning: Vec<TuningLine>,
     decisions: Vec<DecisionLine>,
 }
 
@@ -546,7 +772,13 @@ pub fn run_scheduler(args: SchedulerArgs, out: &mut dyn std::io::Write) -> anyho
             .map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
     });
     let exe = std::env::current_exe().context("cannot find the lode executable")?;
-    let mut backend = LocalBackend::new(&args.jobs, budget, exe, args.tls.tls_ca.as_deref())?;
+    let mut backend = LocalBackend::new(
+        &args.jobs,
+        budget,
+        exe,
+        args.tls.tls_ca.as_deref(),
+        args.tune,
+    )?;
     let config = DecideConfig::default();
     let mut round = 0u64;
     let result = (|| -> anyhow::Result<()> {
@@ -573,24 +805,26 @@ pub fn run_scheduler(args: SchedulerArgs, out: &mut dyn std::io::Write) -> anyho
                         }
                     })
                     .collect(),
+                tuning: std::mem::take(&mut backend.tuning)
+                    .into_iter()
+                    .map(|(job, record)| TuningLine { job, record })
+                    .collect(),
                 decisions: decisions
                     .iter()
-                    .map(|d| match d {
-                        Decision::Add { job, metric, .. } => DecisionLine {
-                            action: "add",
+                    .map(|d| {
+                        let (action, job, metric, threads) = match d {
+                            Decision::Add {
+                                job, metric, cpus, ..
+                            } => ("add", job, Some(*metric), Some(*cpus)),
+                            Decision::Remove { job, .. } => ("remove", job, None, None),
+                            Decision::Migrate { job, .. } => ("migrate", job, None, None),
+                        };
+                        DecisionLine {
+                            action,
                             job: backend.name_of(*job).to_owned(),
-                            metric: Some(*metric),
-                        },
-                        Decision::Remove { job, .. } => DecisionLine {
-                            action: "remove",
-                            job: backend.name_of(*job).to_owned(),
-                            metric: None,
-                        },
-                        Decision::Migrate { job, .. } => DecisionLine {
-                            action: "migrate",
-                            job: backend.name_of(*job).to_owned(),
-                            metric: None,
-                        },
+                            metric,
+                            threads,
+                        }
                     })
                     .collect(),
             };
@@ -653,11 +887,18 @@ fn report(
                     jobs.join("; ")
                 }
             )?;
+            for t in &line.tuning {
+                writeln!(out, "  tune {}: {}", t.job, t.record.describe())?;
+            }
             for d in &line.decisions {
+                let threads = match d.threads {
+                    Some(t) if t > 1 => format!(" of {t} threads"),
+                    _ => String::new(),
+                };
                 match d.metric {
                     Some(m) => writeln!(
                         out,
-                        "  {} a worker: {} ({} {m:.4})",
+                        "  {} a worker{threads}: {} ({} {m:.4})",
                         d.action, d.job, line.policy
                     )?,
                     None => writeln!(out, "  {} a worker: {}", d.action, d.job)?,
@@ -672,6 +913,20 @@ fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn worker_names_tell_probes_from_allocated_workers_whatever_the_job_name() {
+        let entry = |name: String| v1::WorkerEntry {
+            name,
+            ..v1::WorkerEntry::default()
+        };
+        for job in ["a", "probe-1", "x-probe-2", "sched-probe-3"] {
+            assert!(is_allocated(&entry(worker_name(false, 7, job))), "{job}");
+            assert!(!is_allocated(&entry(worker_name(true, 8, job))), "{job}");
+        }
+        // A job's own workers are never the scheduler's.
+        assert!(!is_allocated(&entry("worker-0".into())));
+    }
 
     #[test]
     fn announcements_round_trip_and_bad_ones_are_refused() {

@@ -89,7 +89,6 @@ pub fn run_simulate(args: SimulateArgs, out: &mut dyn std::io::Write) -> anyhow:
             seed,
             &SyntheticConfig {
                 cluster_gpus: cluster.total_gpus(),
-                hardware_ratio: cluster.hardware_ratio(),
                 ..SyntheticConfig::default()
             },
         ),
@@ -176,7 +175,7 @@ mod tests {
         let path = dir.path().join("t.csv");
         std::fs::write(
             &path,
-            "job,arrival_s,gpus,steps,model\n0,0,1,10,resnet\n1,0,x,10,bert\n",
+            "job,arrival_s,gpus,steps,model\n0,0,1,10,resnet50\n1,0,x,10,bert\n",
         )
         .expect("write");
         let err = run_simulate(args(Some(path.clone())), &mut Vec::new()).expect_err("bad line");
@@ -191,7 +190,7 @@ mod tests {
     fn json_rows_and_out_dir() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("t.csv");
-        std::fs::write(&path, "0,0,1,3000,video\n1,30,2,2000,bert\n").expect("write");
+        std::fs::write(&path, "0,0,1,3000,alexnet\n1,30,2,2000,bert\n").expect("write");
         let mut a = args(Some(path));
         a.out = Some(dir.path().join("out"));
         let mut buf = Vec::new();
@@ -211,9 +210,9 @@ mod tests {
         // ranks it last, and only its floor keeps it training (scheduler/README.md, "Floors").
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("t.csv");
-        let mut csv = String::from("0,0,8,6000,detection\n");
+        let mut csv = String::from("0,0,8,24000,resnet18\n");
         for i in 1..=120 {
-            csv.push_str(&format!("{i},{},1,2000,detection\n", 60 * i));
+            csv.push_str(&format!("{i},{},1,8000,resnet18\n", 60 * i));
         }
         std::fs::write(&path, csv).expect("write");
         let jct = |no_floors| {

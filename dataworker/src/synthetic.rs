@@ -11,6 +11,11 @@
 //! machine's CPUs, so that many workers (or two jobs of different appetite) can share a small
 //! machine; a spinning one really uses a core for `latency`.
 //!
+//! With `parallelism` P above 1, a step's work is P equal parts of `latency / P` run on the
+//! worker's kernel threads (its rayon pool), so a worker of `k` threads takes
+//! `ceil(P / k) · latency / P` per step: a pipeline whose speedup per worker is linear up to P
+//! threads and flat beyond, known exactly, for the live scheduler's worker sizing.
+//!
 //! The plan is written like `lode partition` writes one: into a temporary sibling directory,
 //! renamed into place at the end; an existing non-empty directory is refused.
 
@@ -39,6 +44,8 @@ pub const MAX_LATENCY: Duration = Duration::from_secs(60);
 pub const MAX_WIDTH: u64 = 1 << 20;
 /// Largest accepted record count.
 pub const MAX_RECORDS: u64 = 1 << 32;
+/// Largest accepted number of parallel parts per step.
+pub const MAX_PARALLELISM: u64 = 1024;
 
 /// What a synthetic plan looks like.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,6 +62,8 @@ pub struct SyntheticSpec {
     pub width: u64,
     /// Passes over the records (the plan's repeat count).
     pub epochs: u64,
+    /// Equal parts a step's work splits into, run in parallel on the worker's threads.
+    pub parallelism: u64,
 }
 
 impl Default for SyntheticSpec {
@@ -66,6 +75,7 @@ impl Default for SyntheticSpec {
             spin: false,
             width: 16,
             epochs: 1,
+            parallelism: 1,
         }
     }
 }
@@ -132,6 +142,13 @@ impl SyntheticSpec {
         }
         if self.epochs == 0 {
             return bad("epochs", "0".into(), "at least one epoch");
+        }
+        if self.parallelism == 0 || self.parallelism > MAX_PARALLELISM {
+            return bad(
+                "parallelism",
+                self.parallelism.to_string(),
+                "it must be between 1 and 1024",
+            );
         }
         if i64::try_from(self.epochs).is_err() {
             return bad("epochs", self.epochs.to_string(), "too many epochs");
@@ -202,6 +219,7 @@ node {{
   attr {{ key: "latency_us" value {{ i: {latency} }} }}
   attr {{ key: "spin" value {{ b: {spin} }} }}
   attr {{ key: "width" value {{ i: {w} }} }}
+  attr {{ key: "parallelism" value {{ i: {parallelism} }} }}
 }}
 node {{
   name: "lode/DWSend_stage_0" op: "DWSend" input: "work"
@@ -212,6 +230,7 @@ node {{
 "#,
             latency = self.latency_us(),
             spin = self.spin,
+            parallelism = self.parallelism,
         )
     }
 
@@ -318,14 +337,17 @@ fn absolute(path: &Path) -> std::io::Result<PathBuf> {
     }
 }
 
-/// The work of [`FIXED_LATENCY_OP`]: takes `latency` (sleeping, or spinning when `spin`) and
-/// returns `[n, width]` floats, row `i` derived from record `i`'s bytes alone.
+/// The work of [`FIXED_LATENCY_OP`]: takes `latency` (sleeping, or spinning when `spin`), in
+/// `parallelism` equal parts on the current rayon pool, and returns `[n, width]` floats, row `i`
+/// derived from record `i`'s bytes alone.
 pub fn fixed_latency(
     records: &Tensor,
     latency: Duration,
     spin: bool,
     width: usize,
+    parallelism: usize,
 ) -> crate::kernels::Result<Tensor> {
+    use rayon::prelude::*;
     let started = Instant::now();
     let values = crate::kernels::strings_of(FIXED_LATENCY_OP, "records", records)?;
     let mut out = Vec::with_capacity(values.len().saturating_mul(width));
@@ -338,16 +360,27 @@ pub fn fixed_latency(
             out.push(bits as f32 / 65_535.0 + (j / 4) as f32);
         }
     }
-    if spin {
-        let mut x = 0u64;
-        while started.elapsed() < latency {
-            for _ in 0..256 {
-                x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+    let rest = latency.saturating_sub(started.elapsed());
+    let parts = parallelism.max(1);
+    let part = rest / u32::try_from(parts).unwrap_or(u32::MAX);
+    let take = |_: usize| {
+        if spin {
+            let begun = Instant::now();
+            let mut x = 0u64;
+            while begun.elapsed() < part {
+                for _ in 0..256 {
+                    x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                }
+                std::hint::black_box(x);
             }
-            std::hint::black_box(x);
+        } else if !part.is_zero() {
+            std::thread::sleep(part);
         }
-    } else if let Some(rest) = latency.checked_sub(started.elapsed()) {
-        std::thread::sleep(rest);
+    };
+    if parts == 1 {
+        take(0);
+    } else {
+        (0..parts).into_par_iter().for_each(take);
     }
     crate::kernels::output(
         FIXED_LATENCY_OP,
@@ -370,6 +403,7 @@ mod tests {
             spin: false,
             width: 3,
             epochs: 2,
+            parallelism: 1,
         }
     }
 
@@ -401,6 +435,7 @@ mod tests {
             Duration::ZERO,
             false,
             3,
+            1,
         )
         .expect("direct");
         let TensorData::Float32(all) = tensors[0].data() else {
@@ -420,18 +455,42 @@ mod tests {
         )
         .expect("tensor");
         let started = Instant::now();
-        let out = fixed_latency(&records, Duration::from_millis(20), true, 5).expect("run");
+        let out = fixed_latency(&records, Duration::from_millis(20), true, 5, 1).expect("run");
         assert!(started.elapsed() >= Duration::from_millis(20));
         assert_eq!(out.shape(), &[2, 5]);
-        let err = fixed_latency(&out, Duration::ZERO, false, 1).expect_err("float input");
+        let err = fixed_latency(&out, Duration::ZERO, false, 1, 1).expect_err("float input");
         assert!(err.to_string().contains("expected string"), "{err}");
+    }
+
+    /// Parts share the latency: on one thread they run one after another and take it all;
+    /// the output does not depend on how the work was split.
+    #[test]
+    fn parallel_parts_take_the_latency_on_one_thread_and_give_the_same_rows() {
+        let records = Tensor::new(
+            vec![2],
+            TensorData::String(vec![b"a".to_vec(), b"b".to_vec()]),
+        )
+        .expect("tensor");
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .expect("pool");
+        let started = Instant::now();
+        let split = pool
+            .install(|| fixed_latency(&records, Duration::from_millis(20), false, 4, 4))
+            .expect("run");
+        assert!(started.elapsed() >= Duration::from_millis(19));
+        let whole = fixed_latency(&records, Duration::ZERO, false, 4, 1).expect("run");
+        assert_eq!(split, whole);
     }
 
     #[test]
     fn bad_specs_and_targets_are_refused() {
         // Each change to a valid spec, and what the refusal must say ("" when any refusal will do).
         type Change = fn(&mut SyntheticSpec);
-        let cases: [(Change, &str); 5] = [
+        let cases: [(Change, &str); 7] = [
+            (|s| s.parallelism = 0, "parallelism is 0"),
+            (|s| s.parallelism = 1025, "parallelism"),
             (|s| s.batch = 0, "batch is 0"),
             (|s| s.batch = 101, ""),
             (|s| s.width = 0, "width"),

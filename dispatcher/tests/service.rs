@@ -171,6 +171,8 @@ async fn consumed(client: &mut DispatcherClient, epoch: u64, step: u64) {
 fn durable(mut status: v1::StatusResponse) -> v1::StatusResponse {
     for w in &mut status.workers {
         w.name.clear();
+        w.steps_computed = 0;
+        w.compute_us = 0;
     }
     status.steps_computed = 0;
     status.compute_us = 0;
@@ -257,7 +259,17 @@ async fn register_lease_complete_consume_round_trip() {
         (1, 1_000, 500)
     );
     assert_eq!(mid.epochs, 1);
+    assert_eq!(mid.stages, 1);
     assert!(mid.workers.iter().all(|w| w.name == "test-worker"));
+    // Each worker's share of them: the first computed the one step.
+    let share = |s: &v1::StatusResponse, id: u64| {
+        s.workers
+            .iter()
+            .find(|w| w.id == id)
+            .map(|w| (w.steps_computed, w.compute_us))
+    };
+    assert_eq!(share(&mid, first.worker_id), Some((1, 1_000)));
+    assert_eq!(share(&mid, second.worker_id), Some((0, 0)));
 
     complete(&mut client, second.worker_id, 0, 0, 1)
         .await
@@ -275,6 +287,7 @@ async fn register_lease_complete_consume_round_trip() {
         (done.steps_computed, done.compute_us, done.consumer_busy_us),
         (2, 2_000, 1_000)
     );
+    assert_eq!(share(&done, second.worker_id), Some((1, 1_000)));
 
     // Scale-in: the drained worker learns it from its heartbeat and its lease answer.
     client

@@ -1,5 +1,10 @@
 //! Prints the Table 5-like summary for synthetic seeds given on the command line:
 //! `cargo run --release -p lode-scheduler --example table5 -- 1 2 3`.
+//!
+//! Knobs (environment): `LOAD`, `MEDIAN_MINUTES`, `SIGMA` change the synthetic trace;
+//! `TRACE=FILE` runs a CSV trace instead; `NO_FLOORS=1` allocates by the policy's metric alone
+//! (`lode simulate --no-floors`); `DEMAND=1` prints the CPUs every job would need at its ideal
+//! speed with data workers; `DETAIL=1` prints slowdowns and utilisation per scheduler.
 
 use std::time::Instant;
 
@@ -32,6 +37,7 @@ fn main() -> Result<(), lode_scheduler::Error> {
         };
         let config = SimConfig {
             seed,
+            floors: std::env::var("NO_FLOORS").is_err(),
             ..SimConfig::default()
         };
         let results = SchedulerKind::ALL
@@ -47,8 +53,9 @@ fn main() -> Result<(), lode_scheduler::Error> {
             / (synthetic.hours * 3600.0 * f64::from(config.cluster.total_gpus()));
         println!("offered GPU load {offered:.2}");
         if std::env::var("DEMAND").is_ok() {
-            // CPUs each job needs at its ideal speed with data workers (linear workers at
-            // the knee, the training worker's own CPUs), over the cluster's CPUs.
+            // CPUs each job needs at its ideal speed with data workers (local workers at
+            // their knee, the scaling gap paid, the training worker's own CPUs), over the
+            // cluster's CPUs.
             let cpus: f64 = config
                 .cluster
                 .machines
@@ -60,8 +67,9 @@ fn main() -> Result<(), lode_scheduler::Error> {
                 .iter()
                 .map(|j| {
                     let m = j.model;
-                    let p = m.saturation.map_or(1.0, |s| -s * (1.0 - 1.0 / s).ln());
-                    f64::from(j.gpus) * (m.cpu_per_gpu * p + m.tw_cpu_per_gpu) * j.ideal_secs()
+                    f64::from(j.gpus)
+                        * (m.ideal_dw_cpus_per_gpu() + m.tw_cpu_per_gpu)
+                        * j.ideal_secs()
                 })
                 .sum();
             println!(
@@ -91,6 +99,28 @@ fn main() -> Result<(), lode_scheduler::Error> {
                     r.scheduler, slow, avg(&|u| u.gpu_busy), avg(&|u| u.gpu_alloc), avg(&|u| u.cpu_alloc),
                     r.makespan_s() / 3600.0
                 );
+            }
+        }
+        if std::env::var("BY_MODEL").is_ok() {
+            // Mean slowdown (run time over ideal) per model, per scheduler.
+            for r in &results {
+                let cells: Vec<String> = lode_scheduler::model::CATALOGUE
+                    .iter()
+                    .map(|m| {
+                        let s: Vec<f64> = r
+                            .jobs
+                            .iter()
+                            .filter(|j| j.model == m.name)
+                            .map(|j| (j.finish_s - j.start_s) / j.ideal_s)
+                            .collect();
+                        format!(
+                            "{} {:.2}",
+                            m.name,
+                            s.iter().sum::<f64>() / s.len().max(1) as f64
+                        )
+                    })
+                    .collect();
+                println!("  {:<12} {}", r.scheduler, cells.join(" "));
             }
         }
         println!(

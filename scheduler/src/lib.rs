@@ -13,6 +13,8 @@
 //! - [`backend`]: the `Backend` trait and one scheduling `round`.
 //! - [`live`]: a live job's dispatcher counters turned into rates and a `JobView` (the local
 //!   backend's measurements, pure).
+//! - [`live_tuner`]: the job-level tuner applied to a live job: probe workers sized from their
+//!   measured speedups, the fallback, and the tuned job's `JobView` (pure).
 //! - [`sim`]: the discrete-event simulator (a `Backend`) and the paper's baseline schedulers.
 //! - [`model`]: the simulator's ground-truth workload model (scaling curves per model type).
 //! - [`trace`]: the job trace CSV format and synthetic Philly-like traces.
@@ -35,6 +37,7 @@ pub mod backend;
 pub mod cluster;
 pub mod ids;
 pub mod live;
+pub mod live_tuner;
 pub mod model;
 pub mod policy;
 pub mod report;

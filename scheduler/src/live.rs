@@ -21,8 +21,8 @@
 //! training worker at zero throughput; without the floor, Fair's `(t+Δt)/t_i` would give every
 //! worker to a job far below its ideal before a job that one worker brings to its ideal.
 //!
-//! Every live worker has one CPU (one kernel thread); the job-level tuner's worker and
-//! training-worker sizing is not applied live.
+//! Without tuning every live worker has one CPU (one kernel thread); with it
+//! ([`crate::live_tuner`]) the scheduler's workers have the size the job-level tuner measured.
 
 use std::collections::BTreeMap;
 
@@ -120,8 +120,7 @@ impl LiveJob {
         let last = self.last?;
         let per_worker = self.rates.per_worker?;
         let consumption = self.rates.consumption?;
-        #[allow(clippy::cast_precision_loss)]
-        let remaining = last.remaining_steps.map_or(FOREVER_STEPS, |r| r as f64);
+        let remaining = self.remaining_steps();
         Some(JobView {
             id: self.id,
             gpus: 1,
@@ -140,6 +139,15 @@ impl LiveJob {
             // its training worker at zero throughput. One worker's worth is owed first.
             floor_throughput: per_worker.min(consumption),
         })
+    }
+
+    /// Steps still to consume at the last reading ([`FOREVER_STEPS`] for a job that repeats
+    /// forever or has no reading yet).
+    pub fn remaining_steps(&self) -> f64 {
+        #[allow(clippy::cast_precision_loss)]
+        self.last
+            .and_then(|r| r.remaining_steps)
+            .map_or(FOREVER_STEPS, |r| r as f64)
     }
 
     /// Active workers at the last reading.

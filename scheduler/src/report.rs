@@ -174,7 +174,7 @@ mod tests {
     use crate::trace::Trace;
 
     fn two() -> Vec<SimResult> {
-        let trace = Trace::parse_csv("0,0,1,3000,video\n1,60,2,3000,bert\n").expect("valid");
+        let trace = Trace::parse_csv("0,0,1,3000,alexnet\n1,60,2,3000,bert\n").expect("valid");
         [
             SchedulerKind::NoDwTuned,
             SchedulerKind::Lode(crate::Policy::Srtf),

@@ -6,8 +6,8 @@
 //!
 //! ```text
 //! job,arrival_s,gpus,steps,model
-//! 0,12.5,1,15000,resnet
-//! 1,40,8,3200,video
+//! 0,12.5,1,15000,resnet50
+//! 1,40,8,3200,alexnet
 //! ```
 //!
 //! - `job`: unique non-negative integer id.
@@ -27,7 +27,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::ids::JobId;
-use crate::model::{model_by_name, ModelType, CATALOGUE};
+use crate::model::{model_by_name, ModelType, CATALOGUE, CPU_INTENSIVE_RATIO};
 use crate::rng::SplitMix64;
 use crate::Error;
 
@@ -185,8 +185,8 @@ pub struct SyntheticConfig {
     pub max_minutes: f64,
     /// Fraction of jobs drawn from the CPU-intensive model types.
     pub cpu_intensive_fraction: f64,
-    /// CPU:GPU ratio that separates CPU-intensive model types from the others.
-    pub hardware_ratio: f64,
+    /// Best-fit CPU-GPU ratio above which a model type is CPU-intensive.
+    pub cpu_intensive_ratio: f64,
 }
 
 impl Default for SyntheticConfig {
@@ -201,7 +201,7 @@ impl Default for SyntheticConfig {
             min_minutes: 3.0,
             max_minutes: 180.0,
             cpu_intensive_fraction: 0.5,
-            hardware_ratio: 8.0,
+            cpu_intensive_ratio: CPU_INTENSIVE_RATIO,
         }
     }
 }
@@ -215,7 +215,7 @@ impl Trace {
         let mut rng = SplitMix64::new(seed ^ 0x4c4f_4445);
         let (heavy, light): (Vec<&'static ModelType>, Vec<&'static ModelType>) = CATALOGUE
             .iter()
-            .partition(|m| m.is_cpu_intensive(config.hardware_ratio));
+            .partition(|m| m.is_cpu_intensive(config.cpu_intensive_ratio));
         let weights: Vec<f64> = config.gpu_weights.iter().map(|(_, w)| *w).collect();
         let horizon = config.hours * 3600.0;
         let budget = config.target_load * f64::from(config.cluster_gpus) * horizon;
@@ -290,7 +290,7 @@ mod tests {
         let heavy = a
             .jobs
             .iter()
-            .filter(|j| j.model.is_cpu_intensive(8.0))
+            .filter(|j| j.model.is_cpu_intensive(CPU_INTENSIVE_RATIO))
             .count();
         let share = heavy as f64 / a.jobs.len() as f64;
         assert!((0.35..0.65).contains(&share), "{share}");
@@ -301,16 +301,16 @@ mod tests {
     fn errors_name_the_line_and_the_problem() {
         let cases = [
             (
-                "job,arrival_s,gpus,steps,model\n0,1,1,10,resnet\n1,2,1\n",
+                "job,arrival_s,gpus,steps,model\n0,1,1,10,resnet50\n1,2,1\n",
                 3,
                 "expected 5 columns",
             ),
-            ("0,x,1,10,resnet\n", 1, "arrival_s"),
-            ("# c\n\n0,1,0,10,resnet\n", 3, "gpus"),
-            ("0,1,1,10,resnet\n0,2,1,10,resnet\n", 2, "twice"),
+            ("0,x,1,10,resnet50\n", 1, "arrival_s"),
+            ("# c\n\n0,1,0,10,resnet50\n", 3, "gpus"),
+            ("0,1,1,10,resnet50\n0,2,1,10,resnet50\n", 2, "twice"),
             ("0,1,1,10,nope\n", 1, "unknown model"),
-            ("0,-1,1,10,resnet\n", 1, "arrival_s"),
-            ("0,1,1,0,resnet\n", 1, "steps"),
+            ("0,-1,1,10,resnet50\n", 1, "arrival_s"),
+            ("0,1,1,0,resnet50\n", 1, "steps"),
         ];
         for (text, line, what) in cases {
             let err = Trace::parse_csv(text).expect_err(text);
@@ -322,7 +322,7 @@ mod tests {
 
     #[test]
     fn sorts_by_arrival() {
-        let t = Trace::parse_csv("1,20,1,10,resnet\n0,10,2,10,video\n").expect("valid");
+        let t = Trace::parse_csv("1,20,1,10,resnet50\n0,10,2,10,alexnet\n").expect("valid");
         assert_eq!(t.jobs[0].id, JobId(0));
     }
 }

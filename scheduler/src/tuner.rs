@@ -14,8 +14,9 @@
 //! 3. **Check benefit**: enough workers of that size to feed the job; if its throughput does
 //!    not reach `fallback_ratio` of the baseline within `fallback_after_s`, the job falls back
 //!    to running without data workers.
-//! 4. **Shrink the training worker** while throughput holds (halving steps, backing off one
-//!    step on a drop). Shrunk CPUs go to a reserve the job keeps until the cluster scheduler
+//! 4. **Shrink the training worker** while throughput and the training worker's consumption
+//!    both hold (halving steps, backing off one step on a drop): throughput alone holds when
+//!    the probe workers cannot feed the job in full. Shrunk CPUs go to a reserve the job keeps until the cluster scheduler
 //!    claims them ([`TunerState::release_reserve`]): they are returned lazily, so that a drop
 //!    can be undone without waiting for the cluster.
 //! 5. **Steady**: the cluster scheduler owns the data-worker count. When more data workers
@@ -153,6 +154,8 @@ pub struct TunerState {
     last_rate: f64,
     stage_rates: Vec<f64>,
     reference: f64,
+    /// The training worker's consumption when the shrinking started.
+    reference_consumption: f64,
     reserve: u32,
     last_s: Option<f64>,
     last_steady: Option<(u32, f64)>,
@@ -189,6 +192,7 @@ impl TunerState {
             last_rate: 0.0,
             stage_rates: vec![0.0; stages],
             reference: 0.0,
+            reference_consumption: 0.0,
             reserve: 0,
             last_s: None,
             last_steady: None,
@@ -197,6 +201,11 @@ impl TunerState {
 
     pub fn phase(&self) -> Phase {
         self.phase
+    }
+
+    /// The throughput measured without data workers (0 before the first observation).
+    pub fn baseline(&self) -> f64 {
+        self.baseline
     }
 
     pub fn desired(&self) -> &JobConfig {
@@ -280,6 +289,7 @@ impl TunerState {
                         with_data_workers: obs.throughput,
                     });
                     self.reference = obs.throughput;
+                    self.reference_consumption = obs.consumption;
                     let step = (self.desired.tw_cpus / 2).max(1);
                     self.shrink_by(step, &mut events);
                 } else if now_s - since_s >= self.config.fallback_after_s {
@@ -303,7 +313,12 @@ impl TunerState {
                 }
             }
             Phase::ShrinkTw { step } => {
-                let holds = obs.throughput >= (1.0 - self.config.hold_tolerance) * self.reference;
+                // Both must hold: a job the probe workers cannot feed in full trains at the
+                // same data-bound rate with half the training worker, but could not consume
+                // more later, when the cluster gives it the workers it lacks.
+                let keep = 1.0 - self.config.hold_tolerance;
+                let holds = obs.throughput >= keep * self.reference
+                    && obs.consumption >= keep * self.reference_consumption;
                 if holds {
                     self.shrink_by(step, &mut events);
                 } else {
@@ -674,6 +689,25 @@ mod tests {
         assert_eq!(t.reserve(), 13);
         assert_eq!(t.release_reserve(), 13);
         assert_eq!(t.reserve(), 0);
+    }
+
+    /// A job whose probe workers feed only half its consumption (the workers together are
+    /// capped): halving the training worker leaves the data-bound throughput where it was, but
+    /// its consumption falls, so the tuner stops at what the training worker needs.
+    #[test]
+    fn does_not_shrink_a_data_bound_job_below_its_training_need() {
+        let rate = |k: u32| 0.25 * f64::from(k);
+        let c = Curve {
+            rate: &rate,
+            cons: 1.0,
+            tw_need: 4,
+            baseline: 0.3,
+            noise: 0.0,
+            cap: 0.5,
+        };
+        let (t, _) = c.tune(1, 16, 1);
+        assert_eq!(t.phase(), Phase::Steady);
+        assert!(t.desired().tw_cpus >= 4, "{:?}", t.desired());
     }
 
     #[test]

@@ -61,8 +61,12 @@ fn start_job_with(plan: &Path, jobs: &Path, name: &str, step_time: &str, extra: 
 }
 
 fn synthetic(dir: &Path, name: &str, latency: &str) -> std::path::PathBuf {
+    synthetic_with(dir, name, latency, &[])
+}
+
+fn synthetic_with(dir: &Path, name: &str, latency: &str, extra: &[&str]) -> std::path::PathBuf {
     let plan = dir.join(name);
-    ok(&lode(&[
+    let mut args = vec![
         "synthetic",
         "-o",
         plan.to_str().expect("UTF-8"),
@@ -72,8 +76,35 @@ fn synthetic(dir: &Path, name: &str, latency: &str) -> std::path::PathBuf {
         "400000",
         "--batch",
         "8",
-    ]));
+    ];
+    args.extend_from_slice(extra);
+    ok(&lode(&args));
     plan
+}
+
+/// The scheduler's output (it must have succeeded) and its rounds, one JSON object a line.
+fn json_rounds(out: &std::process::Output) -> (String, Vec<Value>) {
+    let text = ok(out);
+    let rounds = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per round"))
+        .collect();
+    (text, rounds)
+}
+
+/// Waits until every named job has announced itself in `jobs`.
+fn wait_for_announcements(jobs: &Path, names: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !names
+        .iter()
+        .all(|n| jobs.join(format!("{n}.json")).is_file())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the jobs did not announce themselves"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Active workers of an announced job, by `lode status`.
@@ -112,14 +143,7 @@ fn the_scheduler_moves_workers_to_the_job_that_gains_more() {
     let light = synthetic(tmp.path(), "light", "2ms");
     let _heavy_job = start_job(&heavy, &jobs, "heavy", "10ms");
     let _light_job = start_job(&light, &jobs, "light", "20ms");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !(jobs.join("heavy.json").is_file() && jobs.join("light.json").is_file()) {
-        assert!(
-            Instant::now() < deadline,
-            "the jobs did not announce themselves"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_announcements(&jobs, &["heavy", "light"]);
 
     for policy in ["maxtp", "srtf", "fair"] {
         let out = lode(&[
@@ -139,11 +163,7 @@ fn the_scheduler_moves_workers_to_the_job_that_gains_more() {
             "--format",
             "json",
         ]);
-        let text = ok(&out);
-        let rounds: Vec<Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).expect("one JSON object per round"))
-            .collect();
+        let (text, rounds) = json_rounds(&out);
         assert_eq!(rounds.len(), 4, "{policy}: {text}");
         let decisions: Vec<&Value> = rounds
             .iter()
@@ -214,11 +234,7 @@ fn the_scheduler_reaches_a_tls_job_and_its_workers_join_it_over_tls() {
         "10ms",
         &["--tls-cert", &cert, "--tls-key", &key, "--tls-ca", &ca],
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !jobs.join("heavy.json").is_file() {
-        assert!(Instant::now() < deadline, "the job did not announce itself");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_announcements(&jobs, &["heavy"]);
     let scheduler = |extra: &[&str]| {
         let mut args = vec![
             "scheduler",
@@ -249,6 +265,89 @@ fn the_scheduler_reaches_a_tls_job_and_its_workers_join_it_over_tls() {
         assert!(
             Instant::now() < deadline,
             "the scheduler's workers were not drained"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `lode scheduler --tune`: one job whose step is 80 ms of work in two parallel parts (`lode
+/// synthetic --parallelism 2`), fed by one one-thread worker of its own (12.5 steps/s) to a
+/// training side of 5 ms per step (200 steps/s). The job-level tuner probes workers of 1, 2
+/// and 3 threads, measures their production (about 12.5, 25 and 25 steps/s: speedups 1x, 2x,
+/// 2x), sizes the job's workers at 2 threads because a third adds nothing, and the policy then
+/// adds 2-thread workers; every decision is logged with the speedup it measured, and every
+/// worker the scheduler started (probes included) is drained when it stops. (80 ms rather
+/// than less so that a loaded machine's few milliseconds of thread wake-up per step do not
+/// blur a speedup of two.)
+#[test]
+fn the_tuner_sizes_a_jobs_workers_from_measured_speedups() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let jobs = tmp.path().join("jobs");
+    std::fs::create_dir(&jobs).expect("mkdir");
+    let plan = synthetic_with(tmp.path(), "split", "80ms", &["--parallelism", "2"]);
+    let _job = start_job(&plan, &jobs, "split", "5ms");
+    wait_for_announcements(&jobs, &["split"]);
+    let out = lode(&[
+        "scheduler",
+        "--policy",
+        "maxtp",
+        "--tune",
+        "--jobs",
+        jobs.to_str().expect("UTF-8"),
+        "--interval",
+        "1s",
+        "--max-workers",
+        "6",
+        "--rounds",
+        "24",
+        "--format",
+        "json",
+    ]);
+    let (text, rounds) = json_rounds(&out);
+    let tuning: Vec<&Value> = rounds
+        .iter()
+        .flat_map(|r| r["tuning"].as_array().expect("tuning"))
+        .collect();
+    let record = |kind: &str, threads: u64| {
+        tuning
+            .iter()
+            .find(|t| t["kind"] == kind && t["threads"] == threads)
+            .copied()
+            .unwrap_or_else(|| panic!("no {kind} record of {threads} threads: {text}"))
+    };
+    let rate = |t: &Value| t["rate"].as_f64().expect("rate");
+    let speedup = |t: &Value| t["speedup"].as_f64().expect("speedup");
+    assert!(tuning.iter().all(|t| t["job"] == "split"), "{text}");
+    // One thread: 80 ms per step.
+    let one = record("probe", 1);
+    assert!((8.0..13.5).contains(&rate(one)), "{text}");
+    // Two threads run the two parts at once: about twice as fast.
+    let two = record("probe", 2);
+    assert!((1.6..2.3).contains(&speedup(two)), "{text}");
+    // A third thread has no third part to run.
+    let three = record("probe", 3);
+    assert!(rate(three) / rate(two) < 1.25, "{text}");
+    let sized = record("sized", 2);
+    assert_eq!(sized["stage"], 0, "{text}");
+    assert!(tuning.iter().any(|t| t["kind"] == "helps"), "{text}");
+    // The policy's workers have the tuned size, and there are some.
+    let adds: Vec<&Value> = rounds
+        .iter()
+        .flat_map(|r| r["decisions"].as_array().expect("decisions"))
+        .filter(|d| d["action"] == "add")
+        .collect();
+    assert!(!adds.is_empty(), "{text}");
+    assert!(
+        adds.iter()
+            .all(|d| d["job"] == "split" && d["threads"] == 2),
+        "{text}"
+    );
+    // After the scheduler stopped, its workers (probes included) were drained and have left.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while active_workers(&jobs, "split") != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the scheduler's workers were not drained: {text}"
         );
         std::thread::sleep(Duration::from_millis(200));
     }

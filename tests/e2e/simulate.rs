@@ -42,7 +42,7 @@ fn a_malformed_trace_is_refused_with_its_line() {
     let trace = tmp.path().join("trace.csv");
     std::fs::write(
         &trace,
-        "job,arrival_s,gpus,steps,model\n0,0,1,100,resnet\n1,5,lots,100,resnet\n",
+        "job,arrival_s,gpus,steps,model\n0,0,1,100,resnet50\n1,5,lots,100,resnet50\n",
     )
     .expect("write");
     let out = lode(&["simulate", "--trace", trace.to_str().expect("path")]);

@@ -431,12 +431,23 @@ pub fn build(node: &NodeDef, ctx: &BuildCtx<'_>) -> Result<Option<Built>> {
                 .and_then(|w| usize::try_from(w).ok())
                 .ok_or_else(|| attr_err(node, "width must be in [1, 2^20]"))?;
             let spin = node.attr_bool("spin")?;
+            // Plans written before `parallelism` existed have one part.
+            let parallelism = if node.attr.contains_key("parallelism") {
+                u64::try_from(node.attr_int("parallelism")?)
+                    .ok()
+                    .filter(|p| (1..=crate::synthetic::MAX_PARALLELISM).contains(p))
+                    .and_then(|p| usize::try_from(p).ok())
+                    .ok_or_else(|| attr_err(node, "parallelism must be in [1, 1024]"))?
+            } else {
+                1
+            };
             built(1, move |a| {
                 Ok(wrap(vec![crate::synthetic::fixed_latency(
                     t(a, 0)?,
                     latency,
                     spin,
                     width,
+                    parallelism,
                 )?]))
             })
         }

@@ -86,6 +86,8 @@ pub(crate) fn worker_entry(worker: WorkerId, info: &WorkerInfo) -> v1::WorkerEnt
         leases: u32::try_from(info.lease_count()).unwrap_or(u32::MAX),
         last_seen_ms: info.last_seen.as_millis(),
         name: String::new(),
+        steps_computed: 0,
+        compute_us: 0,
     }
 }
 

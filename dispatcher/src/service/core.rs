@@ -52,6 +52,15 @@ pub(crate) struct Core {
     pub(crate) counters: Counters,
     /// Names workers registered with; not journaled.
     pub(crate) names: std::collections::BTreeMap<WorkerId, String>,
+    /// Each worker's share of `counters`; not journaled. Pruned with `names`.
+    pub(crate) worker_counters: std::collections::BTreeMap<WorkerId, WorkerCounters>,
+}
+
+/// One worker's step completions and their compute time, for the live scheduler's sizing.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct WorkerCounters {
+    pub(crate) steps_computed: u64,
+    pub(crate) compute_us: u64,
 }
 
 /// What the scheduler reads as rates: monotonic within one dispatcher process.
@@ -125,6 +134,7 @@ impl Core {
                 failed: false,
                 counters: Counters::default(),
                 names: std::collections::BTreeMap::new(),
+                worker_counters: std::collections::BTreeMap::new(),
             },
             resume_at,
         })

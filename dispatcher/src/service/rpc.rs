@@ -213,6 +213,7 @@ impl Dispatcher for DispatcherService {
                 // Names of workers lost or gone are dropped here, so the map stays bounded.
                 let live: BTreeSet<WorkerId> = core.state().workers().map(|(w, _)| w).collect();
                 core.names.retain(|w, _| live.contains(w));
+                core.worker_counters.retain(|w, _| live.contains(w));
                 Ok((worker, stage, core.receiver_addr().to_owned()))
             })
             .await
@@ -336,10 +337,14 @@ impl Dispatcher for DispatcherService {
             step: StepId::new(req.epoch, req.step),
         };
         let compute_us = req.compute_us;
+        let worker = WorkerId(req.worker_id);
         self.mutate(move |core, now| {
             core.apply(command, now)?;
             core.counters.steps_computed += 1;
             core.counters.compute_us = core.counters.compute_us.saturating_add(compute_us);
+            let mine = core.worker_counters.entry(worker).or_default();
+            mine.steps_computed += 1;
+            mine.compute_us = mine.compute_us.saturating_add(compute_us);
             Ok(())
         })
         .await?;
@@ -436,6 +441,10 @@ impl Dispatcher for DispatcherService {
                         .map(|(worker, info)| {
                             let mut entry = convert::worker_entry(worker, info);
                             entry.name = core.names.get(&worker).cloned().unwrap_or_default();
+                            if let Some(c) = core.worker_counters.get(&worker) {
+                                entry.steps_computed = c.steps_computed;
+                                entry.compute_us = c.compute_us;
+                            }
                             entry
                         })
                         .collect(),
@@ -451,6 +460,7 @@ impl Dispatcher for DispatcherService {
                     steps_computed: core.counters.steps_computed,
                     compute_us: core.counters.compute_us,
                     consumer_busy_us: core.counters.consumer_busy_us,
+                    stages: state.config().stages,
                 }
             })
             .await;
