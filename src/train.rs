@@ -65,7 +65,11 @@ fn train_tls(args: &TrainArgs) -> anyhow::Result<Option<TrainTls>> {
         p.canonicalize()
             .with_context(|| format!("{}: cannot read", p.display()))
     };
-    match (&args.tls.tls_cert, &args.tls.tls_key, &args.tls_client.tls_ca) {
+    match (
+        &args.tls.tls_cert,
+        &args.tls.tls_key,
+        &args.tls_client.tls_ca,
+    ) {
         (None, None, None) => Ok(None),
         (Some(cert), Some(key), Some(ca)) => {
             crate::runtime::client_tls(Some(ca))?;

@@ -100,6 +100,18 @@ def equivalence(lode, name, expected, tmp):
     return check_cut(name, done.stderr, cut) + compare(f"{name} (lode train --workers 2)", expected, losses(path))
 
 
+def over_tls(lode, expected, tmp):
+    """regression_monitored with every connection of the job over TLS (the test CA)."""
+    tls = os.path.normpath(os.path.join(HERE, "..", "..", "proto", "testdata", "tls"))
+    script, args, cut = CASES["regression_monitored"]
+    path = os.path.join(tmp, "tls.lode.txt")
+    done = run([lode, "train", "--workers", "2", "--tls-cert", os.path.join(tls, "server.crt"),
+                "--tls-key", os.path.join(tls, "server.key"), "--tls-ca", os.path.join(tls, "ca.crt"),
+                "--journal", os.path.join(tmp, "tls.job"), "--",
+                sys.executable, os.path.join(PROGRAMS, script), *args, "--losses", path])
+    return check_cut("tls", done.stderr, cut) + compare("regression_monitored over TLS", expected, losses(path))
+
+
 def with_worker_kills(lode, tmp):
     """wide_deep_session over 40 epochs while a data worker is SIGKILLed every second."""
     name = "wide_deep_session"
@@ -292,15 +304,15 @@ def bad_cases(lode, tmp):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lode", required=True)
-    parser.add_argument("--only", action="append", help="a program name, kills, restart or bad")
+    parser.add_argument("--only", action="append", help="a program name, kills, restart, tls or bad")
     args = parser.parse_args()
     lode = os.path.abspath(args.lode)
-    wanted = set(args.only or list(CASES) + ["kills", "restart", "bad"])
+    wanted = set(args.only or list(CASES) + ["kills", "restart", "tls", "bad"])
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
         expected = {}
         for name in CASES:
-            if name in wanted or (name == "regression_monitored" and "restart" in wanted):
+            if name in wanted or (name == "regression_monitored" and wanted & {"restart", "tls"}):
                 expected[name] = plain(name, tmp)
             if name in wanted:
                 failures += equivalence(lode, name, expected[name], tmp)
@@ -308,6 +320,8 @@ def main():
             failures += with_worker_kills(lode, tmp)
         if "restart" in wanted:
             failures += checkpoint_restart(lode, expected["regression_monitored"], tmp)
+        if "tls" in wanted:
+            failures += over_tls(lode, expected["regression_monitored"], tmp)
         if "bad" in wanted:
             failures += bad_cases(lode, tmp)
     if failures:

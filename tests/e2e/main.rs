@@ -10,3 +10,4 @@ mod runtime;
 mod scheduler;
 mod simulate;
 mod support;
+mod train;

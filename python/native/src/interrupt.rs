@@ -60,7 +60,9 @@ pub fn install() {
                 Ordering::Release,
             );
             let mut new: libc::sigaction = std::mem::zeroed();
-            new.sa_sigaction = on_sigint as usize;
+            let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                on_sigint;
+            new.sa_sigaction = handler as usize;
             new.sa_flags = (old.sa_flags | libc::SA_SIGINFO) & !libc::SA_RESETHAND;
             new.sa_mask = old.sa_mask;
             libc::sigaction(libc::SIGINT, &new, std::ptr::null_mut());
