@@ -479,7 +479,13 @@ fn start_job(request: &Request, settings: &Settings) -> Result<(Job, Reply), Ref
     });
     let log = settings.dir.join("workers.log");
     let mut workers = Vec::new();
-    for i in 0..settings.workers {
+    // Each worker takes the least staffed stage: with fewer workers than stages, a stage would
+    // have none and the job could not make a step.
+    let count = match settings.workers {
+        0 => 0,
+        n => n.max(decoupled.plan.stages.len()),
+    };
+    for i in 0..count {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -522,7 +528,7 @@ fn start_job(request: &Request, settings: &Settings) -> Result<(Job, Reply), Ref
     let message = format!(
         "training on Lode: {} stage(s), {} local data worker(s), job directory {}",
         decoupled.plan.stages.len(),
-        settings.workers,
+        count,
         settings.dir.display()
     );
     let job = Job {

@@ -35,6 +35,18 @@ CASES = {
         ["--data", os.path.join(FIXTURES, "adam_resource", "data"), "--steps", "150"],
         True,
     ),
+    # The deepfm fixture's MetaGraph: three stages (CPU, the "/GPU:0" ops, CPU again).
+    "import_meta_deepfm": (
+        "import_meta.py",
+        ["--model", os.path.join(FIXTURES, "deepfm"), "--steps", "150"],
+        True,
+    ),
+    # The sgd_ref fixture: reference variables, a CSV header skipped by `skip(1)`.
+    "import_meta_sgd_ref": (
+        "import_meta.py",
+        ["--model", os.path.join(FIXTURES, "sgd_ref"), "--steps", "150"],
+        True,
+    ),
     # A one-shot iterator and tf.strings.strip: cut once the decoupler follows the iterator's
     # dataset_factory and the data worker has StringStrip; until then it runs unchanged.
     "deepfm_monitored": (
