@@ -150,6 +150,7 @@ pub fn dispatcher_config(
             .unwrap_or(1),
         drop_remainder: source.drop_remainder.unwrap_or(false),
         shuffle,
+        chain: None,
         epochs,
         lease_duration: lease,
         max_leases_per_worker: max_leases,

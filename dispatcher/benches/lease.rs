@@ -44,6 +44,7 @@ fn dispatcher_config() -> DispatcherConfig {
         batch_size: BATCH,
         drop_remainder: false,
         shuffle: Shuffle::Seeded { seed: 42 },
+        chain: None,
         epochs: None,
         lease_duration: Duration::from_secs(3_600),
         max_leases_per_worker: MAX_LEASES,

@@ -508,6 +508,7 @@ mod tests {
             batch_size: 3,
             drop_remainder: false,
             shuffle: Shuffle::Seeded { seed: 7 },
+            chain: None,
             epochs: Some(2),
             lease_duration: Duration::from_millis(100),
             max_leases_per_worker: 2,

@@ -37,6 +37,8 @@ pub mod batch;
 pub mod config;
 pub mod ids;
 pub mod journal;
+pub mod order;
+pub mod philox;
 pub mod service;
 pub mod state;
 
@@ -47,6 +49,7 @@ pub use batch::index_batch;
 pub use config::{DispatcherConfig, Shuffle};
 pub use ids::{Epoch, JobId, StageId, Step, StepId, Time, WorkerId};
 pub use journal::{Journal, JournalError};
+pub use order::{IndexChain, StepOrder};
 pub use service::{serve, Clock, ManualClock, MonotonicClock, ServeError, ServiceConfig};
 pub use state::{
     Command, DispatcherState, Event, Lease, WorkerInfo, WorkerStatus, PROTOCOL_VERSION,
