@@ -169,6 +169,74 @@ impl SyncPoint {
     }
 }
 
+/// The seed Lode picked for the unseeded shuffles of a job's chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PickedSeed {
+    pub seed: u64,
+    /// Read back from the journal of an earlier run (else picked now, at random).
+    pub from_journal: bool,
+}
+
+/// Gives a config whose chain shuffles unseeded a seed: the one its journal in `dir` recorded
+/// (so that a restarted dispatcher keeps the order), else a new random one, which the journal
+/// then records in its header. `None` when the chain needs none.
+pub fn pick_seed(
+    config: &mut DispatcherConfig,
+    dir: &Path,
+) -> Result<Option<PickedSeed>, JournalError> {
+    let Some(chain) = config.chain.as_mut() else {
+        return Ok(None);
+    };
+    if !chain.needs_picked_seed() || chain.picked_seed.is_some() {
+        return Ok(None);
+    }
+    let path = dir.join(JOURNAL_FILE);
+    let recorded = match File::open(&path) {
+        Ok(file) => {
+            let mut first = Vec::new();
+            BufReader::new(file)
+                .take(MAX_LINE_BYTES)
+                .read_until(b'\n', &mut first)
+                .map_err(|source| JournalError::Io {
+                    path: path.clone(),
+                    source,
+                })?;
+            first
+                .strip_suffix(b"\n")
+                .and_then(|body| check_line(body).ok())
+                .and_then(|text| serde_json::from_str::<Header>(&text).ok())
+                .and_then(|h| h.config.chain?.picked_seed)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(source) => return Err(JournalError::Io { path, source }),
+    };
+    let picked = match recorded {
+        Some(seed) => PickedSeed {
+            seed,
+            from_journal: true,
+        },
+        None => PickedSeed {
+            seed: random_seed(),
+            from_journal: false,
+        },
+    };
+    chain.picked_seed = Some(picked.seed);
+    Ok(Some(picked))
+}
+
+/// 64 random bits from the standard library's per-process hash keys and the clock.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
 impl Journal {
     /// Opens (or creates) the journal in `dir` for `job` under `config`: checks the header,
     /// reads every batch, truncates a torn last line, and positions for appending.

@@ -48,7 +48,7 @@ mod tests;
 pub use batch::index_batch;
 pub use config::{DispatcherConfig, Shuffle};
 pub use ids::{Epoch, JobId, StageId, Step, StepId, Time, WorkerId};
-pub use journal::{Journal, JournalError};
+pub use journal::{pick_seed, Journal, JournalError, PickedSeed};
 pub use order::{IndexChain, StepOrder};
 pub use service::{serve, Clock, ManualClock, MonotonicClock, ServeError, ServiceConfig};
 pub use state::{

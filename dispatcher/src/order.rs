@@ -115,6 +115,25 @@ pub(crate) struct Plan {
 }
 
 impl IndexChain {
+    /// One epoch's chain and the epochs, from the ops as the program wrote them: a trailing
+    /// `repeat` (with no other repeat before it) gives the epochs (-1: forever), and the
+    /// chain stops before it; any other chain is one epoch (no repeat: the program reads the
+    /// data once).
+    pub fn from_program(ops: &[IndexOp]) -> (IndexChain, Option<u64>) {
+        let chain = |ops: &[IndexOp]| IndexChain {
+            ops: ops.to_vec(),
+            picked_seed: None,
+        };
+        match ops.split_last() {
+            Some((IndexOp::Repeat { count }, rest))
+                if !rest.iter().any(|op| matches!(op, IndexOp::Repeat { .. })) =>
+            {
+                (chain(rest), u64::try_from(*count).ok())
+            }
+            _ => (chain(ops), Some(1)),
+        }
+    }
+
     /// Whether a shuffle of the chain has no seed of its own.
     pub fn needs_picked_seed(&self) -> bool {
         self.ops.iter().any(|op| {
