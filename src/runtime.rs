@@ -188,7 +188,7 @@ pub fn service_config(
     journal: &Path,
 ) -> anyhow::Result<ServiceConfig> {
     if let Some(picked) = lode_dispatcher::pick_seed(&mut config, journal)? {
-        if picked.from_journal {
+        if picked.recorded {
             tracing::info!(
                 seed = picked.seed,
                 journal = %journal.display(),

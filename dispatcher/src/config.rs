@@ -182,10 +182,10 @@ impl DispatcherConfig {
     }
 
     /// The incremental order of a chain config (`None` for Lode's own order, which needs no
-    /// state).
-    pub(crate) fn step_order(&self) -> Option<StepOrder> {
+    /// state, or a chain that does not check).
+    pub fn step_order(&self) -> Option<StepOrder> {
         let plan = self.chain.as_ref()?.plan(self.records).ok()?;
-        Some(StepOrder::new(plan, self.steps_per_epoch()))
+        Some(StepOrder::new(plan, self.steps_per_epoch(), self.epochs))
     }
 
     pub(crate) fn lease_millis(&self) -> u64 {

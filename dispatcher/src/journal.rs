@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::DispatcherConfig;
 use crate::ids::{JobId, Time};
+use crate::order::PickedSeed;
 use crate::state::Event;
 
 /// The journal's file name inside the journal directory.
@@ -169,14 +170,6 @@ impl SyncPoint {
     }
 }
 
-/// The seed Lode picked for the unseeded shuffles of a job's chain.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PickedSeed {
-    pub seed: u64,
-    /// Read back from the journal of an earlier run (else picked now, at random).
-    pub from_journal: bool,
-}
-
 /// Gives a config whose chain shuffles unseeded a seed: the one its journal in `dir` recorded
 /// (so that a restarted dispatcher keeps the order), else a new random one, which the journal
 /// then records in its header. `None` when the chain needs none.
@@ -210,31 +203,7 @@ pub fn pick_seed(
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(source) => return Err(JournalError::Io { path, source }),
     };
-    let picked = match recorded {
-        Some(seed) => PickedSeed {
-            seed,
-            from_journal: true,
-        },
-        None => PickedSeed {
-            seed: random_seed(),
-            from_journal: false,
-        },
-    };
-    chain.picked_seed = Some(picked.seed);
-    Ok(Some(picked))
-}
-
-/// 64 random bits from the standard library's per-process hash keys and the clock.
-fn random_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.write_u32(std::process::id());
-    h.finish()
+    Ok(chain.pick_seed(recorded))
 }
 
 impl Journal {

@@ -48,8 +48,8 @@ mod tests;
 pub use batch::index_batch;
 pub use config::{DispatcherConfig, Shuffle};
 pub use ids::{Epoch, JobId, StageId, Step, StepId, Time, WorkerId};
-pub use journal::{pick_seed, Journal, JournalError, PickedSeed};
-pub use order::{IndexChain, StepOrder};
+pub use journal::{pick_seed, Journal, JournalError};
+pub use order::{IndexChain, PickedSeed, StepOrder};
 pub use service::{serve, Clock, ManualClock, MonotonicClock, ServeError, ServiceConfig};
 pub use state::{
     Command, DispatcherState, Event, Lease, WorkerInfo, WorkerStatus, PROTOCOL_VERSION,

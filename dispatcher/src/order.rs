@@ -47,6 +47,27 @@ pub struct IndexChain {
     pub picked_seed: Option<u64>,
 }
 
+/// The seed Lode picked for the unseeded shuffles of a chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PickedSeed {
+    pub seed: u64,
+    /// Given (read back from a journal of an earlier run) rather than picked now at random.
+    pub recorded: bool,
+}
+
+/// 64 random bits from the standard library's per-process hash keys and the clock.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
 /// Why an [`IndexChain`] cannot be walked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChainError {
@@ -132,6 +153,20 @@ impl IndexChain {
             }
             _ => (chain(ops), Some(1)),
         }
+    }
+
+    /// Seeds the unseeded shuffles, when there are any and no seed is set yet: with
+    /// `recorded` (a seed kept from an earlier run), else a new random one.
+    pub fn pick_seed(&mut self, recorded: Option<u64>) -> Option<PickedSeed> {
+        if !self.needs_picked_seed() || self.picked_seed.is_some() {
+            return None;
+        }
+        let picked = PickedSeed {
+            seed: recorded.unwrap_or_else(random_seed),
+            recorded: recorded.is_some(),
+        };
+        self.picked_seed = Some(picked.seed);
+        Some(picked)
     }
 
     /// Whether a shuffle of the chain has no seed of its own.
@@ -542,6 +577,8 @@ impl Walk {
 pub struct StepOrder {
     plan: Plan,
     per_epoch: u64,
+    /// `None`: forever.
+    epochs: Option<u64>,
     cursor: Option<Cursor>,
     /// Computed steps by sequence number (`epoch · per_epoch + step`).
     cache: BTreeMap<u64, Vec<u64>>,
@@ -559,26 +596,27 @@ struct Cursor {
 /// The cache is derived state: two orders of the same plan are equal whatever they hold.
 impl PartialEq for StepOrder {
     fn eq(&self, other: &Self) -> bool {
-        self.plan == other.plan && self.per_epoch == other.per_epoch
+        self.plan == other.plan && self.per_epoch == other.per_epoch && self.epochs == other.epochs
     }
 }
 
 impl Eq for StepOrder {}
 
 impl StepOrder {
-    pub(crate) fn new(plan: Plan, per_epoch: u64) -> Self {
+    pub(crate) fn new(plan: Plan, per_epoch: u64, epochs: Option<u64>) -> Self {
         Self {
             plan,
             per_epoch,
+            epochs,
             cursor: None,
             cache: BTreeMap::new(),
             cached_records: 0,
         }
     }
 
-    /// The records of step `step` of `epoch`; `None` when the epoch has no such step.
-    pub(crate) fn batch(&mut self, epoch: u64, step: u64) -> Option<Vec<u64>> {
-        if step >= self.per_epoch {
+    /// The records of step `step` of `epoch`; `None` when the job has no such step.
+    pub fn batch(&mut self, epoch: u64, step: u64) -> Option<Vec<u64>> {
+        if step >= self.per_epoch || self.epochs.is_some_and(|e| epoch >= e) {
             return None;
         }
         let seq = epoch.checked_mul(self.per_epoch)?.checked_add(step)?;

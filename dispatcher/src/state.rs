@@ -237,14 +237,9 @@ impl DispatcherState {
     /// The records of `step`: the chain's cached walk, or Lode's own order.
     fn batch(&mut self, step: StepId) -> Result<Vec<u64>> {
         match &mut self.order {
-            Some(order) => {
-                if self.config.epochs.is_some_and(|e| step.epoch.0 >= e) {
-                    return Err(Error::StepOutOfRange { step });
-                }
-                order
-                    .batch(step.epoch.0, step.step.0)
-                    .ok_or(Error::StepOutOfRange { step })
-            }
+            Some(order) => order
+                .batch(step.epoch.0, step.step.0)
+                .ok_or(Error::StepOutOfRange { step }),
             None => index_batch(&self.config, step),
         }
     }

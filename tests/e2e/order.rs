@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use lode_dataworker::convert::decode_tensor;
+use lode_dataworker::TensorData;
 use lode_decoupler::graph::Graph;
 use lode_decoupler::source::{describe, IndexOp};
 use lode_dispatcher::{
@@ -14,7 +16,8 @@ use lode_dispatcher::{
 use lode_proto::view::GraphView;
 use serde_json::Value;
 
-use crate::support::fixtures;
+use crate::partition::check_cover;
+use crate::support::{fixtures, lode, ok};
 
 /// Every batch the dispatcher leases, in step order, with one worker that completes each
 /// step and a training side that consumes it at once.
@@ -126,5 +129,91 @@ fn the_dispatcher_leases_tensorflows_order_for_every_fixture_chain() {
             );
         }
         assert_eq!(got.len(), want.len(), "{name}: steps");
+    }
+}
+
+/// The fixture training programs built with `shuffle=True` (`fixtures/shuffle/programs`):
+/// `lode partition` keeps their seeds in plan.json and is a cover, and `lode exec` yields
+/// TensorFlow's own first ten steps, bit for bit, the epoch boundary at step 8 included (a new
+/// order there, as `reshuffle_each_iteration` derives it).
+#[test]
+fn shuffled_programs_partition_with_their_seeds_and_exec_yields_tensorflows_steps() {
+    let dir = fixtures().join("shuffle");
+    let text = std::fs::read_to_string(dir.join("orders.json")).expect("orders.json");
+    let orders: Value = serde_json::from_str(&text).expect("parses");
+    let programs = orders["programs"].as_array().expect("programs");
+    assert_eq!(programs.len(), 2);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for program in programs {
+        let model = program["model"].as_str().expect("model");
+        let graph = dir.join("programs").join(format!("{model}_shuffled.pb"));
+        let data_root = fixtures().join(model);
+        let plan_dir = tmp.path().join(model);
+        ok(&lode(&[
+            "partition",
+            graph.to_str().expect("UTF-8"),
+            "--data-root",
+            data_root.to_str().expect("UTF-8"),
+            "-o",
+            plan_dir.to_str().expect("UTF-8"),
+        ]));
+        let plan: Value = serde_json::from_str(
+            &std::fs::read_to_string(plan_dir.join("plan.json")).expect("plan.json"),
+        )
+        .expect("plan parses");
+        // generate.py's builders: shuffle(256, seed=SEED) under set_random_seed(SEED).
+        let seed = 20_240_611;
+        assert_eq!(
+            plan["source"]["shuffle_seed"],
+            serde_json::json!([seed, seed])
+        );
+        assert_eq!(
+            plan["source"]["order"][0],
+            serde_json::json!({"op": "shuffle", "buffer_size": 256, "seed": seed,
+                               "seed2": seed, "reshuffle_each_iteration": true})
+        );
+        let replaced: Vec<&str> = plan["source"]["replaced"]
+            .as_array()
+            .expect("replaced")
+            .iter()
+            .map(|v| v.as_str().expect("name"))
+            .collect();
+        assert!(replaced.contains(&"seed2/LogicalAnd"), "{replaced:?}");
+        check_cover(&graph, None, &plan_dir, &plan);
+
+        let dump = tmp.path().join(format!("{model}_dump"));
+        ok(&lode(&[
+            "exec",
+            plan_dir.to_str().expect("UTF-8"),
+            "--steps",
+            "10",
+            "--dump",
+            dump.to_str().expect("UTF-8"),
+        ]));
+        for (step, tensors) in program["steps"]
+            .as_array()
+            .expect("steps")
+            .iter()
+            .enumerate()
+        {
+            for (k, want) in tensors.as_array().expect("tensors").iter().enumerate() {
+                let path = dump.join(format!("step_{step}")).join(format!("{k}.pb"));
+                let bytes = std::fs::read(&path).expect("a dumped tensor");
+                let got = decode_tensor(&bytes).expect("decodes");
+                let TensorData::Float32(got) = got.data() else {
+                    panic!("{model}: step {step} tensor {k} is not float32");
+                };
+                // float32 values as their bit patterns.
+                let want: Vec<u32> = serde_json::from_value(want.clone()).expect("bit patterns");
+                if let Some(i) = got.iter().zip(&want).position(|(a, b)| a.to_bits() != *b) {
+                    panic!(
+                        "{model}: step {step} tensor {k} element {i}: Lode {}, TensorFlow {}",
+                        got[i],
+                        f32::from_bits(want[i])
+                    );
+                }
+                assert_eq!(got.len(), want.len(), "{model}: step {step} tensor {k}");
+            }
+        }
     }
 }

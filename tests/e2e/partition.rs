@@ -45,7 +45,7 @@ fn names(plan: &Value, key: &str) -> Vec<String> {
 }
 
 /// The cover, checked from the files alone.
-fn check_cover(model: &Path, tags: Option<&str>, dir: &Path, plan: &Value) {
+pub(crate) fn check_cover(model: &Path, tags: Option<&str>, dir: &Path, plan: &Value) {
     let original = load(
         model,
         &LoadOptions {

@@ -125,7 +125,7 @@ fn check(name: &str) {
             let plan = chain.plan(case.records).expect("chain");
             let per_epoch = plan.len().expect("finite epoch");
             let epochs = u64::try_from(*count).expect("finite repeat");
-            let mut order = StepOrder::new(plan, per_epoch);
+            let mut order = StepOrder::new(plan, per_epoch, Some(epochs));
             // Epochs out of order, as a restarted dispatcher may start anywhere.
             let mut by_epoch = vec![Vec::new(); usize::try_from(epochs).expect("epochs")];
             for epoch in (0..epochs).rev() {
@@ -134,6 +134,7 @@ fn check(name: &str) {
                     by_epoch[usize::try_from(epoch).expect("epoch")].push(b);
                 }
                 assert_eq!(order.batch(epoch, per_epoch), None);
+                assert_eq!(order.batch(epochs, 0), None);
             }
             let got = by_epoch.concat();
             assert!(
