@@ -370,3 +370,117 @@ fn strings(t: &TensorProto) -> Vec<String> {
         .map(|s| String::from_utf8_lossy(s).into_owned())
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use lode_proto::tf::attr_value::AttrValue;
+    use lode_proto::tf::graph::GraphDef;
+    use lode_proto::tf::tensor::TensorProto;
+    use lode_proto::tf::types::DataType;
+    use lode_proto::view::GraphView;
+    use protobuf::{EnumOrUnknown, Message};
+
+    use super::*;
+
+    fn node(name: &str, op: &str, inputs: &[&str]) -> NodeDef {
+        let mut n = NodeDef::new();
+        n.name = name.into();
+        n.op = op.into();
+        n.input = inputs.iter().map(|s| (*s).to_owned()).collect();
+        n
+    }
+
+    fn int64(name: &str, v: i64) -> NodeDef {
+        let mut n = node(name, "Const", &[]);
+        let mut t = TensorProto::new();
+        t.dtype = EnumOrUnknown::new(DataType::DT_INT64);
+        t.int64_val = vec![v];
+        let mut a = AttrValue::new();
+        a.set_tensor(t);
+        n.attr.insert("value".into(), a);
+        n.attr.insert("dtype".into(), int64_type());
+        n
+    }
+
+    fn int64_type() -> AttrValue {
+        let mut a = AttrValue::new();
+        a.set_type(DataType::DT_INT64);
+        a
+    }
+
+    /// `range(10)` → the ops given (each reading the previous one and the named constants) →
+    /// MakeIterator, described.
+    fn describe_chain(ops: &[(&str, &str, &[&str])], extra: Vec<NodeDef>) -> Source {
+        let mut g = GraphDef::new();
+        for (name, v) in [("start", 0), ("stop", 10), ("step", 1)] {
+            g.node.push(int64(name, v));
+        }
+        g.node.extend(extra);
+        g.node
+            .push(node("range", "RangeDataset", &["start", "stop", "step"]));
+        let mut last = "range".to_owned();
+        for (name, op, args) in ops {
+            let mut inputs = vec![last.as_str()];
+            inputs.extend_from_slice(args);
+            g.node.push(node(name, op, &inputs));
+            last = (*name).to_owned();
+        }
+        g.node.push(node("it", "IteratorV2", &[]));
+        g.node
+            .push(node("MakeIterator", "MakeIterator", &[&last, "it"]));
+        let bytes = g.write_to_bytes().expect("encodes");
+        let view = GraphView::parse(&bytes).expect("view");
+        let graph = Graph::new(&view).expect("graph");
+        describe(&graph).expect("a chain")
+    }
+
+    #[test]
+    fn a_filter_is_refused_by_name() {
+        let source = describe_chain(
+            &[
+                ("keep", "FilterDataset", &[]),
+                ("batch", "BatchDataset", &["b"]),
+            ],
+            vec![int64("b", 4)],
+        );
+        let bad = source.unsupported.expect("refused");
+        assert_eq!(
+            (bad.node.as_str(), bad.op.as_str()),
+            ("keep", "FilterDataset")
+        );
+    }
+
+    #[test]
+    fn arguments_fold_through_arithmetic_and_leading_skips_compose() {
+        let source = describe_chain(
+            &[
+                ("skip", "SkipDataset", &["two"]),
+                ("take", "TakeDataset", &["five"]),
+                ("skip2", "SkipDataset", &["one"]),
+                ("repeat", "RepeatDataset", &["sum"]),
+            ],
+            vec![int64("two", 2), int64("five", 5), int64("one", 1), {
+                let mut sum = node("sum", "AddV2", &["two", "five"]);
+                sum.attr.insert("T".into(), int64_type());
+                sum
+            }],
+        );
+        // skip(2).take(5).skip(1) == skip(3).take(4); the repeat count 2 + 5 is folded.
+        assert_eq!((source.skip, source.take), (Some(3), Some(4)));
+        assert_eq!(source.order, vec![IndexOp::Repeat { count: 7 }]);
+        assert_eq!(source.unsupported, None);
+    }
+
+    #[test]
+    fn an_argument_that_does_not_fold_is_refused() {
+        let source = describe_chain(
+            &[("repeat", "RepeatDataset", &["fed"])],
+            vec![{
+                let mut fed = node("fed", "Placeholder", &[]);
+                fed.attr.insert("dtype".into(), int64_type());
+                fed
+            }],
+        );
+        assert!(source.unsupported.is_some());
+    }
+}

@@ -734,4 +734,52 @@ mod tests {
         let rec = open(dir.path()).expect("reopen");
         assert!(rec.torn.is_none() && rec.batches.is_empty());
     }
+
+    /// An unseeded shuffle gets a random seed on the first run; the journal's header keeps it
+    /// and a restart reads it back, so the config matches and the order stays.
+    #[test]
+    fn a_picked_seed_survives_a_restart() {
+        use crate::order::IndexChain;
+        use lode_proto::plan::IndexOp;
+
+        let unseeded = || {
+            let chain = IndexChain {
+                ops: vec![IndexOp::Shuffle {
+                    buffer_size: 4,
+                    seed: 0,
+                    seed2: 0,
+                    reshuffle_each_iteration: true,
+                }],
+                picked_seed: None,
+            };
+            DispatcherConfig {
+                batch_size: 1,
+                shuffle: Shuffle::Off,
+                chain: Some(chain),
+                ..config()
+            }
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut first = unseeded();
+        assert!(matches!(
+            first.validate(),
+            Err(crate::Error::InvalidConfig { field: "chain", .. })
+        ));
+        let picked = pick_seed(&mut first, dir.path())
+            .expect("pick")
+            .expect("needed");
+        assert!(!picked.recorded);
+        first.validate().expect("seeded now");
+        drop(Journal::open(dir.path(), JobId(1), &first).expect("create"));
+
+        let mut again = unseeded();
+        let read = pick_seed(&mut again, dir.path())
+            .expect("pick")
+            .expect("needed");
+        assert_eq!((read.seed, read.recorded), (picked.seed, true));
+        assert_eq!(again, first);
+        Journal::open(dir.path(), JobId(1), &again).expect("the same config reopens");
+        // A seeded chain needs none.
+        assert_eq!(pick_seed(&mut again, dir.path()).expect("pick"), None);
+    }
 }

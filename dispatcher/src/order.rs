@@ -20,8 +20,8 @@
 //! generators advanced by one iterator per earlier pass, so any epoch can be started without
 //! walking the ones before; a chain with a `repeat` inside it is one long epoch.
 //!
-//! Memory: a walk holds each shuffle's buffer (an element is 24 bytes: a record number, or a
-//! batch's records behind a pointer) and nothing that grows with the dataset; [`StepOrder`]
+//! Memory: a walk holds each shuffle's buffer (8 bytes a slot for a shuffle of records, 24 for
+//! one of batches, plus the batches' records) and nothing that grows with the dataset; [`StepOrder`]
 //! also keeps the batches it computed but the training side has not consumed, up to
 //! [`MAX_CACHED_RECORDS`] record numbers.
 
@@ -390,8 +390,56 @@ struct ShuffleIter {
     input: Option<Iter>,
     exhausted: bool,
     capacity: u64,
-    buffer: VecDeque<Elem>,
+    buffer: Buffer,
     samples: Samples,
+}
+
+/// A shuffle buffer: record numbers alone (8 bytes a slot) before any batch, else elements.
+#[derive(Debug, Clone)]
+enum Buffer {
+    Records(VecDeque<u64>),
+    Elems(VecDeque<Elem>),
+}
+
+impl Buffer {
+    fn len(&self) -> usize {
+        match self {
+            Buffer::Records(b) => b.len(),
+            Buffer::Elems(b) => b.len(),
+        }
+    }
+
+    fn push(&mut self, e: Elem) {
+        match e {
+            Elem::Record(r) => match self {
+                Buffer::Records(b) => b.push_back(r),
+                Buffer::Elems(b) => b.push_back(Elem::Record(r)),
+            },
+            Elem::Batch(batch) => {
+                // Not reached: a buffer of records is made only where no batch comes first.
+                if let Buffer::Records(b) = self {
+                    *self = Buffer::Elems(b.drain(..).map(Elem::Record).collect());
+                }
+                if let Buffer::Elems(b) = self {
+                    b.push_back(Elem::Batch(batch));
+                }
+            }
+        }
+    }
+
+    /// Yields slot `pick` and moves the oldest element into it.
+    fn take(&mut self, pick: usize) -> Option<Elem> {
+        match self {
+            Buffer::Records(b) => {
+                b.swap(0, pick);
+                b.pop_front().map(Elem::Record)
+            }
+            Buffer::Elems(b) => {
+                b.swap(0, pick);
+                b.pop_front()
+            }
+        }
+    }
 }
 
 /// Buffer slots reserved up front, at most (a larger buffer grows as it fills).
@@ -426,6 +474,10 @@ impl Iter {
                 yielded: false,
             },
             Op::Shuffle { buffer, .. } => {
+                let reserve = usize::try_from(buffer.min(RESERVE_SLOTS)).unwrap_or(0);
+                let batched = cx.ops[..level - 1]
+                    .iter()
+                    .any(|op| matches!(op, Op::Batch { .. }));
                 let (seed, seed2) = cx.gens[level - 1]
                     .as_mut()
                     .map_or((0, 0), SeedGenerator::generate);
@@ -434,9 +486,11 @@ impl Iter {
                     input: None,
                     exhausted: false,
                     capacity: buffer,
-                    buffer: VecDeque::with_capacity(
-                        usize::try_from(buffer.min(RESERVE_SLOTS)).unwrap_or(0),
-                    ),
+                    buffer: if batched {
+                        Buffer::Elems(VecDeque::with_capacity(reserve))
+                    } else {
+                        Buffer::Records(VecDeque::with_capacity(reserve))
+                    },
                     samples: Samples::new(seed, seed2),
                 }))
             }
@@ -535,7 +589,7 @@ impl ShuffleIter {
                 .input
                 .get_or_insert_with(|| Iter::make(cx, self.level - 1));
             match input.next(cx) {
-                Some(e) => self.buffer.push_back(e),
+                Some(e) => self.buffer.push(e),
                 None => {
                     self.exhausted = true;
                     self.input = None;
@@ -544,8 +598,7 @@ impl ShuffleIter {
         }
         let len = u64::try_from(self.buffer.len()).ok().filter(|n| *n > 0)?;
         let pick = usize::try_from(u64::from(self.samples.next_u32()) % len).ok()?;
-        self.buffer.swap(0, pick);
-        self.buffer.pop_front()
+        self.buffer.take(pick)
     }
 }
 

@@ -234,6 +234,28 @@ impl DispatcherState {
         &self.config
     }
 
+    /// One step as a single in-process worker and an eager training side take it: lease the
+    /// next step of `worker`'s stage, complete it and consume it. The events, in order (the
+    /// first is the grant); for one-stage jobs in tests and benchmarks of the order.
+    pub fn lease_complete_consume(&mut self, worker: WorkerId, now: Time) -> Result<Vec<Event>> {
+        let mut events = self.apply(Command::RequestLease { worker }, now)?;
+        let Some(Event::LeaseGranted { stage, step, .. }) = events.first().cloned() else {
+            return Err(Error::Invariant {
+                reason: "a granted lease did not start with its grant",
+            });
+        };
+        events.extend(self.apply(
+            Command::Complete {
+                worker,
+                stage,
+                step,
+            },
+            now,
+        )?);
+        events.extend(self.apply(Command::Consumed { watermark: step }, now)?);
+        Ok(events)
+    }
+
     /// The records of `step`: the chain's cached walk, or Lode's own order.
     fn batch(&mut self, step: StepId) -> Result<Vec<u64>> {
         match &mut self.order {

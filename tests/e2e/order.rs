@@ -36,27 +36,12 @@ fn leased(config: DispatcherConfig) -> Vec<Vec<u64>> {
         )
         .expect("register");
     let mut out = Vec::new();
-    while let Ok(granted) = state.apply(Command::RequestLease { worker }, now) {
-        events.extend(granted.clone());
-        let Some(Event::LeaseGranted { step, records, .. }) = granted.into_iter().next() else {
-            panic!("a lease grants a step");
+    while let Ok(step) = state.lease_complete_consume(worker, now) {
+        let Some(Event::LeaseGranted { records, .. }) = step.first() else {
+            panic!("a step starts with its grant");
         };
-        out.push(records);
-        let done = state
-            .apply(
-                Command::Complete {
-                    worker,
-                    stage: StageId(0),
-                    step,
-                },
-                now,
-            )
-            .expect("complete");
-        events.extend(done);
-        let consumed = state
-            .apply(Command::Consumed { watermark: step }, now)
-            .expect("consumed");
-        events.extend(consumed);
+        out.push(records.clone());
+        events.extend(step);
     }
     assert!(state.is_end_of_data(), "the job ends after its last step");
     // A restarted dispatcher replays the journal to the same state, every batch checked.
