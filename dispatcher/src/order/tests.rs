@@ -40,30 +40,44 @@ pub(crate) fn case(name: &str) -> Case {
         .as_array()
         .expect("chain")
         .iter()
-        .map(|op| match op["op"].as_str().expect("op") {
-            "skip" => IndexOp::Skip {
+        .flat_map(|op| match op["op"].as_str().expect("op") {
+            "skip" => vec![IndexOp::Skip {
                 count: int(&op["count"]),
-            },
-            "take" => IndexOp::Take {
+            }],
+            "take" => vec![IndexOp::Take {
                 count: int(&op["count"]),
-            },
-            "repeat" => IndexOp::Repeat {
+            }],
+            "repeat" => vec![IndexOp::Repeat {
                 count: int(&op["count"]),
-            },
-            "batch" => IndexOp::Batch {
+            }],
+            "batch" => vec![IndexOp::Batch {
                 batch_size: int(&op["batch_size"]),
                 drop_remainder: op["drop_remainder"].as_bool().expect("bool"),
-            },
-            "shuffle" => {
+            }],
+            // A shuffle-and-repeat is a shuffle, then a repeat (see `IndexOp::Shuffle`).
+            "shuffle"
+            | "shuffle_v2"
+            | "shuffle_v3"
+            | "shuffle_and_repeat"
+            | "shuffle_and_repeat_v2" => {
                 let s = seeds.next().expect("seeds for every shuffle");
-                IndexOp::Shuffle {
+                let shuffle = IndexOp::Shuffle {
                     buffer_size: int(&op["buffer_size"]),
                     seed: int(&s[0]),
                     seed2: int(&s[1]),
                     reshuffle_each_iteration: op["reshuffle_each_iteration"]
                         .as_bool()
                         .expect("bool"),
+                };
+                if op["count"].is_null() {
+                    return vec![shuffle];
                 }
+                vec![
+                    shuffle,
+                    IndexOp::Repeat {
+                        count: int(&op["count"]),
+                    },
+                ]
             }
             other => panic!("unknown op {other}"),
         })
@@ -189,6 +203,10 @@ mod tensorflow {
         skip_take_shuffle_batch shuffle_batch_skip_take repeat_shuffle_take shuffle_take_fixed
         shuffle_batch_shuffle batch_only repeat_batch
         shuffle_batch_graph_seed shuffle_batch_op_seed shuffle_zero_seeds
+        v3_dummy_reshuffle v3_dummy_fixed v3_anonymous_reshuffle
+        v2_anonymous_reshuffle v2_anonymous_fixed
+        shuffle_and_repeat_reshuffle shuffle_and_repeat_fixed shuffle_and_repeat_v2_reshuffle
+        shuffle_and_repeat_v2_anonymous_fixed shuffle_and_repeat_v2_forever_take
     }
 }
 
