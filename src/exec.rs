@@ -1,15 +1,17 @@
-//! `lode exec`: a plan's stages 0..=I run in-process for K steps in sequential order.
+//! `lode exec`: a plan's stages 0..=I run in-process for K steps, in the order the dispatcher
+//! leases them (TensorFlow's, shuffle included, for plans that describe their chain).
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use lode_dataworker::convert::encode_tensor;
 use lode_dataworker::exec::stage::sequential_records;
 use lode_dataworker::exec::{ExecOptions, Stage, StepInput};
 use lode_dataworker::Tensor;
-use lode_proto::plan::PlanDir;
+use lode_dispatcher::{DispatcherConfig, IndexChain};
+use lode_proto::plan::{PlanDir, Source};
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -70,6 +72,32 @@ fn run_step(stages: &[Stage], records: &[u64], keep: bool) -> anyhow::Result<Ste
     })
 }
 
+/// The records of global steps `wanted` as the dispatcher leases them: the chain of
+/// `source.order` over `epoch_len` records, epoch after epoch.
+fn chain_steps(
+    source: &Source,
+    epoch_len: u64,
+    wanted: std::ops::Range<u64>,
+) -> anyhow::Result<Vec<(u64, Vec<u64>)>> {
+    let (mut chain, epochs) = IndexChain::from_program(&source.order);
+    if let Some(picked) = chain.pick_seed(None) {
+        tracing::warn!(
+            seed = picked.seed,
+            "the input pipeline shuffles without a seed (TensorFlow would pick one at random); \
+             this run uses a seed Lode picked"
+        );
+    }
+    let epochs = if chain.repeats() { Some(1) } else { epochs };
+    // The lease settings play no part in the order.
+    let config =
+        DispatcherConfig::for_chain(epoch_len, chain, epochs, Duration::from_secs(1), 1, 1)?;
+    let per_epoch = config.steps_per_epoch().max(1);
+    let mut order = config.step_order().context("the chain has no order")?;
+    Ok(wanted
+        .map_while(|s| order.batch(s / per_epoch, s % per_epoch).map(|r| (s, r)))
+        .collect())
+}
+
 pub fn run_exec(args: ExecArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
     let plan = PlanDir::open(&args.plan)?;
     let plan_name = args.plan.display().to_string();
@@ -118,12 +146,18 @@ pub fn run_exec(args: ExecArgs, out: &mut dyn std::io::Write) -> anyhow::Result<
     }
     let epoch_len = records.epoch_len();
     let drop_remainder = first.drop_remainder();
-    let steps: Vec<(u64, Vec<u64>)> = (args.start_step..args.start_step.saturating_add(args.steps))
-        .map_while(|s| {
-            sequential_records(source, epoch_len, per_step as u64, drop_remainder, s)
-                .map(|r| (s, r))
-        })
-        .collect();
+    let wanted = args.start_step..args.start_step.saturating_add(args.steps);
+    let steps: Vec<(u64, Vec<u64>)> = if source.order.is_empty() {
+        // A plan written before plan.json described the chain: sequential order.
+        wanted
+            .map_while(|s| {
+                sequential_records(source, epoch_len, per_step as u64, drop_remainder, s)
+                    .map(|r| (s, r))
+            })
+            .collect()
+    } else {
+        chain_steps(source, epoch_len, wanted).with_context(|| format!("{plan_name}: the order"))?
+    };
     if (steps.len() as u64) < args.steps {
         tracing::warn!(
             available = steps.len(),

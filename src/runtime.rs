@@ -14,7 +14,7 @@ use lode_dataworker::service::consumer::receiver_url;
 use lode_dataworker::service::receiver::{serve_receiver, ReceiverService};
 use lode_dataworker::service::worker::{run_worker, WorkerConfig};
 use lode_dataworker::transfer::{ReceiverConfig, SharedReceiver};
-use lode_dispatcher::{DispatcherConfig, JobId, ServiceConfig, Shuffle};
+use lode_dispatcher::{DispatcherConfig, IndexChain, JobId, ServiceConfig, Shuffle};
 use lode_proto::plan::PlanDir;
 use lode_proto::service::v1::{ConsumedRequest, RegisterConsumerRequest, StatusRequest};
 use lode_proto::service::{connect, RpcError};
@@ -83,6 +83,27 @@ pub fn dispatcher_config(
     let root = data_root.map_or_else(|| plan.data_root(), Path::to_path_buf);
     let records = RecordSource::open(source, &root, false)
         .with_context(|| format!("{name}: cannot index the input"))?;
+    let max_leases_per_worker = max_leases;
+    let stages = u32::try_from(plan.plan.stages.len()).unwrap_or(u32::MAX);
+    if !source.order.is_empty() {
+        // TensorFlow's order: the chain as the program wrote it; --epochs stands for a trailing
+        // repeat (the chain's own trailing repeat then gives way to it).
+        let (chain, program_epochs) = IndexChain::from_program(&source.order);
+        let epochs = if chain.repeats() {
+            Some(1)
+        } else {
+            epochs.or(program_epochs)
+        };
+        return DispatcherConfig::for_chain(
+            records.epoch_len(),
+            chain,
+            epochs,
+            lease,
+            max_leases_per_worker,
+            stages,
+        )
+        .with_context(|| format!("{name}: the input pipeline's order"));
+    }
     let epochs = match epochs {
         Some(e) => Some(e),
         None => match source.repeat {
@@ -106,10 +127,11 @@ pub fn dispatcher_config(
             .unwrap_or(1),
         drop_remainder: source.drop_remainder.unwrap_or(false),
         shuffle,
+        chain: None,
         epochs,
         lease_duration: lease,
-        max_leases_per_worker: max_leases,
-        stages: u32::try_from(plan.plan.stages.len()).unwrap_or(u32::MAX),
+        max_leases_per_worker,
+        stages,
     })
 }
 
@@ -118,9 +140,26 @@ pub fn service_config(
     plan: &PlanDir,
     job: u64,
     token: &str,
-    config: DispatcherConfig,
+    mut config: DispatcherConfig,
     journal: &Path,
 ) -> anyhow::Result<ServiceConfig> {
+    if let Some(picked) = lode_dispatcher::pick_seed(&mut config, journal)? {
+        if picked.recorded {
+            tracing::info!(
+                seed = picked.seed,
+                journal = %journal.display(),
+                "the input pipeline shuffles without a seed; using the seed its journal recorded"
+            );
+        } else {
+            tracing::warn!(
+                seed = picked.seed,
+                journal = %journal.display(),
+                "the input pipeline shuffles without a seed (TensorFlow would pick one at random \
+                 on every run); Lode picked this one and records it in the journal, so that a \
+                 restart keeps the order"
+            );
+        }
+    }
     let plan_json = std::fs::read_to_string(plan.dir.join("plan.json"))
         .with_context(|| format!("{}: cannot read plan.json", plan.dir.display()))?;
     let graphs = plan

@@ -7,19 +7,25 @@
 //! - `partition`: the cut: model state, training region, data region, shared nodes, stages.
 //! - `rewrite`: stage and training GraphDefs with fused DWSend / DWRecv nodes and stand-ins.
 //! - `shapes`: static shapes of data-side tensors (exact rules only).
-//! - `source`: the input pipeline's description for the dispatcher.
+//! - `fold`: exact constant folding of dataset ops' scalar arguments (seeds, sizes, counts).
+//! - `source`: the input pipeline's description for the dispatcher: the reader, and the index
+//!   ops (skip, take, repeat, shuffle, batch) in program order with their folded arguments.
 //! - `source_rewrite`: the stage's reader replaced by an index-fed `DWSource`.
 //! - `plan`: plan.json, report.txt, partition.dot, and the atomic plan-directory writer.
 //!
 //! # Invariants
 //! - Cover: every original node is in exactly one stage or the training graph, or is a shared
-//!   (input-independent) node copied into the graphs that need it.
+//!   (input-independent) node copied into the graphs that need it, or is one of the nodes the
+//!   index-fed source replaced (`source.replaced`: the reader, the index ops and what fed only
+//!   them).
+//! - A pipeline whose order Lode cannot reproduce on indices is refused, naming the op.
 //! - No stage holds a model variable or anything downstream of one.
 //! - Only plain tensors cross (no DT_VARIANT, DT_RESOURCE or reference types).
 //! - Every name of the original graph that stays meaningful for the training program resolves
 //!   in the training graph.
 
 pub mod error;
+pub mod fold;
 pub mod graph;
 pub mod partition;
 pub mod plan;
@@ -48,6 +54,13 @@ pub fn decouple(def: &GraphView, options: &Options) -> Result<Decoupled> {
     let graph = graph::Graph::new(def)?;
     let part = partition::partition(&graph, options)?;
     let source = source::describe(&graph);
+    if let Some(bad) = source.as_ref().and_then(|s| s.unsupported.clone()) {
+        return Err(Error::UnsupportedPipeline {
+            node: bad.node,
+            op: bad.op,
+            reason: bad.reason,
+        });
+    }
     let source_plan = source
         .as_ref()
         .filter(|s| !s.reader.is_empty())

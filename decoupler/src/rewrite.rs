@@ -399,14 +399,10 @@ pub fn rewrite<'a>(
             library,
         };
         dropped += strip_colocations(graph, &mut g, &all)?;
-        let mut listed = all;
-        if let Some(plan) = ctx.source.as_ref().filter(|p| p.stage == s) {
-            listed.extend(plan.removed.iter().copied());
-            listed.sort_unstable();
-        }
+        // The nodes the source replaced are in no graph: plan.json lists them as `replaced`.
         stage_outs.push(StageOut {
             graph: g,
-            nodes: listed,
+            nodes: all,
             send_node: send_name(s),
             sends: crossings,
             recv,

@@ -16,33 +16,7 @@ use lode_proto::tf::node_def::NodeDef;
 use crate::graph::{Graph, NodeId};
 use crate::partition::{Partition, Place};
 use crate::rewrite::LODE_SCOPE;
-
-/// Ops the dispatcher's index batches stand for.
-const INDEX_OPS: &[&str] = &[
-    "RepeatDataset",
-    "ShuffleDataset",
-    "ShuffleDatasetV2",
-    "ShuffleDatasetV3",
-    "ShuffleAndRepeatDataset",
-    "ShuffleAndRepeatDatasetV2",
-    "SkipDataset",
-    "TakeDataset",
-];
-
-/// Ops that read files (or name them); everything from the chain's start up to the last of
-/// these is the reader.
-const READER_OPS: &[&str] = &[
-    "TensorSliceDataset",
-    "TensorDataset",
-    "TFRecordDataset",
-    "TFRecordDatasetV2",
-    "TextLineDataset",
-    "TextLineDatasetV2",
-    "FixedLengthRecordDatasetV2",
-    "FlatMapDataset",
-    "InterleaveDataset",
-    "ParallelInterleaveDatasetV4",
-];
+use crate::source::{INDEX_OPS, READER_OPS};
 
 #[derive(Debug, Default)]
 pub struct SourceRewrite {
@@ -69,20 +43,10 @@ pub fn plan(
     reader: &str,
     compression: &str,
 ) -> Option<SourcePlan> {
-    let make = (0..graph.len()).find(|&i| graph.node(i).op == "MakeIterator")?;
+    let (make, chain) = crate::source::chain(graph)?;
     let Place::Stage(stage) = part.place[make] else {
         return None;
     };
-    let mut chain = Vec::new();
-    let mut current = graph.inputs[make].first().map(|t| t.node);
-    while let Some(id) = current {
-        if !graph.node(id).op.contains("Dataset") {
-            break;
-        }
-        chain.push(id);
-        current = graph.inputs[id].first().map(|t| t.node);
-    }
-    chain.reverse(); // source first
     let last_reader = chain
         .iter()
         .rposition(|&id| READER_OPS.contains(&graph.node(id).op))?;
@@ -131,7 +95,8 @@ pub fn plan(
         rewire.insert(make, upstream);
     }
 
-    // Whatever fed only removed nodes goes too (file-name constants, counts), transitively.
+    // Whatever fed only removed nodes goes too, transitively: file-name constants, counts, and
+    // the input-independent subgraphs that compute seeds (all folded into plan.json).
     loop {
         let more: Vec<NodeId> = removed
             .iter()
@@ -142,7 +107,10 @@ pub fn plan(
                     .chain(graph.controls[r].iter().copied())
             })
             .filter(|src| !removed.contains(src))
-            .filter(|&src| matches!(graph.node(src).op, "Const" | "Identity" | "Reshape"))
+            .filter(|&src| {
+                part.place[src] == Place::Shared
+                    || matches!(graph.node(src).op, "Const" | "Identity" | "Reshape")
+            })
             .filter(|&src| graph.consumers[src].iter().all(|c| removed.contains(c)))
             .collect();
         if more.is_empty() {

@@ -14,7 +14,9 @@
 //! criterion's one-routine-at-a-time model does not express.
 //!
 //! Run with `cargo bench -p lode-dispatcher --bench lease` (`-- --quick` for 2 s per case;
-//! `LODE_BENCH_SECS=<n>` and `LODE_BENCH_WORKERS=<n>` override the defaults).
+//! `LODE_BENCH_SECS=<n>` and `LODE_BENCH_WORKERS=<n>` override the defaults;
+//! `LODE_BENCH_ORDER=sequential|shuffle` serves TensorFlow's order of `batch(32)` or of
+//! `shuffle(1_000_000).batch(32)` instead of Lode's own permutation).
 
 use std::collections::BTreeSet;
 use std::fs::OpenOptions;
@@ -23,7 +25,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use lode_dispatcher::service::endpoint_of;
-use lode_dispatcher::{serve, DispatcherConfig, JobId, ServiceConfig, Shuffle, PROTOCOL_VERSION};
+use lode_dispatcher::{
+    serve, DispatcherConfig, IndexChain, JobId, ServiceConfig, Shuffle, PROTOCOL_VERSION,
+};
+use lode_proto::plan::IndexOp;
 use lode_proto::service::v1::{self, lease_response::Outcome};
 use lode_proto::service::{connect, DispatcherClient};
 use tokio::net::TcpListener;
@@ -38,12 +43,45 @@ const DEFAULT_WORKERS: usize = 64;
 const WARMUP: Duration = Duration::from_millis(500);
 const CONSUME_EVERY: Duration = Duration::from_millis(10);
 
+/// `LODE_BENCH_ORDER`: `lode` (Lode's own seeded permutation, the default), `sequential`
+/// (TensorFlow's order of `batch(32)`) or `shuffle` (TensorFlow's order of
+/// `shuffle(1_000_000).batch(32)`).
 fn dispatcher_config() -> DispatcherConfig {
+    let order = std::env::var("LODE_BENCH_ORDER").unwrap_or_default();
+    if order == "sequential" || order == "shuffle" {
+        let mut ops = Vec::new();
+        if order == "shuffle" {
+            ops.push(IndexOp::Shuffle {
+                buffer_size: 1_000_000,
+                seed: 7,
+                seed2: 42,
+                reshuffle_each_iteration: true,
+            });
+        }
+        ops.push(IndexOp::Batch {
+            batch_size: i64::try_from(BATCH).expect("small"),
+            drop_remainder: false,
+        });
+        let chain = IndexChain {
+            ops,
+            picked_seed: None,
+        };
+        return DispatcherConfig::for_chain(
+            RECORDS,
+            chain,
+            None,
+            Duration::from_secs(3_600),
+            MAX_LEASES,
+            1,
+        )
+        .expect("config");
+    }
     DispatcherConfig {
         records: RECORDS,
         batch_size: BATCH,
         drop_remainder: false,
         shuffle: Shuffle::Seeded { seed: 42 },
+        chain: None,
         epochs: None,
         lease_duration: Duration::from_secs(3_600),
         max_leases_per_worker: MAX_LEASES,
@@ -339,7 +377,8 @@ fn main() {
         cases.push(("/dev/shm", shm.path().to_owned()));
     }
     println!(
-        "lease bench: {workers} workers, {RECORDS} records, batch {BATCH}, max_leases {MAX_LEASES}, {secs} s per case"
+        "lease bench: {workers} workers, {RECORDS} records, batch {BATCH}, max_leases {MAX_LEASES}, {secs} s per case, order {}",
+        std::env::var("LODE_BENCH_ORDER").unwrap_or_else(|_| "lode".into())
     );
     println!(
         "{:<10} {:>10} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",

@@ -1,6 +1,7 @@
 //! Deterministic index batches: `(epoch, step)` to the record ids of that step.
 //!
-//! The shuffled order is a keyed pseudo-random permutation evaluated one position at a time
+//! A config with a chain takes TensorFlow's order ([`crate::order`]); this module is Lode's
+//! own order, used without one. Its shuffled order is a keyed pseudo-random permutation evaluated one position at a time
 //! (a Feistel network on the next even power of two above the record count, with cycle
 //! walking back into `0..records`). Unlike a Fisher–Yates shuffle it needs no O(records)
 //! table per epoch, so a re-lease, a restart or a billion-record index costs O(batch) per step,
@@ -14,11 +15,17 @@ use crate::{Error, Result};
 ///
 /// A short last batch is emitted unless `drop_remainder` is set, in which case that step does
 /// not exist. Errors for a step outside the configured epochs.
+///
+/// With a chain this walks its epoch from the start: the dispatcher itself keeps a
+/// [`crate::StepOrder`] instead, which walks each step once.
 pub fn index_batch(config: &DispatcherConfig, id: StepId) -> Result<Vec<u64>> {
     let out_of_range = || Error::StepOutOfRange { step: id };
     let per_epoch = config.steps_per_epoch();
     if id.step.0 >= per_epoch || config.epochs.is_some_and(|e| id.epoch.0 >= e) {
         return Err(out_of_range());
+    }
+    if let Some(mut order) = config.step_order() {
+        return order.batch(id.epoch.0, id.step.0).ok_or_else(out_of_range);
     }
     let start = id
         .step
@@ -134,6 +141,7 @@ mod tests {
             batch_size,
             drop_remainder,
             shuffle,
+            chain: None,
             epochs: Some(3),
             lease_duration: Duration::from_secs(1),
             max_leases_per_worker: 1,

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::order::{IndexChain, StepOrder};
 use crate::{Error, Result};
 
 /// Whether and how the records of an epoch are permuted.
@@ -26,7 +27,14 @@ pub struct DispatcherConfig {
     /// Drop a short last batch of an epoch instead of emitting it.
     pub drop_remainder: bool,
     pub shuffle: Shuffle,
-    /// Passes over the data; `None` repeats forever.
+    /// TensorFlow's order: the program's dataset ops of one epoch (see [`crate::order`]). When
+    /// set, it alone decides the records of every step: `batch_size` is then its largest
+    /// step, `drop_remainder` false and `shuffle` off ([`DispatcherConfig::for_chain`] builds
+    /// such a config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain: Option<IndexChain>,
+    /// Passes over the data; `None` repeats forever. With a chain, the passes of its trailing
+    /// `repeat` (1 when the chain repeats inside).
     pub epochs: Option<u64>,
     /// How long a worker may hold a leased step before it is leased to another worker.
     pub lease_duration: Duration,
@@ -37,9 +45,68 @@ pub struct DispatcherConfig {
 }
 
 impl DispatcherConfig {
+    /// A config whose order is `chain` over `records` records, for `epochs` passes.
+    pub fn for_chain(
+        records: u64,
+        chain: IndexChain,
+        epochs: Option<u64>,
+        lease_duration: Duration,
+        max_leases_per_worker: u32,
+        stages: u32,
+    ) -> Result<Self> {
+        let batch_size = chain
+            .plan(records)
+            .map_err(|e| Error::InvalidConfig {
+                field: "chain",
+                reason: e.to_string(),
+            })?
+            .max_records_per_element();
+        let config = Self {
+            records,
+            batch_size,
+            drop_remainder: false,
+            shuffle: Shuffle::Off,
+            chain: Some(chain),
+            epochs,
+            lease_duration,
+            max_leases_per_worker,
+            stages,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
     /// Checks every field; the error names the first field that is wrong.
     pub fn validate(&self) -> Result<()> {
         let invalid = |field: &'static str, reason: String| Error::InvalidConfig { field, reason };
+        if let Some(chain) = &self.chain {
+            let plan = chain
+                .plan(self.records)
+                .map_err(|e| invalid("chain", e.to_string()))?;
+            if plan.len() == Some(0) {
+                return Err(invalid(
+                    "chain",
+                    "an epoch of the chain has no element".into(),
+                ));
+            }
+            if chain.repeats() && self.epochs != Some(1) {
+                return Err(invalid(
+                    "epochs",
+                    "a chain that repeats inside runs as one epoch".into(),
+                ));
+            }
+            if self.batch_size != plan.max_records_per_element()
+                || self.drop_remainder
+                || self.shuffle != Shuffle::Off
+            {
+                return Err(invalid(
+                    "chain",
+                    "with a chain, batch_size is its largest step, drop_remainder false and \
+                     shuffle off"
+                        .into(),
+                ));
+            }
+        }
         if self.records == 0 {
             return Err(invalid("records", "the dataset has no records".into()));
         }
@@ -89,8 +156,14 @@ impl DispatcherConfig {
         Ok(())
     }
 
-    /// Steps in every epoch (all epochs have the same number).
+    /// Steps in every epoch (all epochs have the same number); `u64::MAX` for a chain that
+    /// never ends.
     pub fn steps_per_epoch(&self) -> u64 {
+        if let Some(chain) = &self.chain {
+            return chain
+                .plan(self.records)
+                .map_or(0, |p| p.len().unwrap_or(u64::MAX));
+        }
         if self.batch_size == 0 {
             return 0;
         }
@@ -108,6 +181,13 @@ impl DispatcherConfig {
             .map(|e| e.saturating_mul(self.steps_per_epoch()))
     }
 
+    /// The incremental order of a chain config (`None` for Lode's own order, which needs no
+    /// state, or a chain that does not check).
+    pub fn step_order(&self) -> Option<StepOrder> {
+        let plan = self.chain.as_ref()?.plan(self.records).ok()?;
+        Some(StepOrder::new(plan, self.steps_per_epoch(), self.epochs))
+    }
+
     pub(crate) fn lease_millis(&self) -> u64 {
         u64::try_from(self.lease_duration.as_millis()).unwrap_or(u64::MAX)
     }
@@ -123,6 +203,7 @@ mod tests {
             batch_size: 3,
             drop_remainder: false,
             shuffle: Shuffle::Off,
+            chain: None,
             epochs: Some(2),
             lease_duration: Duration::from_secs(5),
             max_leases_per_worker: 2,

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::DispatcherConfig;
 use crate::ids::{JobId, Time};
+use crate::order::PickedSeed;
 use crate::state::Event;
 
 /// The journal's file name inside the journal directory.
@@ -167,6 +168,42 @@ impl SyncPoint {
         *synced = target.max(*synced);
         Ok(())
     }
+}
+
+/// Gives a config whose chain shuffles unseeded a seed: the one its journal in `dir` recorded
+/// (so that a restarted dispatcher keeps the order), else a new random one, which the journal
+/// then records in its header. `None` when the chain needs none.
+pub fn pick_seed(
+    config: &mut DispatcherConfig,
+    dir: &Path,
+) -> Result<Option<PickedSeed>, JournalError> {
+    let Some(chain) = config.chain.as_mut() else {
+        return Ok(None);
+    };
+    if !chain.needs_picked_seed() || chain.picked_seed.is_some() {
+        return Ok(None);
+    }
+    let path = dir.join(JOURNAL_FILE);
+    let recorded = match File::open(&path) {
+        Ok(file) => {
+            let mut first = Vec::new();
+            BufReader::new(file)
+                .take(MAX_LINE_BYTES)
+                .read_until(b'\n', &mut first)
+                .map_err(|source| JournalError::Io {
+                    path: path.clone(),
+                    source,
+                })?;
+            first
+                .strip_suffix(b"\n")
+                .and_then(|body| check_line(body).ok())
+                .and_then(|text| serde_json::from_str::<Header>(&text).ok())
+                .and_then(|h| h.config.chain?.picked_seed)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(source) => return Err(JournalError::Io { path, source }),
+    };
+    Ok(chain.pick_seed(recorded))
 }
 
 impl Journal {
@@ -508,6 +545,7 @@ mod tests {
             batch_size: 3,
             drop_remainder: false,
             shuffle: Shuffle::Seeded { seed: 7 },
+            chain: None,
             epochs: Some(2),
             lease_duration: Duration::from_millis(100),
             max_leases_per_worker: 2,
@@ -695,5 +733,53 @@ mod tests {
         drop(rec);
         let rec = open(dir.path()).expect("reopen");
         assert!(rec.torn.is_none() && rec.batches.is_empty());
+    }
+
+    /// An unseeded shuffle gets a random seed on the first run; the journal's header keeps it
+    /// and a restart reads it back, so the config matches and the order stays.
+    #[test]
+    fn a_picked_seed_survives_a_restart() {
+        use crate::order::IndexChain;
+        use lode_proto::plan::IndexOp;
+
+        let unseeded = || {
+            let chain = IndexChain {
+                ops: vec![IndexOp::Shuffle {
+                    buffer_size: 4,
+                    seed: 0,
+                    seed2: 0,
+                    reshuffle_each_iteration: true,
+                }],
+                picked_seed: None,
+            };
+            DispatcherConfig {
+                batch_size: 1,
+                shuffle: Shuffle::Off,
+                chain: Some(chain),
+                ..config()
+            }
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut first = unseeded();
+        assert!(matches!(
+            first.validate(),
+            Err(crate::Error::InvalidConfig { field: "chain", .. })
+        ));
+        let picked = pick_seed(&mut first, dir.path())
+            .expect("pick")
+            .expect("needed");
+        assert!(!picked.recorded);
+        first.validate().expect("seeded now");
+        drop(Journal::open(dir.path(), JobId(1), &first).expect("create"));
+
+        let mut again = unseeded();
+        let read = pick_seed(&mut again, dir.path())
+            .expect("pick")
+            .expect("needed");
+        assert_eq!((read.seed, read.recorded), (picked.seed, true));
+        assert_eq!(again, first);
+        Journal::open(dir.path(), JobId(1), &again).expect("the same config reopens");
+        // A seeded chain needs none.
+        assert_eq!(pick_seed(&mut again, dir.path()).expect("pick"), None);
     }
 }

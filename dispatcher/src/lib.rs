@@ -9,7 +9,12 @@
 //! # Layout
 //! - [`ids`]: newtype ids (`JobId`, `WorkerId`, `StageId`, `Epoch`, `Step`, `StepId`) and `Time`.
 //! - [`config`]: [`DispatcherConfig`], validated with errors that name the field.
-//! - [`batch`]: [`index_batch`], the records of a step, with a seeded per-epoch permutation.
+//! - [`batch`]: [`index_batch`], the records of a step: TensorFlow's order for a config with a
+//!   chain, else Lode's own (a seeded per-epoch permutation).
+//! - [`order`]: TensorFlow's order on indices: [`IndexChain`] (skip, take, repeat, shuffle,
+//!   batch in program order), its walk, and [`StepOrder`], which computes each step once and
+//!   keeps it until consumed.
+//! - [`philox`]: TensorFlow's Philox4x32-10 stream and shuffle seed generators, bit for bit.
 //! - [`state`]: [`DispatcherState`], its [`Command`]s and [`Event`]s, and journal replay.
 //! - [`journal`]: the append-only, CRC-checked JSON-lines file of applied events, with torn-tail
 //!   recovery.
@@ -18,9 +23,11 @@
 //!   named limits.
 //!
 //! # Invariants
-//! - `index_batch(config, step)` depends on the config and the step alone: the batches of an
-//!   epoch partition its records (each record once, less a dropped remainder), and a re-leased
-//!   or replayed step gets the identical batch on every run and machine.
+//! - `index_batch(config, step)` depends on the config and the step alone, and a re-leased or
+//!   replayed step gets the identical batch on every run and machine. Lode's own order
+//!   partitions an epoch's records (each once, less a dropped remainder); a chain yields what
+//!   TensorFlow's pipeline yields, element for element (an unseeded shuffle's picked seed is
+//!   part of the config, so the journal keeps it).
 //! - Each `(stage, epoch, step)` completes at most once, and only from the worker that holds
 //!   its lease; a report of a step the worker does not hold is rejected.
 //! - A step at or below the consumed watermark is never leased again; steps are first leased in
@@ -37,6 +44,8 @@ pub mod batch;
 pub mod config;
 pub mod ids;
 pub mod journal;
+pub mod order;
+pub mod philox;
 pub mod service;
 pub mod state;
 
@@ -46,7 +55,8 @@ mod tests;
 pub use batch::index_batch;
 pub use config::{DispatcherConfig, Shuffle};
 pub use ids::{Epoch, JobId, StageId, Step, StepId, Time, WorkerId};
-pub use journal::{Journal, JournalError};
+pub use journal::{pick_seed, Journal, JournalError};
+pub use order::{IndexChain, PickedSeed, StepOrder};
 pub use service::{serve, Clock, ManualClock, MonotonicClock, ServeError, ServiceConfig};
 pub use state::{
     Command, DispatcherState, Event, Lease, WorkerInfo, WorkerStatus, PROTOCOL_VERSION,

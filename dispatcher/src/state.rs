@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::batch::index_batch;
 use crate::config::DispatcherConfig;
 use crate::ids::{Epoch, StageId, Step, StepId, Time, WorkerId};
+use crate::order::StepOrder;
 use crate::{Error, Result};
 
 /// The protocol version a data worker must speak to register (the service protocol's, defined
@@ -189,6 +190,9 @@ pub struct DispatcherState {
     /// Sequence number of the last consumed step.
     watermark: Option<u64>,
     end_of_data: bool,
+    /// A chain config's steps, walked once and kept until consumed (a cache: it compares equal
+    /// for equal configs whatever it holds).
+    order: Option<StepOrder>,
 }
 
 impl DispatcherState {
@@ -208,6 +212,7 @@ impl DispatcherState {
             retired: BTreeSet::new(),
             watermark: None,
             end_of_data: false,
+            order: config.step_order(),
             config,
         })
     }
@@ -222,7 +227,7 @@ impl DispatcherState {
         let mut state = Self::new(config)?;
         for (index, event) in events.into_iter().enumerate() {
             if let Event::LeaseGranted { step, records, .. } = event {
-                if index_batch(&state.config, *step).ok().as_ref() != Some(records) {
+                if state.batch(*step).ok().as_ref() != Some(records) {
                     return Err(Error::Journal {
                         index,
                         reason: "the granted batch differs from the config's batch for that step",
@@ -238,6 +243,38 @@ impl DispatcherState {
 
     pub fn config(&self) -> &DispatcherConfig {
         &self.config
+    }
+
+    /// One step as a single in-process worker and an eager training side take it: lease the
+    /// next step of `worker`'s stage, complete it and consume it. The events, in order (the
+    /// first is the grant); for one-stage jobs in tests and benchmarks of the order.
+    pub fn lease_complete_consume(&mut self, worker: WorkerId, now: Time) -> Result<Vec<Event>> {
+        let mut events = self.apply(Command::RequestLease { worker }, now)?;
+        let Some(Event::LeaseGranted { stage, step, .. }) = events.first().cloned() else {
+            return Err(Error::Invariant {
+                reason: "a granted lease did not start with its grant",
+            });
+        };
+        events.extend(self.apply(
+            Command::Complete {
+                worker,
+                stage,
+                step,
+            },
+            now,
+        )?);
+        events.extend(self.apply(Command::Consumed { watermark: step }, now)?);
+        Ok(events)
+    }
+
+    /// The records of `step`: the chain's cached walk, or Lode's own order.
+    fn batch(&mut self, step: StepId) -> Result<Vec<u64>> {
+        match &mut self.order {
+            Some(order) => order
+                .batch(step.epoch.0, step.step.0)
+                .ok_or(Error::StepOutOfRange { step }),
+            None => index_batch(&self.config, step),
+        }
     }
 
     /// The last step the training side consumed.
@@ -337,7 +374,7 @@ impl DispatcherState {
                 }
                 let seq = self.next_leasable(stage)?;
                 let step = self.step_of(seq);
-                let records = index_batch(&self.config, step)?;
+                let records = self.batch(step)?;
                 let deadline = now.saturating_add_millis(self.lease_ms);
                 self.emit(
                     &mut out,
@@ -615,6 +652,9 @@ impl DispatcherState {
                     return Err("watermark ahead of every lease of the last stage");
                 }
                 self.watermark = Some(seq);
+                if let Some(order) = &mut self.order {
+                    order.forget_through(seq);
+                }
                 let after = seq.saturating_add(1);
                 for st in &mut self.stages {
                     st.pending = st.pending.split_off(&after);

@@ -29,6 +29,7 @@ fn config(stages: u32) -> DispatcherConfig {
         batch_size: 3,
         drop_remainder: false,
         shuffle: Shuffle::Seeded { seed: 11 },
+        chain: None,
         epochs: Some(2),
         lease_duration: Duration::from_millis(LEASE_MS),
         max_leases_per_worker: 2,

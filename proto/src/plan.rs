@@ -112,6 +112,52 @@ pub struct Source {
     /// The stage node that replaced the reader (`lode/DWSource`), and the nodes it replaced.
     pub replaced_by: Option<String>,
     pub replaced: Vec<String>,
+    /// The dataset ops that decide which records make each element, in the order the program
+    /// applies them after the reader, with their arguments as TensorFlow evaluates them (the
+    /// seeds included). `skip` and `take` above are the leading ones only (applied to the
+    /// reader's records before anything else); this list holds everything after them.
+    /// Record-wise ops (`map`) do not appear. Empty in plans written before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub order: Vec<IndexOp>,
+    /// The first dataset op whose effect on the order Lode cannot compute on indices
+    /// (`filter`, `unbatch`, …): such a pipeline is not decoupled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unsupported: Option<UnsupportedOp>,
+}
+
+/// A dataset op that changes which records make an element, as the program wrote it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum IndexOp {
+    /// Drops the first `count` elements (-1: all of them).
+    Skip { count: i64 },
+    /// Keeps the first `count` elements (-1: all of them).
+    Take { count: i64 },
+    /// Repeats the input `count` times (-1: forever).
+    Repeat { count: i64 },
+    /// TensorFlow's shuffle buffer (`ShuffleDataset` V1–V3; `ShuffleAndRepeatDataset` is a
+    /// `Shuffle` followed by a `Repeat`, which yields the same order). `seed` and `seed2` are
+    /// the op's inputs (both 0: TensorFlow seeds it at random).
+    Shuffle {
+        buffer_size: i64,
+        seed: i64,
+        seed2: i64,
+        reshuffle_each_iteration: bool,
+    },
+    /// Groups `batch_size` consecutive elements; a short last group is kept unless
+    /// `drop_remainder`.
+    Batch {
+        batch_size: i64,
+        drop_remainder: bool,
+    },
+}
+
+/// A node of the dataset chain whose op Lode cannot reproduce on indices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnsupportedOp {
+    pub node: String,
+    pub op: String,
+    pub reason: String,
 }
 
 impl Source {

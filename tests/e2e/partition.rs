@@ -45,7 +45,7 @@ fn names(plan: &Value, key: &str) -> Vec<String> {
 }
 
 /// The cover, checked from the files alone.
-fn check_cover(model: &Path, tags: Option<&str>, dir: &Path, plan: &Value) {
+pub(crate) fn check_cover(model: &Path, tags: Option<&str>, dir: &Path, plan: &Value) {
     let original = load(
         model,
         &LoadOptions {
@@ -64,6 +64,11 @@ fn check_cover(model: &Path, tags: Option<&str>, dir: &Path, plan: &Value) {
         .cloned()
         .collect();
     let copied: HashSet<String> = names(plan, "copied").into_iter().collect();
+    let replaced: HashSet<String> = if plan["source"]["replaced"].is_array() {
+        names(&plan["source"], "replaced").into_iter().collect()
+    } else {
+        HashSet::new()
+    };
     let mut stage_of: HashMap<String, u64> = HashMap::new();
     for stage in plan["stages"].as_array().expect("stages") {
         let graph = dir.join(stage["graph"].as_str().expect("graph"));
@@ -86,8 +91,19 @@ fn check_cover(model: &Path, tags: Option<&str>, dir: &Path, plan: &Value) {
                 .count()
                 <= 1
         );
+        let in_graph: HashSet<&str> = stage_graph
+            .graph
+            .node
+            .iter()
+            .map(|n| n.name.as_str())
+            .collect();
         for n in stage["nodes"].as_array().expect("nodes") {
             let name = n.as_str().expect("name").to_owned();
+            assert!(
+                in_graph.contains(name.as_str()),
+                "{name} is listed by {} but not in its graph",
+                graph.display()
+            );
             assert!(
                 stage_of
                     .insert(name.clone(), stage["index"].as_u64().expect("index"))
@@ -101,9 +117,16 @@ fn check_cover(model: &Path, tags: Option<&str>, dir: &Path, plan: &Value) {
         let in_training = training_names.contains(&node.name) && !stubs.contains(&node.name);
         if copied.contains(&node.name) {
             assert!(!in_stage, "{} copied and listed by a stage", node.name);
+            assert!(
+                !replaced.contains(&node.name),
+                "{} copied and replaced",
+                node.name
+            );
         } else {
             assert_eq!(
-                usize::from(in_stage) + usize::from(in_training),
+                usize::from(in_stage)
+                    + usize::from(in_training)
+                    + usize::from(replaced.contains(&node.name)),
                 1,
                 "{} ({}) placed wrongly",
                 node.name,

@@ -313,6 +313,7 @@ mod tests {
             batch_size: 3,
             drop_remainder: false,
             shuffle: Shuffle::Off,
+            chain: None,
             epochs: None,
             lease_duration: Duration::from_secs(60),
             max_leases_per_worker: 2,

@@ -1,0 +1,204 @@
+//! TensorFlow's element order through the whole path: the decoupler reads each
+//! `fixtures/shuffle` graph (folding its seeds), the dispatcher's state machine leases the
+//! steps of the chain it describes, and the leased batches are TensorFlow's elements, in order,
+//! across every epoch.
+
+use std::time::Duration;
+
+use lode_dataworker::convert::decode_tensor;
+use lode_dataworker::TensorData;
+use lode_decoupler::graph::Graph;
+use lode_decoupler::source::{describe, IndexOp};
+use lode_dispatcher::{
+    Command, DispatcherConfig, DispatcherState, Event, IndexChain, StageId, Time, WorkerId,
+    PROTOCOL_VERSION,
+};
+use lode_proto::view::GraphView;
+use serde_json::Value;
+
+use crate::partition::check_cover;
+use crate::support::{fixtures, lode, ok};
+
+/// Every batch the dispatcher leases, in step order, with one worker that completes each
+/// step and a training side that consumes it at once.
+fn leased(config: DispatcherConfig) -> Vec<Vec<u64>> {
+    let mut state = DispatcherState::new(config).expect("config");
+    let worker = WorkerId(1);
+    let now = Time::from_millis(0);
+    let mut events = state
+        .apply(
+            Command::RegisterWorker {
+                worker,
+                stage: StageId(0),
+                protocol_version: PROTOCOL_VERSION,
+            },
+            now,
+        )
+        .expect("register");
+    let mut out = Vec::new();
+    while let Ok(step) = state.lease_complete_consume(worker, now) {
+        let Some(Event::LeaseGranted { records, .. }) = step.first() else {
+            panic!("a step starts with its grant");
+        };
+        out.push(records.clone());
+        events.extend(step);
+    }
+    assert!(state.is_end_of_data(), "the job ends after its last step");
+    // A restarted dispatcher replays the journal to the same state, every batch checked.
+    let replayed = DispatcherState::replay(state.config().clone(), &events).expect("replay");
+    assert_eq!(replayed, state);
+    out
+}
+
+#[test]
+fn the_dispatcher_leases_tensorflows_order_for_every_fixture_chain() {
+    let dir = fixtures().join("shuffle");
+    let text = std::fs::read_to_string(dir.join("orders.json")).expect("orders.json");
+    let orders: Value = serde_json::from_str(&text).expect("parses");
+    let cases = orders["cases"].as_array().expect("cases");
+    assert!(cases.len() >= 50);
+    for case in cases {
+        let name = case["name"].as_str().expect("name");
+        let bytes = std::fs::read(dir.join("graphs").join(format!("{name}.pb"))).expect("graph");
+        let view = GraphView::parse(&bytes).expect("graph parses");
+        let graph = Graph::new(&view).expect("graph indexes");
+        let source = describe(&graph).expect("a pipeline");
+        assert_eq!(source.unsupported, None, "{name}");
+
+        // plan.json holds the program's seeds, as TensorFlow evaluated them.
+        let seeds: Vec<(i64, i64)> = source
+            .order
+            .iter()
+            .filter_map(|op| match op {
+                IndexOp::Shuffle { seed, seed2, .. } => Some((*seed, *seed2)),
+                _ => None,
+            })
+            .collect();
+        let want: Vec<(i64, i64)> = case["seeds"]
+            .as_array()
+            .expect("seeds")
+            .iter()
+            .map(|s| (s[0].as_i64().expect("seed"), s[1].as_i64().expect("seed2")))
+            .collect();
+        assert_eq!(seeds, want, "{name}: folded seeds");
+
+        let (chain, epochs) = IndexChain::from_program(&source.order);
+        let epochs = if chain.repeats() { Some(1) } else { epochs };
+        // The leading skip and take are the reader's (its record numbers start after them).
+        let skip = source.skip.map_or(0, |s| u64::try_from(s).expect("skip"));
+        let mut records = case["n"].as_u64().expect("n").saturating_sub(skip);
+        if let Some(take) = source.take {
+            records = records.min(u64::try_from(take).expect("take"));
+        }
+        let config =
+            DispatcherConfig::for_chain(records, chain, epochs, Duration::from_secs(1), 1, 1)
+                .expect("config");
+        let got: Vec<Vec<u64>> = leased(config)
+            .into_iter()
+            .map(|b| b.into_iter().map(|r| r + skip).collect())
+            .collect();
+        // An element is a record number, or a batch of them.
+        let want: Vec<Vec<u64>> = serde_json::from_value::<Vec<Value>>(case["elements"].clone())
+            .expect("elements")
+            .into_iter()
+            .map(|e| {
+                serde_json::from_value::<Vec<u64>>(e.clone())
+                    .or_else(|_| serde_json::from_value::<u64>(e).map(|r| vec![r]))
+                    .expect("an element")
+            })
+            .collect();
+        if let Some(i) = got.iter().zip(&want).position(|(a, b)| a != b) {
+            panic!(
+                "{name}: step {i}: Lode leases {:?}, TensorFlow yields {:?}",
+                got[i], want[i]
+            );
+        }
+        assert_eq!(got.len(), want.len(), "{name}: steps");
+    }
+}
+
+/// The fixture training programs built with `shuffle=True` (`fixtures/shuffle/programs`):
+/// `lode partition` keeps their seeds in plan.json and is a cover, and `lode exec` yields
+/// TensorFlow's own first ten steps, bit for bit, the epoch boundary at step 8 included (a new
+/// order there, as `reshuffle_each_iteration` derives it).
+#[test]
+fn shuffled_programs_partition_with_their_seeds_and_exec_yields_tensorflows_steps() {
+    let dir = fixtures().join("shuffle");
+    let text = std::fs::read_to_string(dir.join("orders.json")).expect("orders.json");
+    let orders: Value = serde_json::from_str(&text).expect("parses");
+    let programs = orders["programs"].as_array().expect("programs");
+    assert_eq!(programs.len(), 2);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for program in programs {
+        let model = program["model"].as_str().expect("model");
+        let graph = dir.join("programs").join(format!("{model}_shuffled.pb"));
+        let data_root = fixtures().join(model);
+        let plan_dir = tmp.path().join(model);
+        ok(&lode(&[
+            "partition",
+            graph.to_str().expect("UTF-8"),
+            "--data-root",
+            data_root.to_str().expect("UTF-8"),
+            "-o",
+            plan_dir.to_str().expect("UTF-8"),
+        ]));
+        let plan: Value = serde_json::from_str(
+            &std::fs::read_to_string(plan_dir.join("plan.json")).expect("plan.json"),
+        )
+        .expect("plan parses");
+        // generate.py's builders: shuffle(256, seed=SEED) under set_random_seed(SEED).
+        let seed = 20_240_611;
+        assert_eq!(
+            plan["source"]["shuffle_seed"],
+            serde_json::json!([seed, seed])
+        );
+        assert_eq!(
+            plan["source"]["order"][0],
+            serde_json::json!({"op": "shuffle", "buffer_size": 256, "seed": seed,
+                               "seed2": seed, "reshuffle_each_iteration": true})
+        );
+        let replaced: Vec<&str> = plan["source"]["replaced"]
+            .as_array()
+            .expect("replaced")
+            .iter()
+            .map(|v| v.as_str().expect("name"))
+            .collect();
+        assert!(replaced.contains(&"seed2/LogicalAnd"), "{replaced:?}");
+        check_cover(&graph, None, &plan_dir, &plan);
+
+        let dump = tmp.path().join(format!("{model}_dump"));
+        ok(&lode(&[
+            "exec",
+            plan_dir.to_str().expect("UTF-8"),
+            "--steps",
+            "10",
+            "--dump",
+            dump.to_str().expect("UTF-8"),
+        ]));
+        for (step, tensors) in program["steps"]
+            .as_array()
+            .expect("steps")
+            .iter()
+            .enumerate()
+        {
+            for (k, want) in tensors.as_array().expect("tensors").iter().enumerate() {
+                let path = dump.join(format!("step_{step}")).join(format!("{k}.pb"));
+                let bytes = std::fs::read(&path).expect("a dumped tensor");
+                let got = decode_tensor(&bytes).expect("decodes");
+                let TensorData::Float32(got) = got.data() else {
+                    panic!("{model}: step {step} tensor {k} is not float32");
+                };
+                // float32 values as their bit patterns.
+                let want: Vec<u32> = serde_json::from_value(want.clone()).expect("bit patterns");
+                if let Some(i) = got.iter().zip(&want).position(|(a, b)| a.to_bits() != *b) {
+                    panic!(
+                        "{model}: step {step} tensor {k} element {i}: Lode {}, TensorFlow {}",
+                        got[i],
+                        f32::from_bits(want[i])
+                    );
+                }
+                assert_eq!(got.len(), want.len(), "{model}: step {step} tensor {k}");
+            }
+        }
+    }
+}
