@@ -43,6 +43,9 @@ struct JobAddress {
     token: String,
     job: u64,
     patience_secs: u64,
+    /// Steps of one pass of the program's iterator (None: its pipeline repeats forever).
+    pass_steps: Option<u64>,
+    endless: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     tls_ca: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -455,6 +458,7 @@ fn start_job(request: &Request, settings: &Settings) -> Result<(Job, Reply), Ref
     let mut config = dispatcher_config(&plan, Some(&cwd), None, settings.lease, 3)?;
     // The training side ends each pass of the iterator itself (an iterator may be initialized
     // again): the job's order runs on for as many passes as the program asks for.
+    let pass_steps = config.total_steps().filter(|&n| n != u64::MAX);
     config.epochs = None;
     let token = generate_token();
     let mut service = service_config(&plan, 1, &token, config, &settings.dir.join("journal"))?;
@@ -550,6 +554,8 @@ fn start_job(request: &Request, settings: &Settings) -> Result<(Job, Reply), Ref
                 token,
                 job: 1,
                 patience_secs: 30,
+                pass_steps,
+                endless: pass_steps.is_none(),
                 tls_ca: settings.tls.as_ref().map(|t| t.ca.clone()),
                 tls_cert: settings.tls.as_ref().map(|t| t.cert.clone()),
                 tls_key: settings.tls.as_ref().map(|t| t.key.clone()),

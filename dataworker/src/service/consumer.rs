@@ -358,6 +358,18 @@ impl Consumer {
         self.per_epoch
     }
 
+    /// The job's length in steps as the dispatcher runs it; None when it repeats forever.
+    pub fn job_steps(&self) -> Result<Option<u64>, ConsumerError> {
+        let job_id = self.config.job;
+        let status = self.call("Status", |mut d| async move {
+            d.status(StatusRequest { job_id }).await
+        })?;
+        Ok(match status.epochs {
+            0 => None,
+            e => Some(e.saturating_mul(status.steps_per_epoch)),
+        })
+    }
+
     /// The next global step [`Self::next`] delivers.
     pub fn next_step(&self) -> u64 {
         self.served.buffer.next_step()

@@ -85,6 +85,13 @@ pub struct JobConfig {
     /// Steps buffered ahead.
     #[serde(default = "default_capacity")]
     pub capacity: u64,
+    /// Steps of one pass of the program's iterator, when the dispatcher runs on across passes
+    /// (`lode train`); absent, the dispatcher's own job length is one pass.
+    #[serde(default)]
+    pub pass_steps: Option<u64>,
+    /// The program's pipeline repeats forever (one endless pass).
+    #[serde(default)]
+    pub endless: bool,
 }
 
 fn default_job() -> u64 {
@@ -121,6 +128,8 @@ impl JobConfig {
             tls_key: var(ENV_TLS_KEY).map(Into::into),
             patience_secs: number(ENV_PATIENCE, default_patience())?,
             capacity: default_capacity(),
+            pass_steps: None,
+            endless: false,
         })
     }
 
@@ -171,13 +180,11 @@ pub struct TrainingSide {
 impl TrainingSide {
     pub fn connect(config: &JobConfig) -> Result<Self, SideError> {
         let consumer = Consumer::start(config.consumer_config()?)?;
-        let plan: lode_proto::plan::Plan = serde_json::from_str(consumer.plan_json())?;
-        let epochs = match plan.source.as_ref().and_then(|s| s.repeat) {
-            None => Some(1),
-            Some(r) if r < 0 => None,
-            Some(r) => Some(u64::try_from(r).unwrap_or(0)),
+        let pass_steps = match (config.endless, config.pass_steps) {
+            (true, _) => None,
+            (false, Some(n)) => Some(n),
+            (false, None) => consumer.job_steps()?,
         };
-        let pass_steps = epochs.map(|e| e.saturating_mul(consumer.steps_per_epoch()));
         Ok(TrainingSide {
             consumer,
             pass_steps,
