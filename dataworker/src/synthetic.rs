@@ -273,6 +273,7 @@ node {{
                 crossing_tensors: 1,
                 ..Summary::default()
             },
+            inlined: Vec::new(),
         }
     }
 

@@ -14,6 +14,12 @@ pub enum Error {
     Unplaceable { nodes: Vec<String>, reason: String },
     #[error("{} node(s) use ops that TensorFlow 2.18 does not register and the function library does not define: {}", nodes.len(), nodes.iter().take(10).cloned().collect::<Vec<_>>().join(", "))]
     UnknownOps { nodes: Vec<String> },
+    #[error("one-shot iterator '{iterator}' (dataset_factory '{function}'): {reason}")]
+    OneShotFactory {
+        iterator: String,
+        function: String,
+        reason: String,
+    },
     #[error("invalid graph: {reason}")]
     InvalidGraph { reason: String },
     #[error(transparent)]
