@@ -161,3 +161,68 @@ fn a_one_shot_stage_yields_the_batches_of_the_initializable_program() {
         }
     }
 }
+
+#[test]
+fn a_missing_or_broken_factory_is_one_line_naming_iterator_and_function() {
+    use lode_proto::io::{encode_graph, GraphEncoding};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let original = graph(&fixtures().join("one_shot/model.pb"));
+    let factory = |g: &mut GraphDef| -> String {
+        let f = g
+            .library
+            .mut_or_insert_default()
+            .function
+            .iter_mut()
+            .find(|f| f.signature.name.starts_with("_make_dataset_"))
+            .expect("the fixture's factory");
+        let name = f.signature.name.clone();
+        f.node_def[0].input.push("nowhere:output:0".into());
+        name
+    };
+    let mut missing = original.clone();
+    let mut name = String::new();
+    missing
+        .library
+        .mut_or_insert_default()
+        .function
+        .retain(|f| {
+            let keep = !f.signature.name.starts_with("_make_dataset_");
+            if !keep {
+                name.clone_from(&f.signature.name);
+            }
+            keep
+        });
+    let mut broken = original.clone();
+    let broken_name = factory(&mut broken);
+    for (label, g, function, why) in [
+        ("missing", missing, name, "no function of that name"),
+        ("broken", broken, broken_name, "nowhere"),
+    ] {
+        let model = tmp.path().join(format!("{label}.pb"));
+        let bytes = encode_graph(&g, GraphEncoding::Binary).expect("encodes");
+        std::fs::write(&model, bytes).expect("write");
+        let out = lode(&[
+            "partition",
+            model.to_str().expect("UTF-8"),
+            "-o",
+            tmp.path().join(label).to_str().expect("UTF-8"),
+        ]);
+        let err = crate::support::stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{label}: {err}");
+        assert_eq!(
+            err.trim_end().lines().count(),
+            1,
+            "{label}: one line: {err}"
+        );
+        for needle in ["'OneShotIterator'", function.as_str(), why] {
+            assert!(
+                err.contains(needle),
+                "{label}: {needle:?} missing from: {err}"
+            );
+        }
+        assert!(
+            !tmp.path().join(label).exists(),
+            "{label}: no plan is written"
+        );
+    }
+}
