@@ -14,7 +14,8 @@
 //!
 //! # Invariants
 //! - Cover: every original node is in exactly one stage or the training graph, or is a shared
-//!   (input-independent) node copied into the graphs that need it.
+//!   (input-independent) node copied into the graphs that need it. Other names in the graphs
+//!   are Lode's own (`lode/…`) or nodes `one_shot` added (plan.json lists them in `inlined`).
 //! - No stage holds a model variable or anything downstream of one.
 //! - Only plain tensors cross (no DT_VARIANT, DT_RESOURCE or reference types).
 //! - Every name of the original graph that stays meaningful for the training program resolves

@@ -497,7 +497,7 @@ mod tests {
         n
     }
 
-    /// A factory `Range(0, 10, 1) → Split-free RepeatDataset`, with a colocation and a control input.
+    /// A factory `RangeDataset(0, 10, 1) → RepeatDataset`, with a colocation and a control input.
     fn factory(name: &str) -> FunctionDef {
         let mut f = FunctionDef::new();
         let mut sig = OpDef::new();
