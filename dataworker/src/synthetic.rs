@@ -292,6 +292,7 @@ node {{
                 crossing_tensors: 1,
                 ..Summary::default()
             },
+            inlined: Vec::new(),
         }
     }
 

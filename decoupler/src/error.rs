@@ -20,6 +20,12 @@ pub enum Error {
         op: String,
         reason: String,
     },
+    #[error("one-shot iterator '{iterator}' (dataset_factory '{function}'): {reason}")]
+    OneShotFactory {
+        iterator: String,
+        function: String,
+        reason: String,
+    },
     #[error("invalid graph: {reason}")]
     InvalidGraph { reason: String },
     #[error(transparent)]

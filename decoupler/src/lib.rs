@@ -2,6 +2,7 @@
 //! data-worker stage graphs (GoldMiner §3.2, Algorithm 1, made safe for real graphs).
 //!
 //! # Layout
+//! - `one_shot`: the first pass: one-shot iterators made initializable (factory inlined).
 //! - `graph`: an indexed view of a GraphDef (edges both ways, output dtypes from TensorFlow's
 //!   op registry).
 //! - `partition`: the cut: model state, training region, data region, shared nodes, stages.
@@ -17,7 +18,8 @@
 //! - Cover: every original node is in exactly one stage or the training graph, or is a shared
 //!   (input-independent) node copied into the graphs that need it, or is one of the nodes the
 //!   index-fed source replaced (`source.replaced`: the reader, the index ops and what fed only
-//!   them).
+//!   them). Other names in the graphs are Lode's own (`lode/…`) or nodes `one_shot` added
+//!   (plan.json lists them in `inlined`).
 //! - A pipeline whose order Lode cannot reproduce on indices is refused, naming the op.
 //! - No stage holds a model variable or anything downstream of one.
 //! - Only plain tensors cross (no DT_VARIANT, DT_RESOURCE or reference types).
@@ -27,6 +29,7 @@
 pub mod error;
 pub mod fold;
 pub mod graph;
+pub mod one_shot;
 pub mod partition;
 pub mod plan;
 pub mod rewrite;
@@ -51,6 +54,17 @@ pub struct Decoupled {
 
 /// Partitions a graph and builds the plan (no I/O).
 pub fn decouple(def: &GraphView, options: &Options) -> Result<Decoupled> {
+    let normalized = one_shot::normalize(def)?;
+    let view;
+    let def = match &normalized {
+        Some(n) => {
+            view = GraphView::parse(&n.bytes).map_err(|e| Error::InvalidGraph {
+                reason: format!("the graph with its one-shot iterators inlined: {e}"),
+            })?;
+            &view
+        }
+        None => def,
+    };
     let graph = graph::Graph::new(def)?;
     let part = partition::partition(&graph, options)?;
     let source = source::describe(&graph);
@@ -66,8 +80,13 @@ pub fn decouple(def: &GraphView, options: &Options) -> Result<Decoupled> {
         .filter(|s| !s.reader.is_empty())
         .and_then(|s| source_rewrite::plan(&graph, &part, &s.reader, &s.compression));
     let rewritten = rewrite::rewrite(&graph, &part, source_plan)?;
-    let plan = plan::build(&graph, &part, &rewritten, source, options.simple);
-    let report = plan::report(&graph, &part, &rewritten, &plan);
+    let mut plan = plan::build(&graph, &part, &rewritten, source, options.simple);
+    plan.inlined = normalized
+        .as_ref()
+        .map(|n| n.iterators.clone())
+        .unwrap_or_default();
+    let mut report = plan::report(&graph, &part, &rewritten, &plan);
+    report.push_str(&one_shot::report(&plan.inlined));
     let dot = plan::dot(&graph, &part);
     let mut graphs = vec![("training.pb".to_owned(), rewritten.training.encode(&graph)?)];
     for (i, stage) in rewritten.stages.iter().enumerate() {

@@ -105,6 +105,7 @@ pub fn build(
             .map(|(name, what)| (name.clone(), (*what).to_owned()))
             .collect(),
         source,
+        inlined: Vec::new(),
     }
 }
 

@@ -48,6 +48,7 @@ const SAME_AS_INPUT: &[&str] = &[
     "Bucketize",
     "StringLower",
     "StringUpper",
+    "StringStrip",
     "AsString",
     "StringToNumber",
     "StopGradient",

@@ -5,8 +5,10 @@ use std::collections::{HashMap, HashSet};
 
 use lode_decoupler::{decouple, Options};
 use lode_proto::tf::attr_value::AttrValue;
+use lode_proto::tf::function::FunctionDef;
 use lode_proto::tf::graph::GraphDef;
 use lode_proto::tf::node_def::NodeDef;
+use lode_proto::tf::op_def::op_def::ArgDef;
 use lode_proto::tf::types::DataType;
 use proptest::prelude::*;
 use protobuf::EnumOrUnknown;
@@ -28,11 +30,76 @@ fn node(name: String, op: &str, inputs: Vec<String>) -> NodeDef {
 /// Ops of the random part: (op, arity).
 const OPS: &[(&str, usize)] = &[("Identity", 1), ("AddV2", 2), ("Mul", 2), ("Neg", 1)];
 
-/// Builds a graph: an iterator with `outputs` float outputs, `vars` resource variables read by
-/// ReadVariableOp, two constants, then `picks` random math nodes over everything before them.
-fn build(outputs: usize, vars: usize, picks: &[(usize, usize, usize, bool)]) -> GraphDef {
+/// A dataset factory `RangeDataset(start, stop, step) → RepeatDataset` in function-body
+/// naming, as `make_one_shot_iterator` writes one.
+fn factory(name: &str) -> FunctionDef {
+    let mut f = FunctionDef::new();
+    let sig = f.signature.mut_or_insert_default();
+    sig.name = name.into();
+    let mut out = ArgDef::new();
+    out.name = "repeatdataset".into();
+    out.type_ = EnumOrUnknown::new(DataType::DT_VARIANT);
+    sig.output_arg.push(out);
+    for (c, v) in [("start", 0), ("stop", 64), ("step", 1), ("count", -1)] {
+        let mut k = node(c.into(), "Const", vec![]);
+        k.attr.insert("dtype".into(), ty(DataType::DT_INT64));
+        let mut t = lode_proto::tf::tensor::TensorProto::new();
+        t.dtype = EnumOrUnknown::new(DataType::DT_INT64);
+        t.int64_val = vec![v];
+        let mut value = AttrValue::new();
+        value.set_tensor(t);
+        k.attr.insert("value".into(), value);
+        f.node_def.push(k);
+    }
+    let range = node(
+        "RangeDataset".into(),
+        "RangeDataset",
+        vec![
+            "start:output:0".into(),
+            "stop:output:0".into(),
+            "step:output:0".into(),
+        ],
+    );
+    let repeat = node(
+        "RepeatDataset".into(),
+        "RepeatDataset",
+        vec!["RangeDataset:handle:0".into(), "count:output:0".into()],
+    );
+    f.node_def.push(range);
+    f.node_def.push(repeat);
+    f.ret
+        .insert("repeatdataset".into(), "RepeatDataset:handle:0".into());
+    f
+}
+
+/// Builds a graph: an iterator with `outputs` float outputs (a one-shot iterator over a
+/// factory function when `one_shot`), `vars` resource variables read by ReadVariableOp, two
+/// constants, then `picks` random math nodes over everything before them.
+fn build(
+    outputs: usize,
+    vars: usize,
+    picks: &[(usize, usize, usize, bool)],
+    one_shot: bool,
+) -> GraphDef {
     let mut g = GraphDef::new();
-    let mut it = node("iterator".into(), "IteratorV2", vec![]);
+    let mut it = node(
+        "iterator".into(),
+        if one_shot {
+            "OneShotIterator"
+        } else {
+            "IteratorV2"
+        },
+        vec![],
+    );
+    if one_shot {
+        let mut f = AttrValue::new();
+        f.mut_func().name = "factory".into();
+        it.attr.insert("dataset_factory".into(), f);
+        g.library
+            .mut_or_insert_default()
+            .function
+            .push(factory("factory"));
+    }
     let mut types = AttrValue::new();
     types.mut_list().type_ = vec![EnumOrUnknown::new(DataType::DT_FLOAT); outputs];
     it.attr.insert("output_types".into(), types.clone());
@@ -105,8 +172,9 @@ proptest! {
         vars in 1usize..3,
         picks in proptest::collection::vec((0usize..8, 0usize..64, 0usize..64, proptest::bool::weighted(0.2)), 1..40),
         simple in any::<bool>(),
+        one_shot in any::<bool>(),
     ) {
-        let g = build(outputs, vars, &picks);
+        let g = build(outputs, vars, &picks, one_shot);
         let bytes = protobuf::Message::write_to_bytes(&g).expect("encodes");
         let view = lode_proto::view::GraphView::parse(&bytes).expect("view");
         let out = decouple(&view, &Options { simple, stateful_ops: vec![] }).map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -126,13 +194,23 @@ proptest! {
         let training_graph: GraphDef = lode_proto::io::decode_binary(&out.graphs[0].1).expect("training graph decodes");
         let training: HashSet<&str> = training_graph.node.iter().map(|n| n.name.as_str()).collect();
         let copied: HashSet<&str> = plan.copied.iter().map(String::as_str).collect();
+        // The nodes a one-shot iterator's normalization added, as plan.json lists them.
+        prop_assert_eq!(plan.inlined.len(), usize::from(one_shot));
+        let inlined: HashSet<&str> = plan.inlined.iter().flat_map(|i| i.nodes.iter().chain([&i.make_iterator])).map(String::as_str).collect();
         let mut stage_of: HashMap<&str, usize> = HashMap::new();
         for stage in &plan.stages {
             for name in &stage.nodes {
                 prop_assert!(stage_of.insert(name, stage.index).is_none(), "{name} in two stages");
                 prop_assert!(!downstream.contains(name), "{name} is downstream of state but in stage {}", stage.index);
-                prop_assert!(by_name.contains_key(name.as_str()));
+                prop_assert!(by_name.contains_key(name.as_str()) || inlined.contains(name.as_str()), "{name} is neither original nor inlined");
             }
+        }
+        for name in &inlined {
+            let in_training = training.contains(name) && !plan.stubs.contains_key(*name);
+            prop_assert!(usize::from(stage_of.contains_key(name)) + usize::from(in_training) == 1, "inlined {name} is not in exactly one place");
+        }
+        if one_shot {
+            prop_assert!(plan.source.as_ref().is_some_and(|s| s.chain == ["RangeDataset", "RepeatDataset"]), "{:?}", plan.source);
         }
         for n in &g.node {
             let in_stage = stage_of.contains_key(n.name.as_str());

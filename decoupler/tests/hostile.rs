@@ -31,12 +31,12 @@ proptest! {
 
     #[test]
     fn mangled_fixtures_never_panic(
-        which in 0usize..2,
+        which in 0usize..3,
         cut in 0usize..120_000,
         flips in proptest::collection::vec((0usize..120_000, any::<u8>()), 0..6),
         simple in any::<bool>(),
     ) {
-        let mut bytes = fixture(["sgd_ref/model.pb", "deepfm/model.pb"][which]);
+        let mut bytes = fixture(["sgd_ref/model.pb", "deepfm/model.pb", "one_shot/model.pb"][which]);
         bytes.truncate(cut.max(1).min(bytes.len()));
         for (at, value) in flips {
             if let Some(b) = bytes.get_mut(at) {
@@ -131,9 +131,65 @@ fn the_real_fixtures_partition() {
         "deepfm/model.pb",
         "adam_resource/model.pb",
         "sgd_ref/model.pb",
+        "one_shot/model.pb",
     ] {
         let bytes = fixture(rel);
         let view = GraphView::parse(&bytes).expect("fixture parses");
         decouple(&view, &Options::default()).unwrap_or_else(|e| panic!("{rel}: {e}"));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, .. ProptestConfig::default() })]
+
+    /// A one-shot iterator's dataset factory with rewired inputs (every spelling, names that
+    /// do not exist, controls, cycles), swapped ops, dropped attributes or a broken `ret`.
+    #[test]
+    fn mutated_dataset_factories_never_panic(
+        edits in proptest::collection::vec((0usize..32, 0usize..4, 0usize..6, 0usize..32, 0u32..3), 1..8),
+        simple in any::<bool>(),
+    ) {
+        use protobuf::Message;
+        const OPS: [&str; 6] = ["Identity", "NoSuchOp", "RepeatDataset", "Const", "OneShotIterator", "Unique"];
+        let mut g: lode_proto::tf::graph::GraphDef = lode_proto::io::decode_binary(&fixture("one_shot/model.pb")).expect("fixture");
+        let f = g
+            .library
+            .mut_or_insert_default()
+            .function
+            .iter_mut()
+            .find(|f| f.signature.name.starts_with("_make_dataset_"))
+            .expect("the fixture's factory");
+        let n = f.node_def.len();
+        for (at, kind, what, to, index) in edits {
+            let target = f.node_def[to % n].name.clone();
+            match kind {
+                0 => {
+                    let spellings = [
+                        format!("{target}:handle:{index}"),
+                        format!("{target}:output:{index}"),
+                        target.clone(),
+                        format!("^{target}"),
+                        format!("{target}:{index}"),
+                        "missing:output:0".to_owned(),
+                    ];
+                    let text = spellings[what].clone();
+                    let node = &mut f.node_def[at % n];
+                    if node.input.is_empty() {
+                        node.input.push(text);
+                    } else {
+                        let k = usize::try_from(index).unwrap_or(0) % node.input.len();
+                        node.input[k] = text;
+                    }
+                }
+                1 => f.node_def[at % n].op = OPS[what].into(),
+                2 => f.node_def[at % n].attr.clear(),
+                _ => {
+                    let ret = format!("{target}:handle:{index}");
+                    f.ret.values_mut().for_each(|r| r.clone_from(&ret));
+                }
+            }
+        }
+        let bytes = g.write_to_bytes().expect("encodes");
+        run(&bytes, simple);
     }
 }

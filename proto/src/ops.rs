@@ -71,26 +71,49 @@ impl OpRegistry {
         node: &N,
         library: &HashMap<&str, &FunctionDef>,
     ) -> Result<Vec<DataType>> {
-        let signature = match self.ops.get(node.op_name()) {
-            Some(op) => op,
-            None => match library
-                .get(node.op_name())
-                .and_then(|f| f.signature.as_ref())
-            {
-                Some(signature) => signature,
-                None => {
-                    return Err(Error::UnknownOp {
-                        node: node.node_name().to_owned(),
-                        op: node.op_name().to_owned(),
-                    })
-                }
-            },
-        };
+        let signature = self.signature(node, library)?;
         let mut types = Vec::new();
         for arg in &signature.output_arg {
             arg_types(node, signature, arg, &mut types)?;
         }
         Ok(types)
+    }
+
+    /// Where each output arg of `node` sits among its flat outputs, in signature order: (arg
+    /// name, range). Function bodies name tensors `node:arg:i`; a graph names the same tensor
+    /// `node:<range.start + i>`. Looked up like [`Self::output_types`].
+    pub fn output_args<N: AttrSource + ?Sized>(
+        &self,
+        node: &N,
+        library: &HashMap<&str, &FunctionDef>,
+    ) -> Result<Vec<(String, std::ops::Range<usize>)>> {
+        let signature = self.signature(node, library)?;
+        let mut types = Vec::new();
+        let mut args = Vec::with_capacity(signature.output_arg.len());
+        for arg in &signature.output_arg {
+            let start = types.len();
+            arg_types(node, signature, arg, &mut types)?;
+            args.push((arg.name.clone(), start..types.len()));
+        }
+        Ok(args)
+    }
+
+    /// The op's signature, or the called function's.
+    fn signature<'s, N: AttrSource + ?Sized>(
+        &'s self,
+        node: &N,
+        library: &HashMap<&str, &'s FunctionDef>,
+    ) -> Result<&'s OpDef> {
+        match self.ops.get(node.op_name()) {
+            Some(op) => Ok(op),
+            None => library
+                .get(node.op_name())
+                .and_then(|f| f.signature.as_ref())
+                .ok_or_else(|| Error::UnknownOp {
+                    node: node.node_name().to_owned(),
+                    op: node.op_name().to_owned(),
+                }),
+        }
     }
 
     /// Whether TensorFlow marks the op stateful (unknown ops count as stateful).
@@ -341,5 +364,26 @@ mod tests {
         );
         let unknown = node("NoSuchOp", &[]);
         assert!(r.output_types(&unknown, &lib).is_err());
+    }
+
+    #[test]
+    fn output_args_lay_out_lists_and_numbered_args() {
+        let r = OpRegistry::tensorflow();
+        let lib = HashMap::new();
+        // Unique: y (T) then idx (out_idx, defaulted).
+        let unique = node("Unique", &[("T", ty(DataType::DT_INT64))]);
+        assert_eq!(
+            r.output_args(&unique, &lib).expect("layout"),
+            vec![("y".to_owned(), 0..1), ("idx".to_owned(), 1..2)]
+        );
+        // Split: `output` has num_split elements.
+        let mut n = AttrValue::new();
+        n.set_i(3);
+        let split = node("Split", &[("T", ty(DataType::DT_FLOAT)), ("num_split", n)]);
+        assert_eq!(
+            r.output_args(&split, &lib).expect("layout"),
+            vec![("output".to_owned(), 0..3)]
+        );
+        assert!(r.output_args(&node("NoSuchOp", &[]), &lib).is_err());
     }
 }

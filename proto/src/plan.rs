@@ -30,6 +30,20 @@ pub struct Plan {
     pub stubs: BTreeMap<String, String>,
     pub source: Option<Source>,
     pub summary: Summary,
+    /// One-shot iterators made initializable before the cut (their dataset factory inlined):
+    /// their nodes and `MakeIterator` are new, every other name is the original graph's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inlined: Vec<InlinedIterator>,
+}
+
+/// A `OneShotIterator` rewritten into an `IteratorV2` of the same name, fed by
+/// `make_iterator` from the body of its `dataset_factory` function, inlined as `nodes`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InlinedIterator {
+    pub iterator: String,
+    pub function: String,
+    pub make_iterator: String,
+    pub nodes: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -13,7 +13,7 @@ For each fixture with an input pipeline, both cuts (full and --simple), and ever
 The fixtures hold 256 records and batch 32 with repeat(), so STEPS = 12 crosses an epoch
 boundary. A self-check first shows the comparison catches a changed value.
 
-Usage: python tests/conformance/exec_equivalence.py --lode target/debug/lode
+Usage: python tests/conformance/exec_equivalence.py --lode target/debug/lode [--only NAME]
 """
 
 import argparse
@@ -34,6 +34,8 @@ MODELS = [
     ("deepfm", "model.pb", None),
     ("adam_resource", "model.pb", None),
     ("sgd_ref", "model.pb", None),
+    # A one-shot iterator: its dataset is inlined from the iterator's factory function.
+    ("one_shot", "model.pb", None),
     ("tf1_savedmodel", "saved_model", "train"),
 ]
 
@@ -187,6 +189,7 @@ def check(lode, fixtures, name, form, tags, simple, tmp):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lode", required=True)
+    parser.add_argument("--only", action="append", help="check only this fixture (repeatable)")
     parser.add_argument("--fixtures", default=os.path.join(os.path.dirname(__file__), "..", "..", "fixtures"))
     args = parser.parse_args()
     lode = os.path.abspath(args.lode)
@@ -195,6 +198,8 @@ def main():
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, form, tags in MODELS:
+            if args.only and name not in args.only:
+                continue
             for simple in (False, True):
                 try:
                     failures += check(lode, fixtures, name, form, tags, simple, tmp)

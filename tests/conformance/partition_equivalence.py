@@ -12,7 +12,7 @@ For each TF1 fixture and both cuts (full and --simple):
   4. The losses must be equal bit for bit, step by step.
 Graphs run from their fixture directory (data paths inside them are relative to it).
 
-Usage: python tests/conformance/partition_equivalence.py --lode target/debug/lode
+Usage: python tests/conformance/partition_equivalence.py --lode target/debug/lode [--only NAME]
 """
 
 import argparse
@@ -29,7 +29,8 @@ import tensorflow as tf  # noqa: E402
 from tensorflow.core.protobuf import rewriter_config_pb2  # noqa: E402
 
 STEPS = 6
-MODELS = ["wide_deep", "deepfm", "adam_resource", "sgd_ref"]
+# one_shot: a one-shot iterator, whose dataset the decoupler inlines from its factory function.
+MODELS = ["wide_deep", "deepfm", "adam_resource", "sgd_ref", "one_shot"]
 
 
 def session_config():
@@ -162,6 +163,7 @@ def check(lode, fixtures, name, simple, tmp):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lode", required=True)
+    parser.add_argument("--only", action="append", help="check only this fixture (repeatable)")
     parser.add_argument("--fixtures", default=os.path.join(os.path.dirname(__file__), "..", "..", "fixtures"))
     args = parser.parse_args()
     lode = os.path.abspath(args.lode)
@@ -169,6 +171,8 @@ def main():
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in MODELS:
+            if args.only and name not in args.only:
+                continue
             for simple in (False, True):
                 try:
                     failures += check(lode, fixtures, name, simple, tmp)

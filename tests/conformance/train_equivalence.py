@@ -47,12 +47,11 @@ CASES = {
         ["--model", os.path.join(FIXTURES, "sgd_ref"), "--steps", "150"],
         True,
     ),
-    # A one-shot iterator and tf.strings.strip: cut once the decoupler follows the iterator's
-    # dataset_factory and the data worker has StringStrip; until then it runs unchanged.
+    # A one-shot iterator (its dataset inside the iterator's dataset_factory) and string ops.
     "deepfm_monitored": (
         "deepfm_monitored.py",
         ["--data", os.path.join(FIXTURES, "deepfm", "data"), "--steps", "150"],
-        None,
+        True,
     ),
 }
 

@@ -5,6 +5,7 @@ mod bad_input;
 mod convert;
 mod exec;
 mod fixtures;
+mod one_shot;
 mod order;
 mod partition;
 mod runtime;

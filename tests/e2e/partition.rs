@@ -112,6 +112,31 @@ pub(crate) fn check_cover(model: &Path, tags: Option<&str>, dir: &Path, plan: &V
             );
         }
     }
+    // A name a stage lists that the original graph lacks is one the plan says it inlined
+    // (a one-shot iterator's dataset factory and its MakeIterator).
+    let original_names: HashSet<&str> = original
+        .graph
+        .node
+        .iter()
+        .map(|n| n.name.as_str())
+        .collect();
+    let mut inlined: HashSet<&str> = HashSet::new();
+    for it in plan["inlined"].as_array().into_iter().flatten() {
+        inlined.extend(
+            it["nodes"]
+                .as_array()
+                .expect("nodes")
+                .iter()
+                .filter_map(Value::as_str),
+        );
+        inlined.extend(it["make_iterator"].as_str());
+    }
+    for name in stage_of.keys() {
+        assert!(
+            original_names.contains(name.as_str()) || inlined.contains(name.as_str()),
+            "{name} is in a stage but neither in the original graph nor inlined"
+        );
+    }
     for node in &original.graph.node {
         let in_stage = stage_of.contains_key(&node.name);
         let in_training = training_names.contains(&node.name) && !stubs.contains(&node.name);
@@ -156,7 +181,13 @@ pub(crate) fn check_cover(model: &Path, tags: Option<&str>, dir: &Path, plan: &V
 #[test]
 fn every_tf1_fixture_partitions_into_a_cover() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    for name in ["wide_deep", "deepfm", "adam_resource", "sgd_ref"] {
+    for name in [
+        "wide_deep",
+        "deepfm",
+        "adam_resource",
+        "sgd_ref",
+        "one_shot",
+    ] {
         for simple in [false, true] {
             let model = fixtures().join(name).join("model.pb");
             let dir = tmp.path().join(format!("{name}-{simple}"));

@@ -94,6 +94,7 @@ pub const SUPPORTED: &[&str] = &[
     "StringToHashBucketStrong",
     "StringLower",
     "StringUpper",
+    "StringStrip",
     "StringJoin",
     "Substr",
     "StringToNumber",
@@ -479,6 +480,7 @@ pub fn build(node: &NodeDef, ctx: &BuildCtx<'_>) -> Result<Option<Built>> {
             let enc = str_or(node, "encoding", "")?;
             built(1, move |a| Ok(wrap(strings::string_upper(t(a, 0)?, &enc)?)))
         }
+        "StringStrip" => built(1, move |a| Ok(wrap(strings::string_strip(t(a, 0)?)?))),
         "StringJoin" => {
             let n = count(node, "N")?;
             let sep = bytes_attr(node, "separator", b"")?;

@@ -5,7 +5,7 @@
 //! the op, what was wrong and where. Outputs match TensorFlow 2.18.1 exactly; the golden
 //! vectors under `fixtures/golden/kernels/` come from `fixtures/gen/golden_kernels.py`.
 //!
-//! - [`strings`]: hashing, case, join, substr, split, number ↔ string, `RegexReplace` (RE2).
+//! - [`strings`]: hashing, case, strip, join, substr, split, number ↔ string, `RegexReplace` (RE2).
 //! - [`lookup`]: `HashTableV2` and the ops that fill and read it.
 //! - [`array`]: shape and copy ops (`Reshape`, `ConcatV2`, `Pack`, `Range` …).
 //! - [`cast`]: `Cast`, including what TensorFlow's x86-64 kernel does out of range.

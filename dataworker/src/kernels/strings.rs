@@ -1,6 +1,6 @@
 //! String kernels: `StringToHashBucketFast`, `StringToHashBucketStrong`, `StringLower`,
-//! `StringUpper`, `StringJoin`, `Substr`, `StringToNumber`, `AsString`, `StringSplitV2`,
-//! `RegexReplace` (RE2 semantics on the `regex` crate, see [`super::re2`]).
+//! `StringUpper`, `StringStrip`, `StringJoin`, `Substr`, `StringToNumber`, `AsString`,
+//! `StringSplitV2`, `RegexReplace` (RE2 semantics on the `regex` crate, see [`super::re2`]).
 
 use std::num::NonZeroU64;
 
@@ -124,14 +124,23 @@ fn check_encoding(op: &'static str, encoding: &str) -> Result<()> {
     }
 }
 
-fn map_bytes(op: &'static str, input: &Tensor, f: fn(&u8) -> u8) -> Result<Vec<Tensor>> {
+/// An elementwise string op: `f` of every string of `input`, in its shape.
+fn map_strings(
+    op: &'static str,
+    input: &Tensor,
+    f: impl Fn(&[u8]) -> Vec<u8>,
+) -> Result<Vec<Tensor>> {
     let strings = strings_of(op, "input", input)?;
-    let out = strings.iter().map(|s| s.iter().map(f).collect()).collect();
+    let out = strings.iter().map(|s| f(s)).collect();
     Ok(vec![output(
         op,
         input.shape().to_vec(),
         TensorData::String(out),
     )?])
+}
+
+fn map_bytes(op: &'static str, input: &Tensor, f: fn(&u8) -> u8) -> Result<Vec<Tensor>> {
+    map_strings(op, input, |s| s.iter().map(f).collect())
 }
 
 /// `StringLower` with `encoding=""`: ASCII A-Z mapped, every other byte kept.
@@ -144,6 +153,19 @@ pub fn string_lower(input: &Tensor, encoding: &str) -> Result<Vec<Tensor>> {
 pub fn string_upper(input: &Tensor, encoding: &str) -> Result<Vec<Tensor>> {
     check_encoding("StringUpper", encoding)?;
     map_bytes("StringUpper", input, u8::to_ascii_uppercase)
+}
+
+/// `StringStrip`: each string without its leading and trailing whitespace, as TensorFlow's
+/// `str_util::RemoveWhitespaceContext` strips it: space, `\t`, `\n`, `\v`, `\f` and `\r`.
+/// NUL, other control bytes and non-ASCII spaces (NBSP, NEL, U+3000) stay. Unlike
+/// `<[u8]>::trim_ascii` and unlike `StringSplitV2`'s whitespace ([`is_space`]), `\v` counts.
+pub fn string_strip(input: &Tensor) -> Result<Vec<Tensor>> {
+    let kept = |b: &u8| !is_space(*b) && *b != 0x0b;
+    map_strings("StringStrip", input, |s| {
+        let start = s.iter().position(kept).unwrap_or(s.len());
+        let end = s.iter().rposition(kept).map_or(start, |i| i + 1);
+        s[start..end].to_vec()
+    })
 }
 
 /// `StringJoin`: elementwise join with `separator`. Scalars broadcast; every non-scalar input

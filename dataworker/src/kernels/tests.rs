@@ -213,6 +213,11 @@ fn string_lower_and_upper() {
 }
 
 #[test]
+fn string_strip() {
+    check("StringStrip", |i, _, _| strings::string_strip(&i[0]));
+}
+
+#[test]
 fn string_join() {
     check("StringJoin", |i, a, _| {
         let refs: Vec<&Tensor> = i.iter().collect();
