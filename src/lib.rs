@@ -45,6 +45,7 @@ pub fn run(command: Command, out: &mut dyn std::io::Write) -> anyhow::Result<()>
         Command::Drain(args) => runtime::run_drain(args, out),
         Command::Simulate(args) => simulate::run_simulate(args, out),
         Command::Synthetic(args) => run_synthetic(args, out),
+        Command::Kernels(args) => run_kernels(args, out),
         Command::Scheduler(args) => scheduler::run_scheduler(args, out),
     }
 }
@@ -116,6 +117,7 @@ pub fn partition_to(
         output: dir.to_owned(),
         simple: false,
         stateful_ops: Vec::new(),
+        strict_kernels: false,
         data_root: None,
         format: OutputFormat::Text,
     };
@@ -173,6 +175,10 @@ fn run_partition(args: PartitionArgs, out: &mut dyn std::io::Write) -> anyhow::R
     let decouple_options = lode_decoupler::Options {
         simple: args.simple,
         stateful_ops: args.stateful_ops.clone(),
+        // Strict: cut as if every op ran, then refuse below what the workers cannot run.
+        kernels: (!args.strict_kernels).then_some(
+            lode_dataworker::exec::stage::runs_natively as lode_decoupler::kernels::KernelCheck,
+        ),
     };
     let mut decoupled = lode_decoupler::decouple(&view, &decouple_options)
         .with_context(|| format!("{}: cannot partition", path.display()))?;
@@ -195,11 +201,18 @@ fn run_partition(args: PartitionArgs, out: &mut dyn std::io::Write) -> anyhow::R
             writeln!(out, "\nwrote {}", args.output.display())?;
         }
     }
+    // Without --strict-kernels the cut keeps what workers cannot run in training, so a
+    // missing kernel here would be the cut's own bug: refused all the same.
     if missing > 0 {
         return Err(NegativeAnswer(format!(
             "{}: the plan was written, but {missing} op(s) of its stages have no data-worker \
-             kernel (listed in the report); data workers will refuse those stages",
-            args.output.display()
+             kernel (listed in the report); data workers will refuse those stages{}",
+            args.output.display(),
+            if args.strict_kernels {
+                " (without --strict-kernels those nodes stay in training)"
+            } else {
+                ""
+            }
         ))
         .into());
     }
@@ -260,6 +273,23 @@ impl std::fmt::Display for NegativeAnswer {
 }
 
 impl std::error::Error for NegativeAnswer {}
+
+/// `lode kernels`: the ops data workers run natively (the production kernel registry).
+fn run_kernels(args: cli::KernelsArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    let ops: Vec<&str> = lode_dataworker::exec::ops::supported().collect();
+    match args.format {
+        OutputFormat::Json => {
+            serde_json::to_writer_pretty(&mut *out, &ops)?;
+            writeln!(out)?;
+        }
+        OutputFormat::Text => {
+            for op in &ops {
+                writeln!(out, "{op}")?;
+            }
+        }
+    }
+    Ok(())
+}
 
 /// `lode synthetic`: writes a fixed-latency one-stage plan.
 fn run_synthetic(args: cli::SyntheticArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {

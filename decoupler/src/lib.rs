@@ -4,6 +4,8 @@
 //! # Layout
 //! - `graph`: an indexed view of a GraphDef (edges both ways, output dtypes from TensorFlow's
 //!   op registry).
+//! - `kernels`: the kernel-aware cut: data-side nodes the data worker cannot run stay in
+//!   training.
 //! - `partition`: the cut: model state, training region, data region, shared nodes, stages.
 //! - `rewrite`: stage and training GraphDefs with fused DWSend / DWRecv nodes and stand-ins.
 //! - `shapes`: static shapes of data-side tensors (exact rules only).
@@ -15,12 +17,15 @@
 //! - Cover: every original node is in exactly one stage or the training graph, or is a shared
 //!   (input-independent) node copied into the graphs that need it.
 //! - No stage holds a model variable or anything downstream of one.
+//! - With `Options::kernels`, every stage node (and every function it calls) has a kernel: the
+//!   plan always runs.
 //! - Only plain tensors cross (no DT_VARIANT, DT_RESOURCE or reference types).
 //! - Every name of the original graph that stays meaningful for the training program resolves
 //!   in the training graph.
 
 pub mod error;
 pub mod graph;
+pub mod kernels;
 pub mod partition;
 pub mod plan;
 pub mod rewrite;

@@ -30,6 +30,24 @@ pub struct Plan {
     pub stubs: BTreeMap<String, String>,
     pub source: Option<Source>,
     pub summary: Summary,
+    /// The ops without a data-worker kernel that kept data-side nodes in training (the
+    /// kernel-aware cut); empty when nothing limited the cut.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kernel_limits: Vec<KernelLimit>,
+}
+
+/// An op the data worker has no kernel for, and what it kept in training.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KernelLimit {
+    pub op: String,
+    /// The data-side nodes that need the op: they use it, call a function that does, or read
+    /// an input-independent node that does.
+    pub nodes: Vec<String>,
+    /// Nodes kept in training because of this op (its nodes and every data-side node that
+    /// depends on them); a node that needs several such ops counts under each.
+    pub kept_in_training: usize,
+    /// `kept_in_training` over the data-side nodes the cut had before it was limited.
+    pub share_of_data_side: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

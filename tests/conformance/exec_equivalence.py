@@ -34,6 +34,7 @@ MODELS = [
     ("deepfm", "model.pb", None),
     ("adam_resource", "model.pb", None),
     ("sgd_ref", "model.pb", None),
+    ("text_segments", "model.pb", None),
     ("tf1_savedmodel", "saved_model", "train"),
 ]
 

@@ -29,7 +29,7 @@ import tensorflow as tf  # noqa: E402
 from tensorflow.core.protobuf import rewriter_config_pb2  # noqa: E402
 
 STEPS = 6
-MODELS = ["wide_deep", "deepfm", "adam_resource", "sgd_ref"]
+MODELS = ["wide_deep", "deepfm", "adam_resource", "sgd_ref", "text_segments"]
 
 
 def session_config():

@@ -7,19 +7,12 @@ use std::path::Path;
 use lode_proto::io::{load, LoadOptions};
 use serde_json::Value;
 
-use crate::support::{fixtures, lode, ok, stderr};
+use crate::support::{fixtures, lode, ok, partition_into, stderr};
 
 fn partition(model: &Path, dir: &Path, extra: &[&str]) -> Value {
-    let mut args = vec![
-        "partition",
-        model.to_str().expect("path"),
-        "-o",
-        dir.to_str().expect("path"),
-        "--format",
-        "json",
-    ];
+    let mut args = vec!["--format", "json"];
     args.extend_from_slice(extra);
-    let out = ok(&lode(&args));
+    let out = ok(&partition_into(model, dir, &args));
     for file in ["training.pb", "plan.json", "report.txt", "partition.dot"] {
         assert!(
             dir.join(file).is_file(),
@@ -133,7 +126,13 @@ fn check_cover(model: &Path, tags: Option<&str>, dir: &Path, plan: &Value) {
 #[test]
 fn every_tf1_fixture_partitions_into_a_cover() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    for name in ["wide_deep", "deepfm", "adam_resource", "sgd_ref"] {
+    for name in [
+        "wide_deep",
+        "deepfm",
+        "adam_resource",
+        "sgd_ref",
+        "text_segments",
+    ] {
         for simple in [false, true] {
             let model = fixtures().join(name).join("model.pb");
             let dir = tmp.path().join(format!("{name}-{simple}"));
@@ -154,6 +153,89 @@ fn every_tf1_fixture_partitions_into_a_cover() {
     let dir = tmp.path().join("tf1_savedmodel");
     let plan = partition(&model, &dir, &["--tags", "train"]);
     check_cover(&model, Some("train"), &dir, &plan);
+}
+
+/// text_segments (fixtures/README.md) holds two input-side ops without a data-worker kernel:
+/// `Max` (tf.strings.split's ragged row ids) and `SegmentSum` (segment_mean's gradient). The
+/// plan keeps them, and what depends on them, in training, says so, and runs.
+#[test]
+fn ops_without_a_kernel_stay_in_training_and_the_plan_runs() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let model = fixtures().join("text_segments/model.pb");
+    let dir = tmp.path().join("plan");
+    let plan = partition(&model, &dir, &[]);
+    check_cover(&model, None, &dir, &plan);
+    let limits: HashMap<&str, &Value> = plan["kernel_limits"]
+        .as_array()
+        .expect("kernel_limits")
+        .iter()
+        .map(|l| (l["op"].as_str().expect("op"), l))
+        .collect();
+    let mut ops: Vec<&str> = limits.keys().copied().collect();
+    ops.sort_unstable();
+    assert_eq!(ops, ["Max", "SegmentSum"]);
+    let max = limits["Max"];
+    assert_eq!(
+        max["nodes"],
+        serde_json::json!([
+            "StringSplit/RaggedFromValueRowIds/RowPartitionFromValueRowIds/bincount/Max"
+        ])
+    );
+    // The Max and what reads it on the data side (the bincount and the row partition built
+    // from it) stay in training.
+    assert!(max["kept_in_training"].as_u64().expect("kept") > 1, "{max}");
+    let segment_sum = limits["SegmentSum"];
+    assert_eq!(
+        segment_sum["nodes"],
+        serde_json::json!(["gradients/SegmentMean_grad/SegmentSum"])
+    );
+    for limit in limits.values() {
+        let share = limit["share_of_data_side"].as_f64().expect("share");
+        assert!(share > 0.0 && share < 1.0, "{limit}");
+    }
+    let stage_nodes = names(&plan["stages"][0], "nodes");
+    for kept in [
+        "bincount/Max",
+        "SegmentMean_grad/SegmentSum",
+        "bincount/DenseBincount",
+    ] {
+        assert!(
+            !stage_nodes.iter().any(|n| n.ends_with(kept)),
+            "{kept} is in the stage"
+        );
+    }
+    // The training graph receives what the kept nodes read.
+    let received: Vec<&str> = plan["training"]["recv"][0]["tensors"]
+        .as_array()
+        .expect("tensors")
+        .iter()
+        .map(|t| t.as_str().expect("tensor"))
+        .collect();
+    assert!(
+        received.contains(&"gradients/SegmentMean_grad/ones_1:0"),
+        "{received:?}"
+    );
+    assert!(plan["stages"][0].get("missing_kernels").is_none());
+    let report = std::fs::read_to_string(dir.join("report.txt")).expect("report");
+    assert!(
+        report.contains("ops without a data-worker kernel limited the cut"),
+        "{report}"
+    );
+    assert!(report.contains("  Max: "), "{report}");
+    ok(&lode(&[
+        "exec",
+        dir.to_str().expect("path"),
+        "--steps",
+        "9",
+    ]));
+
+    // --strict-kernels: today's refusal, with a plan that workers refuse.
+    let strict = tmp.path().join("strict");
+    let out = partition_into(&model, &strict, &["--strict-kernels"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let report = crate::support::stdout(&out);
+    assert!(report.contains("NO KERNEL for Max"), "{report}");
+    assert!(report.contains("NO KERNEL for SegmentSum"), "{report}");
 }
 
 #[test]
@@ -324,14 +406,7 @@ fn deepfm_yields_a_cpu_stage_and_a_gpu_stage() {
 }
 
 fn expect_failure(model: &Path, dir: &Path, extra: &[&str], problem: &str) {
-    let mut args = vec![
-        "partition",
-        model.to_str().expect("path"),
-        "-o",
-        dir.to_str().expect("path"),
-    ];
-    args.extend_from_slice(extra);
-    let out = lode(&args);
+    let out = partition_into(model, dir, extra);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains(problem), "{}", stderr(&out));
     assert!(!dir.exists(), "a failed run left {}", dir.display());
