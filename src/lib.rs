@@ -172,6 +172,7 @@ fn run_partition(args: PartitionArgs, out: &mut dyn std::io::Write) -> anyhow::R
     let (path, bytes) = io::load_graph_bytes(&args.model.model, &options)?;
     let view = lode_proto::view::GraphView::parse(&bytes)
         .with_context(|| format!("{}: not a valid binary GraphDef", path.display()))?;
+    io::warn_if_unversioned(&path, view.versions.is_some());
     let decouple_options = lode_decoupler::Options {
         simple: args.simple,
         stateful_ops: args.stateful_ops.clone(),

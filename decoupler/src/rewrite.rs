@@ -626,6 +626,7 @@ fn strip_colocations(graph: &Graph, out: &mut OutGraph, originals: &[NodeId]) ->
             Error::Proto(lode_proto::Error::Decode {
                 path: Default::default(),
                 what: "NodeDef",
+                offset: 0,
                 source,
             })
         })?;

@@ -48,6 +48,48 @@ fn truncated_binary_graph() {
     expect_error(&path, &[], "not a valid binary GraphDef");
 }
 
+/// Issue 14: a GraphDef cut inside a node (here: one byte short of the first node's end,
+/// where every field read so far is whole) is refused, with the offset, by `lode inspect` and
+/// `lode partition`; one cut where TensorFlow's parser also accepts it (before `versions`) loads
+/// with a warning that the file may be truncated.
+#[test]
+fn a_graph_cut_inside_a_node_is_refused_and_one_cut_between_fields_is_flagged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let whole = std::fs::read(fixtures().join("sgd_ref/model.pb")).expect("fixture");
+    let mut fields = lode_proto::view::Fields::new(&whole);
+    let mut top = Vec::new();
+    while let Some(field) = fields.next_field() {
+        let (number, value, bytes) = field.expect("the fixture is whole");
+        let lode_proto::view::Field::Bytes(body) = value else {
+            panic!("field {number} is not length-delimited");
+        };
+        top.push((number, bytes.len(), bytes.len() - body.len()));
+    }
+    let (number, node_len, header) = top[0];
+    assert_eq!(number, 1, "the first field is a node");
+    let cut = node_len - 1;
+    let path = dir.path().join("cut.pb");
+    std::fs::write(&path, &whole[..cut]).expect("write");
+    let at = format!("at byte {header}");
+    expect_error(&path, &[], &at);
+    let plan = dir.path().join("plan");
+    let out = crate::support::partition_into(&path, &plan, &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains(&at), "{}", stderr(&out));
+
+    let &(number, tail, _) = top.last().expect("fields");
+    assert_eq!(number, 4, "TensorFlow writes versions last");
+    let path = dir.path().join("unversioned.pb");
+    std::fs::write(&path, &whole[..whole.len() - tail]).expect("write");
+    let out = lode_path(&["inspect"], &path);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("may be truncated"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 #[test]
 fn random_bytes() {
     let tmp = tempfile::tempdir().expect("tempdir");

@@ -136,12 +136,7 @@ impl Stage {
             })?;
         let path = plan.file(&spec.graph);
         let bytes = lode_proto::io::read_limited(&path, lode_proto::io::MAX_MODEL_BYTES)?;
-        let graph: GraphDef =
-            lode_proto::io::decode_binary(&bytes).map_err(|source| lode_proto::Error::Decode {
-                path: path.clone(),
-                what: "GraphDef",
-                source,
-            })?;
+        let graph: GraphDef = lode_proto::io::decode_binary_file(&path, &bytes, "GraphDef")?;
         let data_root = options
             .data_root
             .clone()
