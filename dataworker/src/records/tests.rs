@@ -252,6 +252,32 @@ fn truncation_is_an_error_in_the_data_and_in_the_header() {
     assert!(err.is_some_and(|e| e.is_corrupt_record()));
 }
 
+/// Found by the fuzz harness (tests/fuzz): a length near u64::MAX with a correct length CRC
+/// overflowed the truncation error's arithmetic (a panic in debug builds).
+#[test]
+fn a_huge_length_with_a_good_crc_is_a_truncation() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let len = u64::MAX - 1;
+    let mut file = len.to_le_bytes().to_vec();
+    file.extend(crate::records::tfrecord::masked_crc(&len.to_le_bytes()).to_le_bytes());
+    file.extend(b"short");
+    let path = write(dir.path(), "huge", &file);
+    let (got, err, _) = read_all(&path, config(Compression::None, OnCorrupt::Fail));
+    assert!(got.is_empty());
+    assert!(
+        matches!(
+            err,
+            Some(Error::TruncatedRecord {
+                offset: 0,
+                needed: u64::MAX,
+                found: 5,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+}
+
 #[test]
 fn ignore_errors_policies_skip_and_count() {
     let dir = tempfile::tempdir().expect("tempdir");
