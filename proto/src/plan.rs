@@ -149,6 +149,17 @@ impl Source {
     }
 }
 
+/// The byte offset of serde_json's (1-based line, 1-based column) error position in `bytes`:
+/// the byte it was reading (the last byte, when the data ends early).
+fn byte_offset(bytes: &[u8], line: usize, column: usize) -> usize {
+    let line_start = bytes
+        .split_inclusive(|&b| b == b'\n')
+        .take(line.saturating_sub(1))
+        .map(<[u8]>::len)
+        .sum::<usize>();
+    (line_start + column.saturating_sub(1)).min(bytes.len())
+}
+
 /// Writes a plan directory atomically: `dir` must be absent or empty, and `files` (paths
 /// relative to it; subdirectories are created) go into a temporary sibling that is renamed
 /// into place only when complete, so a failed write leaves nothing behind.
@@ -217,7 +228,10 @@ impl PlanDir {
         let bytes = crate::io::read_limited(&path, MAX_PLAN_BYTES)?;
         let plan: Plan = serde_json::from_slice(&bytes).map_err(|e| Error::InvalidModel {
             path: path.clone(),
-            reason: format!("not a Lode plan: {e}"),
+            reason: format!(
+                "not a Lode plan: at byte {}: {e}",
+                byte_offset(&bytes, e.line(), e.column())
+            ),
         })?;
         if plan.version != PLAN_VERSION {
             return Err(Error::InvalidModel {

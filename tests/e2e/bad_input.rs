@@ -172,3 +172,25 @@ fn graph_with_a_dangling_input() {
     .expect("write");
     expect_error(&path, &[], "no node is named 'ghost'");
 }
+
+/// A plan.json cut short or followed by garbage is refused with exit status 2, naming the file
+/// and the byte offset.
+#[test]
+fn a_truncated_or_extended_plan_json_is_refused_with_its_offset() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = dir.path().join("plan");
+    let out = crate::support::partition_into(&fixtures().join("sgd_ref/model.pb"), &plan, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let json = std::fs::read(plan.join("plan.json")).expect("plan.json");
+    let garbage = [json.as_slice(), b"\n}"].concat();
+    for (bytes, at) in [(json[..500].to_vec(), 499), (garbage, json.len() + 1)] {
+        std::fs::write(plan.join("plan.json"), &bytes).expect("write");
+        let out = crate::support::lode(&["exec", plan.to_str().expect("UTF-8"), "--steps", "1"]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("plan.json") && err.contains(&format!("at byte {at}")),
+            "{err}"
+        );
+    }
+}
