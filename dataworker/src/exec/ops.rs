@@ -93,6 +93,10 @@ pub static KERNELS: &[KernelEntry] = &[
     entry("Sum", reduction),
     entry("Prod", reduction),
     entry("Mean", reduction),
+    entry("Max", reduction),
+    entry("Min", reduction),
+    entry("All", reduction),
+    entry("Any", reduction),
     entry("Cumsum", cumsum),
     entry("Log1p", log1p),
     entry("Cast", cast_),
@@ -411,11 +415,15 @@ fn where_(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
 }
 
 fn reduction(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
-    let op = node.op.as_str();
-    let op = match op {
+    let op = match node.op.as_str() {
         "Sum" => Reduction::Sum,
         "Prod" => Reduction::Prod,
-        _ => Reduction::Mean,
+        "Mean" => Reduction::Mean,
+        "Max" => Reduction::Max,
+        "Min" => Reduction::Min,
+        "All" => Reduction::All,
+        "Any" => Reduction::Any,
+        other => return Err(attr_err(node, format!("{other} is not a reduction"))),
     };
     let keep = bool_or(node, "keep_dims", false)?;
     Ok(built(1, move |a| {
@@ -1073,7 +1081,7 @@ mod tests {
                 k.op
             );
         }
-        for op in ["Expm1", "Max", "SegmentSum", "Identityx", ""] {
+        for op in ["Expm1", "SegmentSum", "Identityx", ""] {
             assert!(matches!(build(&node(op), &ctx), Ok(None)), "{op}");
             assert!(!has_kernel(op), "{op}");
         }

@@ -827,6 +827,16 @@ fn math_ops() {
     n += check("SelectV2", |i, _, _| math::select_v2(&i[0], &i[1], &i[2]));
     n += check("Where", |i, _, _| math::where_(&i[0]));
     n += float_reductions();
+    for (name, op) in [
+        ("Max", math::Reduction::Max),
+        ("Min", math::Reduction::Min),
+        ("All", math::Reduction::All),
+        ("Any", math::Reduction::Any),
+    ] {
+        n += check(name, |i, a, _| {
+            math::reduce(op, &i[0], &i[1], attr_bool(a, "keep_dims"))
+        });
+    }
     n += check("Log1p", |i, _, _| math::log1p(&i[0]));
     n += check("Cumsum", |i, a, _| {
         math::cumsum(
@@ -982,9 +992,11 @@ mod robustness_sparse_math {
             let _ = math::select_v2(&ba, &a, &b);
             let _ = math::where_(&a);
             let ax = i64s(vec![axes.len()], axes.clone());
-            for op in [Reduction::Sum, Reduction::Prod, Reduction::Mean] {
+            for op in [Reduction::Sum, Reduction::Prod, Reduction::Mean, Reduction::Max,
+                       Reduction::Min, Reduction::All, Reduction::Any] {
                 let _ = math::reduce(op, &a, &ax, flag);
                 let _ = math::reduce(op, &fa, &ax, flag);
+                let _ = math::reduce(op, &ba, &ax, flag);
             }
             let _ = math::cumsum(&fa, &i64s(vec![], vec![axes.first().copied().unwrap_or(0)]), flag, !flag);
             let _ = math::log1p(&fa);
