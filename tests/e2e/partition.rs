@@ -155,67 +155,39 @@ fn every_tf1_fixture_partitions_into_a_cover() {
     check_cover(&model, Some("train"), &dir, &plan);
 }
 
-/// text_segments (fixtures/README.md) holds an input-side op without a data-worker kernel,
-/// `SegmentSum` (segment_mean's gradient counts segment sizes from the input alone); its
-/// `Max` (tf.strings.split's ragged row ids) has one. The plan keeps the SegmentSum in training,
-/// says so, and runs. (decoupler/tests/kernels.rs cuts the same graph without Max's kernel.)
+/// text_segments (fixtures/README.md) holds the two input-side ops issue 14 found without a
+/// data-worker kernel: `Max` (tf.strings.split's ragged row ids) and `SegmentSum`
+/// (segment_mean's gradient). Both have kernels now, so nothing limits the cut and both run in
+/// the stage (tests/conformance/exec_equivalence.py checks their tensors against TensorFlow's).
+/// The cut without those kernels is decoupler/tests/kernels.rs; a real graph with an op
+/// still lacking one is exec.rs's `ops_without_a_kernel_stay_in_training_or_are_refused_when_strict`.
 #[test]
-fn ops_without_a_kernel_stay_in_training_and_the_plan_runs() {
+fn max_and_segment_sum_run_on_the_data_worker() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let model = fixtures().join("text_segments/model.pb");
     let dir = tmp.path().join("plan");
     let plan = partition(&model, &dir, &[]);
     check_cover(&model, None, &dir, &plan);
-    let limits = plan["kernel_limits"].as_array().expect("kernel_limits");
-    assert_eq!(limits.len(), 1, "{limits:?}");
-    let segment_sum = &limits[0];
-    assert_eq!(segment_sum["op"], "SegmentSum");
-    assert_eq!(
-        segment_sum["nodes"],
-        serde_json::json!(["gradients/SegmentMean_grad/SegmentSum"])
+    assert!(
+        plan.get("kernel_limits").is_none(),
+        "{}",
+        plan["kernel_limits"]
     );
-    assert_eq!(segment_sum["kept_in_training"], 1);
-    let share = segment_sum["share_of_data_side"].as_f64().expect("share");
-    assert!(share > 0.0 && share < 0.1, "{segment_sum}");
     let stage_nodes = names(&plan["stages"][0], "nodes");
-    assert!(!stage_nodes
-        .iter()
-        .any(|n| n.ends_with("SegmentMean_grad/SegmentSum")));
-    assert!(
-        stage_nodes.iter().any(|n| n.ends_with("bincount/Max")),
-        "Max has a kernel: {stage_nodes:?}"
-    );
-    // The training graph receives what the kept node reads.
-    let received: Vec<&str> = plan["training"]["recv"][0]["tensors"]
-        .as_array()
-        .expect("tensors")
-        .iter()
-        .map(|t| t.as_str().expect("tensor"))
-        .collect();
-    assert!(
-        received.contains(&"gradients/SegmentMean_grad/ones_1:0"),
-        "{received:?}"
-    );
-    assert!(plan["stages"][0].get("missing_kernels").is_none());
-    let report = std::fs::read_to_string(dir.join("report.txt")).expect("report");
-    assert!(
-        report.contains("ops without a data-worker kernel limited the cut"),
-        "{report}"
-    );
-    assert!(report.contains("  SegmentSum: 1 node(s)"), "{report}");
+    for op_node in ["bincount/Max", "SegmentMean_grad/SegmentSum"] {
+        assert!(
+            stage_nodes.iter().any(|n| n.ends_with(op_node)),
+            "{op_node} is not in the stage: {stage_nodes:?}"
+        );
+    }
     ok(&lode(&[
         "exec",
         dir.to_str().expect("path"),
         "--steps",
         "9",
     ]));
-
-    // --strict-kernels: today's refusal, with a plan that workers refuse.
     let strict = tmp.path().join("strict");
-    let out = partition_into(&model, &strict, &["--strict-kernels"]);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    let report = crate::support::stdout(&out);
-    assert!(report.contains("NO KERNEL for SegmentSum"), "{report}");
+    ok(&partition_into(&model, &strict, &["--strict-kernels"]));
 }
 
 #[test]

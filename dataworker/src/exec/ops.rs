@@ -15,6 +15,7 @@ use super::program::{BuildCtx, Built, KernelFn};
 use super::value::{Value, VariantTensor};
 use super::{ExecError, Failure, Result};
 use crate::kernels::lookup::{self, HashTable};
+use crate::kernels::math::segment::{self, SegmentOp};
 use crate::kernels::math::{self, BinaryOp, Comparison, Reduction};
 use crate::kernels::parsing::{
     self, DecodeCsvAttrs, ParseExampleAttrs, ParseSingleExampleAttrs, SparseParts,
@@ -97,6 +98,15 @@ pub static KERNELS: &[KernelEntry] = &[
     entry("Min", reduction),
     entry("All", reduction),
     entry("Any", reduction),
+    entry("SegmentSum", segment),
+    entry("SegmentProd", segment),
+    entry("SegmentMax", segment),
+    entry("SegmentMin", segment),
+    entry("SegmentMean", segment),
+    entry("UnsortedSegmentSum", unsorted_segment),
+    entry("UnsortedSegmentProd", unsorted_segment),
+    entry("UnsortedSegmentMax", unsorted_segment),
+    entry("UnsortedSegmentMin", unsorted_segment),
     entry("Cumsum", cumsum),
     entry("Log1p", log1p),
     entry("Cast", cast_),
@@ -412,6 +422,37 @@ fn select_v2(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
 
 fn where_(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
     Ok(built(1, |a| Ok(wrap(math::where_(t(a, 0)?)?))))
+}
+
+fn segment_op(node: &NodeDef) -> Result<SegmentOp> {
+    let op = node.op.as_str();
+    Ok(match op.strip_prefix("Unsorted").unwrap_or(op) {
+        "SegmentSum" => SegmentOp::Sum,
+        "SegmentProd" => SegmentOp::Prod,
+        "SegmentMax" => SegmentOp::Max,
+        "SegmentMin" => SegmentOp::Min,
+        "SegmentMean" => SegmentOp::Mean,
+        _ => return Err(attr_err(node, format!("{op} is not a segment reduction"))),
+    })
+}
+
+fn segment(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let op = segment_op(node)?;
+    Ok(built(1, move |a| {
+        Ok(wrap(segment::segment(op, t(a, 0)?, t(a, 1)?)?))
+    }))
+}
+
+fn unsorted_segment(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let op = segment_op(node)?;
+    Ok(built(1, move |a| {
+        Ok(wrap(segment::unsorted_segment(
+            op,
+            t(a, 0)?,
+            t(a, 1)?,
+            t(a, 2)?,
+        )?))
+    }))
 }
 
 fn reduction(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
@@ -1081,7 +1122,7 @@ mod tests {
                 k.op
             );
         }
-        for op in ["Expm1", "SegmentSum", "Identityx", ""] {
+        for op in ["Expm1", "SparseSegmentSum", "Identityx", ""] {
             assert!(matches!(build(&node(op), &ctx), Ok(None)), "{op}");
             assert!(!has_kernel(op), "{op}");
         }

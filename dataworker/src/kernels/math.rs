@@ -16,6 +16,8 @@
 // Float ↔ count conversions (a Mean's divisor) are the ones TensorFlow performs.
 #![allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
 
+pub mod segment;
+
 use super::{broadcast_index, broadcast_shapes, output, KernelError, Result};
 use crate::tensor::{DType, Tensor, TensorData};
 
