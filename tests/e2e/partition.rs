@@ -410,3 +410,23 @@ fn an_existing_plan_directory_is_not_overwritten() {
     assert!(stderr(&out).contains("not empty"), "{}", stderr(&out));
     assert_eq!(std::fs::read(dir.join("keep.txt")).expect("kept"), b"mine");
 }
+
+/// `lode kernels` lists the production registry: TensorFlow ops only, not Lode's benchmark op.
+#[test]
+fn kernels_lists_the_registry() {
+    let text = ok(&lode(&["kernels"]));
+    let ops: Vec<&str> = text.lines().collect();
+    for op in [
+        "Const",
+        "PreventGradient",
+        "Max",
+        "SegmentSum",
+        "ParseExampleV2",
+    ] {
+        assert!(ops.contains(&op), "{op} missing from {ops:?}");
+    }
+    assert!(!ops.contains(&"LodeFixedLatency"));
+    let json: Value =
+        serde_json::from_str(&ok(&lode(&["kernels", "--format", "json"]))).expect("JSON");
+    assert_eq!(json.as_array().map(Vec::len), Some(ops.len()));
+}
