@@ -28,6 +28,12 @@ use crate::graph::{Graph, NodeId};
 /// Whether the data worker runs an op (a stage graph's node of that op).
 pub type KernelCheck = fn(&str) -> bool;
 
+/// The deepest chain of function calls the cut follows.
+pub const MAX_CALL_DEPTH: usize = 64;
+
+/// What a chain of calls deeper than [`MAX_CALL_DEPTH`] is reported as.
+pub const TOO_DEEP: &str = "(function calls nested too deep)";
+
 /// An op that kept data-side nodes in training.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelLimit {
@@ -59,10 +65,15 @@ struct Functions<'g, 'a> {
 }
 
 impl Functions<'_, '_> {
-    /// Ops without a kernel in function `name` and every function it reaches.
-    fn missing(&mut self, name: &str) -> BTreeSet<String> {
+    /// Ops without a kernel in function `name` and every function it reaches; calls nested
+    /// deeper than [`MAX_CALL_DEPTH`] count as one missing "op" (a hostile library cannot
+    /// exhaust the stack, and the worker would not run such a chain anyway).
+    fn missing(&mut self, name: &str, depth: usize) -> BTreeSet<String> {
         if let Some(m) = self.memo.get(name) {
             return m.clone();
+        }
+        if depth > MAX_CALL_DEPTH {
+            return BTreeSet::from([TOO_DEEP.to_owned()]);
         }
         // A recursive call sees what is known so far (nothing): the outer call collects it.
         self.memo.insert(name.to_owned(), BTreeSet::new());
@@ -90,7 +101,7 @@ impl Functions<'_, '_> {
             }
         }
         for callee in called {
-            out.extend(self.missing(&callee));
+            out.extend(self.missing(&callee, depth + 1));
         }
         self.memo.insert(name.to_owned(), out.clone());
         out
@@ -104,11 +115,11 @@ impl Functions<'_, '_> {
             out.insert(node.op.to_owned());
         }
         if self.graph.library.contains_key(node.op) {
-            out.extend(self.missing(node.op));
+            out.extend(self.missing(node.op, 0));
         }
         for (_, bytes) in &node.attrs {
             for f in view::attr::functions(bytes) {
-                out.extend(self.missing(f));
+                out.extend(self.missing(f, 0));
             }
         }
         out
