@@ -56,6 +56,15 @@ pub enum Command {
     /// Move data workers between running jobs under MaxTP, SRTF or Fair, from each job's
     /// queue metrics, on an interval.
     Scheduler(SchedulerArgs),
+    /// List the ops data workers run natively (the kernel registry); a stage node of any other
+    /// op stays in training.
+    Kernels(KernelsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct KernelsArgs {
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text, env = "LODE_FORMAT")]
+    pub format: OutputFormat,
 }
 
 #[derive(Debug, Args)]
@@ -145,6 +154,10 @@ pub struct PartitionArgs {
     /// An op to treat as model state besides VariableV2, Variable and VarHandleOp (repeatable).
     #[arg(long = "stateful-op", value_name = "OP")]
     pub stateful_ops: Vec<String>,
+    /// Refuse (exit 1) a plan whose data side holds ops without a data-worker kernel, instead
+    /// of keeping those nodes (and what depends on them) in training.
+    #[arg(long)]
+    pub strict_kernels: bool,
     /// The directory the graph's relative data paths (input files, vocabularies) resolve
     /// against, recorded in plan.json; default: the directory holding the model file (for a
     /// SavedModel directory, the directory holding it).

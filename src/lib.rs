@@ -47,6 +47,7 @@ pub fn run(command: Command, out: &mut dyn std::io::Write) -> anyhow::Result<()>
         Command::Drain(args) => runtime::run_drain(args, out),
         Command::Simulate(args) => simulate::run_simulate(args, out),
         Command::Synthetic(args) => run_synthetic(args, out),
+        Command::Kernels(args) => run_kernels(args, out),
         Command::Scheduler(args) => scheduler::run_scheduler(args, out),
         Command::Train(args) => train::run_train(args, out),
     }
@@ -119,6 +120,7 @@ pub fn partition_to(
         output: dir.to_owned(),
         simple: false,
         stateful_ops: Vec::new(),
+        strict_kernels: false,
         data_root: None,
         format: OutputFormat::Text,
     };
@@ -174,6 +176,10 @@ fn run_partition(args: PartitionArgs, out: &mut dyn std::io::Write) -> anyhow::R
     let decouple_options = lode_decoupler::Options {
         simple: args.simple,
         stateful_ops: args.stateful_ops.clone(),
+        // Strict: cut as if every op ran, then refuse below what the workers cannot run.
+        kernels: (!args.strict_kernels).then_some(
+            lode_dataworker::exec::stage::runs_natively as lode_decoupler::kernels::KernelCheck,
+        ),
     };
     let (decoupled, missing) =
         decouple_graph(&path, &bytes, &decouple_options, &data_root(&args)?)?;
@@ -194,11 +200,18 @@ fn run_partition(args: PartitionArgs, out: &mut dyn std::io::Write) -> anyhow::R
             writeln!(out, "\nwrote {}", args.output.display())?;
         }
     }
+    // Without --strict-kernels the cut keeps what workers cannot run in training, so a
+    // missing kernel here would be the cut's own bug: refused all the same.
     if missing > 0 {
         return Err(NegativeAnswer(format!(
             "{}: the plan was written, but {missing} op(s) of its stages have no data-worker \
-             kernel (listed in the report); data workers will refuse those stages",
-            args.output.display()
+             kernel (listed in the report); data workers will refuse those stages{}",
+            args.output.display(),
+            if args.strict_kernels {
+                " (without --strict-kernels those nodes stay in training)"
+            } else {
+                ""
+            }
         ))
         .into());
     }
@@ -215,6 +228,7 @@ pub fn decouple_graph(
 ) -> anyhow::Result<(lode_decoupler::Decoupled, usize)> {
     let view = lode_proto::view::GraphView::parse(bytes)
         .with_context(|| format!("{}: not a valid binary GraphDef", path.display()))?;
+    io::warn_if_unversioned(path, view.versions.is_some());
     let mut decoupled = lode_decoupler::decouple(&view, options)
         .with_context(|| format!("{}: cannot partition", path.display()))?;
     decoupled.plan.data_root = Some(data_root.display().to_string());
@@ -276,6 +290,23 @@ impl std::fmt::Display for NegativeAnswer {
 }
 
 impl std::error::Error for NegativeAnswer {}
+
+/// `lode kernels`: the ops data workers run natively (the production kernel registry).
+fn run_kernels(args: cli::KernelsArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    let ops: Vec<&str> = lode_dataworker::exec::ops::supported().collect();
+    match args.format {
+        OutputFormat::Json => {
+            serde_json::to_writer_pretty(&mut *out, &ops)?;
+            writeln!(out)?;
+        }
+        OutputFormat::Text => {
+            for op in &ops {
+                writeln!(out, "{op}")?;
+            }
+        }
+    }
+    Ok(())
+}
 
 /// `lode synthetic`: writes a fixed-latency one-stage plan.
 fn run_synthetic(args: cli::SyntheticArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {

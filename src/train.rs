@@ -413,6 +413,10 @@ fn start_job(request: &Request, settings: &Settings) -> Result<(Job, Reply), Ref
     let options = lode_decoupler::Options {
         simple: settings.simple,
         stateful_ops: Vec::new(),
+        // The kernel-aware cut: what the workers cannot run stays in training.
+        kernels: Some(
+            lode_dataworker::exec::stage::runs_natively as lode_decoupler::kernels::KernelCheck,
+        ),
     };
     let cwd = request
         .cwd

@@ -28,9 +28,13 @@ use lode_proto::plan::{
 use lode_proto::tf::graph::GraphDef;
 use protobuf::Message;
 
+use crate::exec::ops::{attr_err, built, entry, t, wrap, KernelEntry};
+use crate::exec::program::{BuildCtx, Built};
 use crate::hash::fingerprint64;
 use crate::records::tfrecord::encode_record;
 use crate::tensor::{Tensor, TensorData};
+use lode_proto::attr::NodeAttrs;
+use lode_proto::tf::node_def::NodeDef;
 
 /// The op of the synthetic stage's work node (Lode's own; TensorFlow has no such op).
 pub const FIXED_LATENCY_OP: &str = "LodeFixedLatency";
@@ -293,6 +297,7 @@ node {{
                 ..Summary::default()
             },
             inlined: Vec::new(),
+            kernel_limits: Vec::new(),
         }
     }
 
@@ -336,6 +341,45 @@ fn absolute(path: &Path) -> std::io::Result<PathBuf> {
     } else {
         Ok(std::env::current_dir()?.join(path))
     }
+}
+
+/// Lode's benchmark kernels: outside the production registry (`exec::ops::KERNELS`), so that
+/// the partitioner never plans a user graph around them, but found by a stage load.
+pub static KERNELS: &[KernelEntry] = &[entry(FIXED_LATENCY_OP, build_fixed_latency)];
+
+fn build_fixed_latency(node: &NodeDef, _ctx: &BuildCtx<'_>) -> crate::exec::Result<Built> {
+    let latency_us = node.attr_int("latency_us")?;
+    let width = node.attr_int("width")?;
+    let latency = u64::try_from(latency_us)
+        .ok()
+        .map(std::time::Duration::from_micros)
+        .filter(|l| *l <= MAX_LATENCY)
+        .ok_or_else(|| attr_err(node, "latency_us must be in [0, 60 s]"))?;
+    let width = u64::try_from(width)
+        .ok()
+        .filter(|w| (1..=MAX_WIDTH).contains(w))
+        .and_then(|w| usize::try_from(w).ok())
+        .ok_or_else(|| attr_err(node, "width must be in [1, 2^20]"))?;
+    let spin = node.attr_bool("spin")?;
+    // Plans written before `parallelism` existed have one part.
+    let parallelism = if node.attr.contains_key("parallelism") {
+        u64::try_from(node.attr_int("parallelism")?)
+            .ok()
+            .filter(|p| (1..=MAX_PARALLELISM).contains(p))
+            .and_then(|p| usize::try_from(p).ok())
+            .ok_or_else(|| attr_err(node, "parallelism must be in [1, 1024]"))?
+    } else {
+        1
+    };
+    Ok(built(1, move |a| {
+        Ok(wrap(vec![fixed_latency(
+            t(a, 0)?,
+            latency,
+            spin,
+            width,
+            parallelism,
+        )?]))
+    }))
 }
 
 /// The work of [`FIXED_LATENCY_OP`]: takes `latency` (sleeping, or spinning when `spin`), in

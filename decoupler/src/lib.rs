@@ -5,6 +5,8 @@
 //! - `one_shot`: the first pass: one-shot iterators made initializable (factory inlined).
 //! - `graph`: an indexed view of a GraphDef (edges both ways, output dtypes from TensorFlow's
 //!   op registry).
+//! - `kernels`: the kernel-aware cut: data-side nodes the data worker cannot run stay in
+//!   training.
 //! - `partition`: the cut: model state, training region, data region, shared nodes, stages.
 //! - `rewrite`: stage and training GraphDefs with fused DWSend / DWRecv nodes and stand-ins.
 //! - `shapes`: static shapes of data-side tensors (exact rules only).
@@ -13,6 +15,7 @@
 //!   ops (skip, take, repeat, shuffle, batch) in program order with their folded arguments.
 //! - `source_rewrite`: the stage's reader replaced by an index-fed `DWSource`.
 //! - `plan`: plan.json, report.txt, partition.dot, and the atomic plan-directory writer.
+//! - `string_handle`: `from_string_handle` iterators resolved to the graph's one iterator.
 //!
 //! # Invariants
 //! - Cover: every original node is in exactly one stage or the training graph, or is a shared
@@ -22,6 +25,8 @@
 //!   (plan.json lists them in `inlined`).
 //! - A pipeline whose order Lode cannot reproduce on indices is refused, naming the op.
 //! - No stage holds a model variable or anything downstream of one.
+//! - With `Options::kernels`, every stage node (and every function it calls) has a kernel: the
+//!   plan always runs.
 //! - Only plain tensors cross (no DT_VARIANT, DT_RESOURCE or reference types).
 //! - Every name of the original graph that stays meaningful for the training program resolves
 //!   in the training graph.
@@ -29,6 +34,7 @@
 pub mod error;
 pub mod fold;
 pub mod graph;
+pub mod kernels;
 pub mod one_shot;
 pub mod partition;
 pub mod plan;
@@ -36,6 +42,7 @@ pub mod rewrite;
 pub mod shapes;
 pub mod source;
 pub mod source_rewrite;
+pub mod string_handle;
 
 pub use error::{Error, Result};
 pub use partition::Options;
@@ -62,6 +69,17 @@ pub fn decouple(def: &GraphView, options: &Options) -> Result<Decoupled> {
                 reason: format!("the graph with its one-shot iterators inlined: {e}"),
             })?;
             &view
+        }
+        None => def,
+    };
+    let handled = string_handle::normalize(def)?;
+    let handled_view;
+    let def = match &handled {
+        Some(bytes) => {
+            handled_view = GraphView::parse(bytes).map_err(|e| Error::InvalidGraph {
+                reason: format!("the graph with its handle iterators resolved: {e}"),
+            })?;
+            &handled_view
         }
         None => def,
     };

@@ -6,10 +6,12 @@
 //!    ops) outside T. With `simple`, only the pipeline itself up to IteratorGetNext.
 //! 4. Tensors that would cross the cut as DT_VARIANT or DT_RESOURCE pull their consumer to the
 //!    data side (e.g. DeserializeSparse after IteratorGetNext), until only plain tensors cross.
-//! 5. Input-independent nodes (constants, shapes, lookup tables) are not sent: every graph that
+//! 5. With `Options::kernels`, data-side nodes the data worker cannot run stay in training,
+//!    with every data-side node that depends on them ([`crate::kernels`]).
+//! 6. Input-independent nodes (constants, shapes, lookup tables) are not sent: every graph that
 //!    needs one gets a copy, with its ancestors. Lookup-table initializers travel with their
 //!    table to the data side, where the worker runs them when it loads its stage.
-//! 6. Stages: input-dependent nodes are levelled by device type: a node's stage is the largest
+//! 7. Stages: input-dependent nodes are levelled by device type: a node's stage is the largest
 //!    stage of its data-side inputs, plus one when the device type changes (CPU → GPU → CPU …).
 
 use std::collections::{BTreeSet, VecDeque};
@@ -18,6 +20,7 @@ use lode_proto::ops::is_plain;
 
 use crate::error::{Error, Result};
 use crate::graph::{Graph, NodeId, Tensor};
+use crate::kernels::{KernelCheck, KernelCut};
 
 /// Ops that hold model state.
 pub const VARIABLE_OPS: &[&str] = &["VariableV2", "Variable", "VarHandleOp"];
@@ -87,6 +90,9 @@ pub struct Options {
     pub simple: bool,
     /// Extra ops to treat as model state.
     pub stateful_ops: Vec<String>,
+    /// The ops a data worker runs: data-side nodes it cannot run stay in training (see
+    /// [`crate::kernels`]). None cuts as if every op had a kernel.
+    pub kernels: Option<KernelCheck>,
 }
 
 /// Where each node goes.
@@ -112,6 +118,8 @@ pub struct Partition {
     pub table_inits: BTreeSet<NodeId>,
     /// Consumers pulled to the data side so that no variant or resource crosses.
     pub pulled: Vec<NodeId>,
+    /// What the kernel-aware cut kept in training, and why.
+    pub kernel_cut: KernelCut,
     /// Topological position of each node (for stable orders).
     pub topo_rank: Vec<usize>,
     /// The nodes in topological order.
@@ -200,6 +208,13 @@ pub fn partition(graph: &Graph, options: &Options) -> Result<Partition> {
         }
     }
 
+    let order = graph.topological_order();
+    let kernel_cut = match options.kernels {
+        Some(runs) => crate::kernels::limit(graph, &mut dependent, &training, &order, runs),
+        None => KernelCut::default(),
+    };
+    pulled.retain(|&i| dependent[i]);
+
     // Table initializers go with their table when a data-side node uses the table.
     let data_side_needs = backward_closure(graph, &dependent);
     let mut table_inits = BTreeSet::new();
@@ -232,7 +247,6 @@ pub fn partition(graph: &Graph, options: &Options) -> Result<Partition> {
         }
     }
 
-    let order = graph.topological_order();
     let mut topo_rank = vec![0; n];
     for (rank, &id) in order.iter().enumerate() {
         topo_rank[id] = rank;
@@ -333,6 +347,7 @@ pub fn partition(graph: &Graph, options: &Options) -> Result<Partition> {
         state,
         table_inits,
         pulled,
+        kernel_cut,
         topo_rank,
         order,
     })

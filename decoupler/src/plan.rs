@@ -106,7 +106,36 @@ pub fn build(
             .collect(),
         source,
         inlined: Vec::new(),
+        kernel_limits: kernel_limits(graph, part),
     }
+}
+
+fn kernel_limits(graph: &Graph, part: &Partition) -> Vec<lode_proto::plan::KernelLimit> {
+    let cut = &part.kernel_cut;
+    cut.limits
+        .iter()
+        .map(|l| lode_proto::plan::KernelLimit {
+            op: l.op.clone(),
+            nodes: l
+                .users
+                .iter()
+                .map(|&i| graph.node(i).name.to_owned())
+                .collect(),
+            kept_in_training: l.kept,
+            share_of_data_side: share(l.kept, cut.data_side_before),
+        })
+        .collect()
+}
+
+/// `part / whole`, 0 for an empty whole.
+fn share(part: usize, whole: usize) -> f64 {
+    if whole == 0 {
+        return 0.0;
+    }
+    // Node counts are far below 2^52: exact as f64.
+    #[allow(clippy::cast_precision_loss)]
+    let ratio = part as f64 / whole as f64;
+    ratio
 }
 
 pub fn report(graph: &Graph, part: &Partition, out: &Rewritten, plan: &Plan) -> String {
@@ -149,6 +178,7 @@ pub fn report(graph: &Graph, part: &Partition, out: &Rewritten, plan: &Plan) -> 
             part.pulled.len()
         );
     }
+    kernel_section(&mut r, part, plan);
     for (stage, st) in plan.stages.iter().zip(&out.stages) {
         let _ = writeln!(r);
         let _ = writeln!(
@@ -203,6 +233,45 @@ pub fn report(graph: &Graph, part: &Partition, out: &Rewritten, plan: &Plan) -> 
         }
     }
     r
+}
+
+/// Which ops limited the cut, and what each kept in training.
+fn kernel_section(r: &mut String, part: &Partition, plan: &Plan) {
+    if plan.kernel_limits.is_empty() {
+        return;
+    }
+    let cut = &part.kernel_cut;
+    let _ = writeln!(r);
+    let _ = writeln!(
+        r,
+        "ops without a data-worker kernel limited the cut: {} of {} data-side nodes ({:.1}%) stay in training",
+        cut.kept,
+        cut.data_side_before,
+        100.0 * share(cut.kept, cut.data_side_before)
+    );
+    for limit in &plan.kernel_limits {
+        let shown: Vec<&str> = limit.nodes.iter().take(3).map(String::as_str).collect();
+        let more = limit.nodes.len().saturating_sub(3);
+        let _ = writeln!(
+            r,
+            "  {}: {} node(s) ({:.1}%) kept; needed by {}{}",
+            limit.op,
+            limit.kept_in_training,
+            100.0 * limit.share_of_data_side,
+            shown.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        );
+    }
+    if plan.kernel_limits.len() > 1 {
+        let _ = writeln!(
+            r,
+            "  (a node that needs several of these ops counts under each)"
+        );
+    }
 }
 
 /// Graphs above this many nodes get a region-level DOT: a drawing of a million nodes helps

@@ -22,6 +22,7 @@ use lode_proto::ops::is_plain;
 use lode_proto::tf::attr_value::{attr_value, AttrValue};
 use lode_proto::tf::function::FunctionDefLibrary;
 use lode_proto::tf::node_def::NodeDef;
+use lode_proto::tf::tensor::TensorProto;
 use lode_proto::tf::tensor_shape::TensorShapeProto;
 use lode_proto::tf::types::DataType;
 use lode_proto::view::{self, OutNode};
@@ -137,6 +138,10 @@ impl<'a> Ctx<'_, 'a> {
         // `local_init_op` grouping the iterator's initializer): it gets a stand-in too.
         if self.part.table_inits.contains(&id) || op == "MakeIterator" || op == "NoOp" {
             Some("NoOp")
+        } else if op == "IteratorToStringHandle" {
+            // The handle a from_string_handle program fetches and feeds back (see
+            // `string_handle`): in training it names nothing, and a constant serves.
+            Some("Const")
         } else if op.starts_with("IteratorGetNext") {
             Some("IdentityN")
         } else {
@@ -450,6 +455,19 @@ pub fn rewrite<'a>(
             needed.insert(s);
             node.attr.insert("T".into(), list_types(types));
             stubs.push((node.name.clone(), "IdentityN over DWRecv outputs"));
+        } else if kind == "Const" {
+            node.op = "Const".into();
+            let mut dtype = AttrValue::new();
+            dtype.set_type(DataType::DT_STRING);
+            node.attr.insert("dtype".into(), dtype);
+            let mut value = TensorProto::new();
+            value.dtype = EnumOrUnknown::new(DataType::DT_STRING);
+            value.tensor_shape = protobuf::MessageField::some(TensorShapeProto::new());
+            value.string_val = vec![format!("lode:{}", original.name).into_bytes()];
+            let mut attr = AttrValue::new();
+            attr.set_tensor(value);
+            node.attr.insert("value".into(), attr);
+            stubs.push((node.name.clone(), "Const"));
         } else if kind == "NoOp" || referenced.contains(&id) || kind == "IdentityN" {
             node.op = "NoOp".into();
             // Running the stand-in runs the stand-ins (and training nodes) it grouped; control
@@ -634,6 +652,7 @@ fn strip_colocations(graph: &Graph, out: &mut OutGraph, originals: &[NodeId]) ->
             Error::Proto(lode_proto::Error::Decode {
                 path: Default::default(),
                 what: "NodeDef",
+                offset: 0,
                 source,
             })
         })?;

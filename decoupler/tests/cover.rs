@@ -30,6 +30,14 @@ fn node(name: String, op: &str, inputs: Vec<String>) -> NodeDef {
 /// Ops of the random part: (op, arity).
 const OPS: &[(&str, usize)] = &[("Identity", 1), ("AddV2", 2), ("Mul", 2), ("Neg", 1)];
 
+/// Kernel checks that each lack one op of [`OPS`] (in its order).
+const WITHOUT: [fn(&str) -> bool; 4] = [
+    |op| op != "Identity",
+    |op| op != "AddV2",
+    |op| op != "Mul",
+    |op| op != "Neg",
+];
+
 /// A dataset factory `RangeDataset(start, stop, step) → RepeatDataset` in function-body
 /// naming, as `make_one_shot_iterator` writes one.
 fn factory(name: &str) -> FunctionDef {
@@ -173,11 +181,12 @@ proptest! {
         picks in proptest::collection::vec((0usize..8, 0usize..64, 0usize..64, proptest::bool::weighted(0.2)), 1..40),
         simple in any::<bool>(),
         one_shot in any::<bool>(),
+        without in proptest::option::of(0usize..OPS.len()),
     ) {
         let g = build(outputs, vars, &picks, one_shot);
         let bytes = protobuf::Message::write_to_bytes(&g).expect("encodes");
         let view = lode_proto::view::GraphView::parse(&bytes).expect("view");
-        let out = decouple(&view, &Options { simple, stateful_ops: vec![] }).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let out = decouple(&view, &Options { simple, stateful_ops: vec![], kernels: without.map(|w| WITHOUT[w]) }).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let plan = &out.plan;
         // Downstream of state, computed here independently.
         let by_name: HashMap<&str, &NodeDef> = g.node.iter().map(|n| (n.name.as_str(), n)).collect();
@@ -227,6 +236,28 @@ proptest! {
             }
             if downstream.contains(&n.name) {
                 prop_assert!(in_training, "{} is downstream of state but not in training", n.name);
+            }
+        }
+        // The kernel-aware cut: no stage node lacks a kernel or reads (transitively, on the
+        // data side) a node that does; whatever the cut kept is accounted for.
+        if let Some(w) = without {
+            let missing = OPS[w].0;
+            let mut needs: HashSet<&str> = HashSet::new();
+            for n in &g.node {
+                let reads_missing = n.input.iter().any(|i| {
+                    let base = i.trim_start_matches('^').split(':').next().unwrap_or("");
+                    needs.contains(base) || by_name.get(base).is_some_and(|m| m.op == missing)
+                });
+                if n.op == missing || reads_missing {
+                    needs.insert(n.name.as_str());
+                }
+            }
+            for name in stage_of.keys() {
+                prop_assert!(!needs.contains(name), "{name} is in a stage but needs {missing}");
+            }
+            for limit in &plan.kernel_limits {
+                prop_assert_eq!(&limit.op, missing);
+                prop_assert!(limit.kept_in_training >= limit.nodes.len());
             }
         }
         // Only plain tensors cross.

@@ -21,6 +21,7 @@ fn run(bytes: &[u8], simple: bool) {
             &Options {
                 simple,
                 stateful_ops: vec![],
+                kernels: None,
             },
         );
     }

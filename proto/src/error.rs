@@ -22,10 +22,12 @@ pub enum Error {
         size: u64,
         limit: u64,
     },
-    #[error("{}: not a valid binary {what}: {source}{}", path.display(), decode_hint(source))]
+    #[error("{}: not a valid binary {what}: at byte {offset}: {source}{}", path.display(), decode_hint(source))]
     Decode {
         path: PathBuf,
         what: &'static str,
+        /// Where decoding stopped.
+        offset: u64,
         #[source]
         source: protobuf::Error,
     },
@@ -93,7 +95,7 @@ fn tag_sets(sets: &[Vec<String>]) -> String {
 /// Plain words for the protobuf decoder's terse messages.
 fn decode_hint(err: &protobuf::Error) -> &'static str {
     let text = err.to_string();
-    if text.contains("EOF") {
+    if text.contains("EOF") || text.contains("greater than current limit") {
         " (the data ends inside a field: is the file truncated?)"
     } else if text.contains("tag") || text.contains("wire type") {
         " (these bytes are not protobuf wire format at this point: wrong file or corrupted?)"

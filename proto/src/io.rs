@@ -125,6 +125,7 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<Model> {
         TextKind::GraphDef => {
             let graph: GraphDef = decode(path, &bytes, textual, "GraphDef")?;
             check_graph(path, &graph)?;
+            warn_if_unversioned(path, graph.versions.is_some());
             Ok(Model {
                 path: path.to_owned(),
                 format: if textual {
@@ -355,21 +356,58 @@ fn decode<M: MessageFull>(
             source,
         });
     }
-    decode_binary(bytes).map_err(|source| Error::Decode {
+    decode_binary_file(path, bytes, what)
+}
+
+/// Decodes the binary message `bytes` read from `path`; an error names the file, the message
+/// type and the offset.
+pub fn decode_binary_file<M: Message>(path: &Path, bytes: &[u8], what: &'static str) -> Result<M> {
+    decode_binary_at(bytes).map_err(|(offset, source)| Error::Decode {
         path: path.to_owned(),
         what,
+        offset,
         source,
     })
 }
 
-/// Decodes a binary message with Lode's explicit recursion limit.
+/// Decodes a binary message with Lode's explicit recursion limit; the whole of `bytes` must
+/// be the message.
 pub fn decode_binary<M: Message>(bytes: &[u8]) -> protobuf::Result<M> {
+    decode_binary_at(bytes).map_err(|(_, e)| e)
+}
+
+/// [`decode_binary`], with the byte offset where decoding stopped on an error.
+///
+/// The whole input is pushed as a limit before decoding: rust-protobuf starts a stream with no
+/// limit, so an embedded message whose length runs past the end of the data was read up to
+/// the end and taken as complete (a GraphDef cut inside its tenth node read as a valid graph
+/// of ten nodes, the last one short). With the limit, such a length is an error, as in
+/// TensorFlow's own parser.
+pub fn decode_binary_at<M: Message>(bytes: &[u8]) -> Result<M, (u64, protobuf::Error)> {
     let mut input = CodedInputStream::from_bytes(bytes);
     input.set_recursion_limit(RECURSION_LIMIT);
+    let at = |input: &CodedInputStream<'_>, e| (input.pos(), e);
+    let outer = input
+        .push_limit(bytes.len() as u64)
+        .map_err(|e| at(&input, e))?;
     let mut message = M::new();
-    message.merge_from(&mut input)?;
-    input.check_eof()?;
+    message.merge_from(&mut input).map_err(|e| at(&input, e))?;
+    input.check_eof().map_err(|e| at(&input, e))?;
+    input.pop_limit(outer);
     Ok(message)
+}
+
+/// Warns when a GraphDef lacks `versions`. TensorFlow always writes it, after the nodes and
+/// the library, so a file cut between two nodes decodes as a valid, smaller graph without it:
+/// the only sign of that truncation left to see. Returns whether it warned.
+pub fn warn_if_unversioned(path: &Path, has_versions: bool) -> bool {
+    if !has_versions {
+        tracing::warn!(
+            path = %path.display(),
+            "the GraphDef has no `versions` field, which TensorFlow always writes last: the file may be truncated"
+        );
+    }
+    !has_versions
 }
 
 /// Rejects what parses as protobuf but cannot be a TensorFlow graph (random bytes often parse

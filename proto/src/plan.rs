@@ -34,6 +34,10 @@ pub struct Plan {
     /// their nodes and `MakeIterator` are new, every other name is the original graph's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inlined: Vec<InlinedIterator>,
+    /// The ops without a data-worker kernel that kept data-side nodes in training (the
+    /// kernel-aware cut); empty when nothing limited the cut.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kernel_limits: Vec<KernelLimit>,
 }
 
 /// A `OneShotIterator` rewritten into an `IteratorV2` of the same name, fed by
@@ -44,6 +48,20 @@ pub struct InlinedIterator {
     pub function: String,
     pub make_iterator: String,
     pub nodes: Vec<String>,
+}
+
+/// An op the data worker has no kernel for, and what it kept in training.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KernelLimit {
+    pub op: String,
+    /// The data-side nodes that need the op: they use it, call a function that does, or read
+    /// an input-independent node that does.
+    pub nodes: Vec<String>,
+    /// Nodes kept in training because of this op (its nodes and every data-side node that
+    /// depends on them); a node that needs several such ops counts under each.
+    pub kept_in_training: usize,
+    /// `kept_in_training` over the data-side nodes the cut had before it was limited.
+    pub share_of_data_side: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -191,6 +209,17 @@ impl Source {
     }
 }
 
+/// The byte offset of serde_json's (1-based line, 1-based column) error position in `bytes`:
+/// the byte it was reading (the last byte, when the data ends early).
+fn byte_offset(bytes: &[u8], line: usize, column: usize) -> usize {
+    let line_start = bytes
+        .split_inclusive(|&b| b == b'\n')
+        .take(line.saturating_sub(1))
+        .map(<[u8]>::len)
+        .sum::<usize>();
+    (line_start + column.saturating_sub(1)).min(bytes.len())
+}
+
 /// Writes a plan directory atomically: `dir` must be absent or empty, and `files` (paths
 /// relative to it; subdirectories are created) go into a temporary sibling that is renamed
 /// into place only when complete, so a failed write leaves nothing behind.
@@ -259,7 +288,10 @@ impl PlanDir {
         let bytes = crate::io::read_limited(&path, MAX_PLAN_BYTES)?;
         let plan: Plan = serde_json::from_slice(&bytes).map_err(|e| Error::InvalidModel {
             path: path.clone(),
-            reason: format!("not a Lode plan: {e}"),
+            reason: format!(
+                "not a Lode plan: at byte {}: {e}",
+                byte_offset(&bytes, e.line(), e.column())
+            ),
         })?;
         if plan.version != PLAN_VERSION {
             return Err(Error::InvalidModel {

@@ -124,6 +124,7 @@ def _replacement(source):
     check(native().lode_connect(json.dumps(reply["job"]).encode()), "cannot connect to the job")
     _state["connected"] = True
     _state["cut"] = source
+    _state["known"] = len(source.get_operations())
     cache[source] = replacement
     _say(reply.get("message", "training on Lode"))
     return replacement
@@ -157,18 +158,80 @@ class _Translator:
         if isinstance(x, tf.IndexedSlices):
             return tf.IndexedSlices(self(x.values), self(x.indices), self(x.dense_shape))
         if isinstance(x, (tf.Tensor, tf.Operation)):
-            return self.target.as_graph_element(x.name) if x.graph is self.source else x
+            return self.element(x.name) if x.graph is self.source else x
         element = getattr(x, "_as_graph_element", None)
         if callable(element):
             el = element()
             if el is not None and getattr(el, "graph", None) is self.source:
-                return self.target.as_graph_element(el.name)
+                return self.element(el.name)
         return x
+
+    def element(self, name):
+        """The training graph's element of the program's `name` (an op added after the cut is
+        under the name scope it was imported in)."""
+        op, _, index = name.partition(":")
+        op = _state.get("renamed", {}).get(op, op)
+        return self.target.as_graph_element(f"{op}:{index}" if index else op)
 
     def feeds(self, feed_dict):
         if not feed_dict:
             return feed_dict
         return {self(k): v for k, v in feed_dict.items()}
+
+
+def _extend(source, target):
+    """Ops the program added to its graph after the session was created (an initializer, a
+    saver): TensorFlow sends them with the next run, so they go into the training graph too.
+    They read training-side names; one that reads data-side work cannot be added."""
+    ops = source.get_operations()
+    known = _state.get("known", len(ops))
+    if len(ops) <= known:
+        return
+    import tensorflow as tf
+
+    added = {op.name for op in ops[known:]}
+    graph_def = source.as_graph_def(add_shapes=True)
+    extension = tf.compat.v1.GraphDef()
+    extension.versions.CopyFrom(graph_def.versions)
+    for node in graph_def.node:
+        if node.name in added:
+            extension.node.add().CopyFrom(node)
+    renamed = _state.setdefault("renamed", {})
+    prefix = f"lode_late_{len(renamed)}"
+    try:
+        # The added ops read existing ones: map those inputs onto the training graph's. An
+        # import that maps operations needs a name scope: the added ops are found under it by
+        # their own names (`_Translator`).
+        # Control inputs on existing ops cannot be mapped: they are added after the import.
+        existing, controls = {}, {}
+        for node in extension.node:
+            kept = []
+            for name in node.input:
+                base = name.lstrip("^").split(":")[0]
+                if base in added:
+                    kept.append(name)
+                elif name.startswith("^"):
+                    controls.setdefault(node.name, []).append(
+                        target.get_operation_by_name(renamed.get(base, base)))
+                else:
+                    key = name if ":" in name else name + ":0"
+                    op, index = key.rsplit(":", 1)
+                    existing[key] = target.get_tensor_by_name(f"{renamed.get(op, op)}:{index}")
+                    kept.append(name)
+            del node.input[:]
+            node.input.extend(kept)
+        with target.as_default():
+            tf.graph_util.import_graph_def(extension, input_map=existing, name=prefix)
+        for name, ops_before in controls.items():
+            target.get_operation_by_name(f"{prefix}/{name}")._add_control_inputs(ops_before)
+    except (ValueError, KeyError) as e:
+        raise RuntimeError(
+            f"lode: ops added to the graph after its session was created read data-side work "
+            f"that is no longer in the training graph: {e}"
+        ) from None
+    for name in added:
+        renamed[name] = f"{prefix}/{name}"
+    _state["known"] = len(ops)
 
 
 def _patch_session(module):
@@ -189,6 +252,7 @@ def _patch_session(module):
         source = getattr(self, "_lode_source", None)
         if source is None:
             return run(self, fetches, feed_dict, options, run_metadata)
+        _extend(source, self.graph)
         t = _Translator(source, self.graph)
         try:
             return run(self, t(fetches), t.feeds(feed_dict), options, run_metadata)
@@ -199,6 +263,7 @@ def _patch_session(module):
         source = getattr(self, "_lode_source", None)
         if source is None:
             return make_callable(self, fetches, feed_list, accept_options)
+        _extend(source, self.graph)
         t = _Translator(source, self.graph)
         call = make_callable(self, t(fetches), t(feed_list), accept_options)
 
@@ -210,7 +275,24 @@ def _patch_session(module):
 
         return finished
 
+    session = module.Session
+    enter = session.__enter__
+
+    def lode_enter(self):
+        # `with session:` makes the session's graph the default one; ops the program creates
+        # inside (an initializer, a saver) belong in its own graph, whose collections they
+        # read, and reach the training graph with the next run (`_extend`).
+        source = getattr(self, "_lode_source", None)
+        if source is None:
+            return enter(self)
+        replacement, self._graph = self._graph, source
+        try:
+            return enter(self)
+        finally:
+            self._graph = replacement
+
     base.__init__ = __init__
+    session.__enter__ = lode_enter
     base.run = lode_run
     base.make_callable = lode_make_callable
 

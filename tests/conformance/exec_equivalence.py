@@ -36,6 +36,7 @@ MODELS = [
     ("sgd_ref", "model.pb", None),
     # A one-shot iterator: its dataset is inlined from the iterator's factory function.
     ("one_shot", "model.pb", None),
+    ("text_segments", "model.pb", None),
     ("tf1_savedmodel", "saved_model", "train"),
 ]
 

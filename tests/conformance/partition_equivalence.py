@@ -30,7 +30,7 @@ from tensorflow.core.protobuf import rewriter_config_pb2  # noqa: E402
 
 STEPS = 6
 # one_shot: a one-shot iterator, whose dataset the decoupler inlines from its factory function.
-MODELS = ["wide_deep", "deepfm", "adam_resource", "sgd_ref", "one_shot"]
+MODELS = ["wide_deep", "deepfm", "adam_resource", "sgd_ref", "one_shot", "text_segments"]
 
 
 def session_config():

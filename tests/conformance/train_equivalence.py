@@ -35,6 +35,13 @@ CASES = {
         ["--data", os.path.join(FIXTURES, "adam_resource", "data"), "--steps", "150"],
         True,
     ),
+    # from_string_handle fed an initializable iterator's handle; an initializer made after the
+    # session was created.
+    "handle_session": (
+        "handle_session.py",
+        ["--data", os.path.join(FIXTURES, "adam_resource", "data"), "--steps", "150"],
+        True,
+    ),
     # The deepfm fixture's MetaGraph: three stages (CPU, the "/GPU:0" ops, CPU again).
     "import_meta_deepfm": (
         "import_meta.py",

@@ -48,6 +48,48 @@ fn truncated_binary_graph() {
     expect_error(&path, &[], "not a valid binary GraphDef");
 }
 
+/// Issue 14: a GraphDef cut inside a node (here: one byte short of the first node's end,
+/// where every field read so far is whole) is refused, with the offset, by `lode inspect` and
+/// `lode partition`; one cut where TensorFlow's parser also accepts it (before `versions`) loads
+/// with a warning that the file may be truncated.
+#[test]
+fn a_graph_cut_inside_a_node_is_refused_and_one_cut_between_fields_is_flagged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let whole = std::fs::read(fixtures().join("sgd_ref/model.pb")).expect("fixture");
+    let mut fields = lode_proto::view::Fields::new(&whole);
+    let mut top = Vec::new();
+    while let Some(field) = fields.next_field() {
+        let (number, value, bytes) = field.expect("the fixture is whole");
+        let lode_proto::view::Field::Bytes(body) = value else {
+            panic!("field {number} is not length-delimited");
+        };
+        top.push((number, bytes.len(), bytes.len() - body.len()));
+    }
+    let (number, node_len, header) = top[0];
+    assert_eq!(number, 1, "the first field is a node");
+    let cut = node_len - 1;
+    let path = dir.path().join("cut.pb");
+    std::fs::write(&path, &whole[..cut]).expect("write");
+    let at = format!("at byte {header}");
+    expect_error(&path, &[], &at);
+    let plan = dir.path().join("plan");
+    let out = crate::support::partition_into(&path, &plan, &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains(&at), "{}", stderr(&out));
+
+    let &(number, tail, _) = top.last().expect("fields");
+    assert_eq!(number, 4, "TensorFlow writes versions last");
+    let path = dir.path().join("unversioned.pb");
+    std::fs::write(&path, &whole[..whole.len() - tail]).expect("write");
+    let out = lode_path(&["inspect"], &path);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("may be truncated"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 #[test]
 fn random_bytes() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -129,4 +171,26 @@ fn graph_with_a_dangling_input() {
     )
     .expect("write");
     expect_error(&path, &[], "no node is named 'ghost'");
+}
+
+/// A plan.json cut short or followed by garbage is refused with exit status 2, naming the file
+/// and the byte offset.
+#[test]
+fn a_truncated_or_extended_plan_json_is_refused_with_its_offset() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = dir.path().join("plan");
+    let out = crate::support::partition_into(&fixtures().join("sgd_ref/model.pb"), &plan, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let json = std::fs::read(plan.join("plan.json")).expect("plan.json");
+    let garbage = [json.as_slice(), b"\n}"].concat();
+    for (bytes, at) in [(json[..500].to_vec(), 499), (garbage, json.len() + 1)] {
+        std::fs::write(plan.join("plan.json"), &bytes).expect("write");
+        let out = crate::support::lode(&["exec", plan.to_str().expect("UTF-8"), "--steps", "1"]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("plan.json") && err.contains(&format!("at byte {at}")),
+            "{err}"
+        );
+    }
 }

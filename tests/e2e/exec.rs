@@ -369,7 +369,7 @@ fn bad_arguments_are_errors() {
 }
 
 #[test]
-fn ops_without_a_kernel_are_reported_by_partition_and_refused_by_exec() {
+fn ops_without_a_kernel_stay_in_training_or_are_refused_when_strict() {
     let tmp = tempfile::tempdir().expect("tempdir");
     // deepfm with its Log1p turned into Expm1 (same signature; TensorFlow has it, Lode's data
     // worker does not).
@@ -377,13 +377,24 @@ fn ops_without_a_kernel_are_reported_by_partition_and_refused_by_exec() {
     assert!(text.contains("op: \"Log1p\""));
     let model = tmp.path().join("model.pbtxt");
     std::fs::write(&model, text.replace("op: \"Log1p\"", "op: \"Expm1\"")).expect("write");
+    let partition =
+        |plan: &Path, extra: &[&str]| crate::support::partition_into(&model, plan, extra);
+    // By default the Expm1 stays in training and the plan runs.
     let plan = tmp.path().join("plan");
-    let out = lode(&[
-        "partition",
-        model.to_str().expect("UTF-8"),
-        "-o",
-        plan.to_str().expect("UTF-8"),
-    ]);
+    let data_root = fixtures().join("deepfm");
+    let out = partition(&plan, &["--data-root", data_root.to_str().expect("UTF-8")]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let plan_json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(plan.join("plan.json")).expect("plan written"))
+            .expect("JSON");
+    assert_eq!(plan_json["kernel_limits"][0]["op"], "Expm1", "{plan_json}");
+    assert!(plan_json["stages"][0].get("missing_kernels").is_none());
+    let out = exec(&plan, &["--steps", "1"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // --strict-kernels refuses, and a worker refuses the stage.
+    let plan = tmp.path().join("strict");
+    let out = partition(&plan, &["--strict-kernels"]);
     assert_eq!(
         out.status.code(),
         Some(1),

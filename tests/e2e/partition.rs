@@ -7,19 +7,12 @@ use std::path::Path;
 use lode_proto::io::{load, LoadOptions};
 use serde_json::Value;
 
-use crate::support::{fixtures, lode, ok, stderr};
+use crate::support::{fixtures, lode, ok, partition_into, stderr};
 
 fn partition(model: &Path, dir: &Path, extra: &[&str]) -> Value {
-    let mut args = vec![
-        "partition",
-        model.to_str().expect("path"),
-        "-o",
-        dir.to_str().expect("path"),
-        "--format",
-        "json",
-    ];
+    let mut args = vec!["--format", "json"];
     args.extend_from_slice(extra);
-    let out = ok(&lode(&args));
+    let out = ok(&partition_into(model, dir, &args));
     for file in ["training.pb", "plan.json", "report.txt", "partition.dot"] {
         assert!(
             dir.join(file).is_file(),
@@ -187,6 +180,7 @@ fn every_tf1_fixture_partitions_into_a_cover() {
         "adam_resource",
         "sgd_ref",
         "one_shot",
+        "text_segments",
     ] {
         for simple in [false, true] {
             let model = fixtures().join(name).join("model.pb");
@@ -208,6 +202,41 @@ fn every_tf1_fixture_partitions_into_a_cover() {
     let dir = tmp.path().join("tf1_savedmodel");
     let plan = partition(&model, &dir, &["--tags", "train"]);
     check_cover(&model, Some("train"), &dir, &plan);
+}
+
+/// text_segments (fixtures/README.md) holds the two input-side ops issue 14 found without a
+/// data-worker kernel: `Max` (tf.strings.split's ragged row ids) and `SegmentSum`
+/// (segment_mean's gradient). Both have kernels now, so nothing limits the cut and both run in
+/// the stage (tests/conformance/exec_equivalence.py checks their tensors against TensorFlow's).
+/// The cut without those kernels is decoupler/tests/kernels.rs; a real graph with an op
+/// still lacking one is exec.rs's `ops_without_a_kernel_stay_in_training_or_are_refused_when_strict`.
+#[test]
+fn max_and_segment_sum_run_on_the_data_worker() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let model = fixtures().join("text_segments/model.pb");
+    let dir = tmp.path().join("plan");
+    let plan = partition(&model, &dir, &[]);
+    check_cover(&model, None, &dir, &plan);
+    assert!(
+        plan.get("kernel_limits").is_none(),
+        "{}",
+        plan["kernel_limits"]
+    );
+    let stage_nodes = names(&plan["stages"][0], "nodes");
+    for op_node in ["bincount/Max", "SegmentMean_grad/SegmentSum"] {
+        assert!(
+            stage_nodes.iter().any(|n| n.ends_with(op_node)),
+            "{op_node} is not in the stage: {stage_nodes:?}"
+        );
+    }
+    ok(&lode(&[
+        "exec",
+        dir.to_str().expect("path"),
+        "--steps",
+        "9",
+    ]));
+    let strict = tmp.path().join("strict");
+    ok(&partition_into(&model, &strict, &["--strict-kernels"]));
 }
 
 #[test]
@@ -378,14 +407,7 @@ fn deepfm_yields_a_cpu_stage_and_a_gpu_stage() {
 }
 
 fn expect_failure(model: &Path, dir: &Path, extra: &[&str], problem: &str) {
-    let mut args = vec![
-        "partition",
-        model.to_str().expect("path"),
-        "-o",
-        dir.to_str().expect("path"),
-    ];
-    args.extend_from_slice(extra);
-    let out = lode(&args);
+    let out = partition_into(model, dir, extra);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains(problem), "{}", stderr(&out));
     assert!(!dir.exists(), "a failed run left {}", dir.display());
@@ -436,4 +458,24 @@ fn an_existing_plan_directory_is_not_overwritten() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("not empty"), "{}", stderr(&out));
     assert_eq!(std::fs::read(dir.join("keep.txt")).expect("kept"), b"mine");
+}
+
+/// `lode kernels` lists the production registry: TensorFlow ops only, not Lode's benchmark op.
+#[test]
+fn kernels_lists_the_registry() {
+    let text = ok(&lode(&["kernels"]));
+    let ops: Vec<&str> = text.lines().collect();
+    for op in [
+        "Const",
+        "PreventGradient",
+        "Max",
+        "SegmentSum",
+        "ParseExampleV2",
+    ] {
+        assert!(ops.contains(&op), "{op} missing from {ops:?}");
+    }
+    assert!(!ops.contains(&"LodeFixedLatency"));
+    let json: Value =
+        serde_json::from_str(&ok(&lode(&["kernels", "--format", "json"]))).expect("JSON");
+    assert_eq!(json.as_array().map(Vec::len), Some(ops.len()));
 }

@@ -42,6 +42,18 @@ pub fn lode(args: &[&str]) -> Output {
         .expect("the lode binary runs")
 }
 
+/// `lode partition MODEL -o DIR EXTRA...`.
+pub fn partition_into(model: &Path, dir: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "partition",
+        model.to_str().expect("UTF-8 path"),
+        "-o",
+        dir.to_str().expect("UTF-8 path"),
+    ];
+    args.extend_from_slice(extra);
+    lode(&args)
+}
+
 pub fn lode_path(args: &[&str], path: &Path) -> Output {
     let path = path.to_str().expect("UTF-8 test path");
     let mut all = args.to_vec();

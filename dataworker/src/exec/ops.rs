@@ -2,7 +2,8 @@
 //! (and checked) once, and the returned closure only runs the kernel.
 
 // Table kernels never panic midway, so a lock poisoned elsewhere still guards a whole table.
-use std::sync::{Arc, PoisonError, RwLock};
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 
 use lode_proto::attr::NodeAttrs;
 use lode_proto::tf::attr_value::attr_value::Value as AttrKind;
@@ -14,6 +15,7 @@ use super::program::{BuildCtx, Built, KernelFn};
 use super::value::{Value, VariantTensor};
 use super::{ExecError, Failure, Result};
 use crate::kernels::lookup::{self, HashTable};
+use crate::kernels::math::segment::{self, SegmentOp};
 use crate::kernels::math::{self, BinaryOp, Comparison, Reduction};
 use crate::kernels::parsing::{
     self, DecodeCsvAttrs, ParseExampleAttrs, ParseSingleExampleAttrs, SparseParts,
@@ -39,101 +41,140 @@ pub const PLUMBING: &[&str] = &[
     "IteratorToStringHandle",
 ];
 
-/// Every op [`build`] has a kernel for, for `lode partition`'s up-front report.
-pub const SUPPORTED: &[&str] = &[
-    "Const",
-    "Identity",
-    "Snapshot",
-    "StopGradient",
-    "IdentityN",
-    "NoOp",
-    "Add",
-    "AddV2",
-    "Sub",
-    "Mul",
-    "RealDiv",
-    "FloorMod",
-    "Maximum",
-    "Minimum",
-    "Neg",
-    "Equal",
-    "NotEqual",
-    "Less",
-    "LessEqual",
-    "Greater",
-    "GreaterEqual",
-    "LogicalAnd",
-    "LogicalOr",
-    "LogicalNot",
-    "Select",
-    "SelectV2",
-    "Where",
-    "Sum",
-    "Prod",
-    "Mean",
-    "Cumsum",
-    "Log1p",
-    "Cast",
-    "Reshape",
-    "ExpandDims",
-    "Squeeze",
-    "ConcatV2",
-    "Pack",
-    "Unpack",
-    "Fill",
-    "Range",
-    "Shape",
-    "Size",
-    "Slice",
-    "StridedSlice",
-    "GatherV2",
-    "Tile",
-    "Transpose",
-    "OneHot",
-    "StringToHashBucketFast",
-    "StringToHashBucketStrong",
-    "StringLower",
-    "StringUpper",
-    "StringStrip",
-    "StringJoin",
-    "Substr",
-    "StringToNumber",
-    "AsString",
-    "StringSplitV2",
-    "RegexReplace",
-    "DecodeCSV",
-    "ParseExampleV2",
-    "ParseSingleExample",
-    "DeserializeSparse",
-    "SerializeSparse",
-    "Unique",
-    "UniqueWithCounts",
-    "Bucketize",
-    "SparseFillEmptyRows",
-    "SparseReshape",
-    "SparseToDense",
-    "DenseBincount",
-    "SparseCross",
-    "SparseCrossHashed",
-    "HashTableV2",
-    "LookupTableFindV2",
-    "LookupTableSizeV2",
-    "LookupTableImportV2",
-    crate::synthetic::FIXED_LATENCY_OP,
-    "InitializeTableFromTextFileV2",
+/// Builds an op's kernel from a node: reads and checks the node's attributes once, and returns
+/// the closure that runs the kernel on each step.
+pub type Builder = fn(&NodeDef, &BuildCtx<'_>) -> Result<Built>;
+
+/// One op of a kernel registry and the builder of its kernel.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelEntry {
+    pub op: &'static str,
+    pub build: Builder,
+}
+
+/// A registry entry (a `const fn`, so that the tables are plain statics).
+pub const fn entry(op: &'static str, build: Builder) -> KernelEntry {
+    KernelEntry { op, build }
+}
+
+/// The production kernel registry: every TensorFlow op a data worker runs natively, once.
+/// Everything else is derived from it: [`supported`], [`has_kernel`] (what the partitioner
+/// keeps on the data side and what a stage load accepts), `lode kernels`. Lode's own
+/// benchmark ops live apart, in [`crate::synthetic::KERNELS`], so that no user graph is
+/// planned around them.
+pub static KERNELS: &[KernelEntry] = &[
+    entry("Const", const_),
+    entry("Identity", identity),
+    entry("Snapshot", identity),
+    entry("StopGradient", identity),
+    entry("PreventGradient", identity),
+    entry("IdentityN", identity_n),
+    entry("NoOp", no_op),
+    entry("Add", binary),
+    entry("AddV2", binary),
+    entry("Sub", binary),
+    entry("Mul", binary),
+    entry("RealDiv", binary),
+    entry("FloorMod", binary),
+    entry("Maximum", binary),
+    entry("Minimum", binary),
+    entry("Neg", neg),
+    entry("Equal", comparison),
+    entry("NotEqual", comparison),
+    entry("Less", comparison),
+    entry("LessEqual", comparison),
+    entry("Greater", comparison),
+    entry("GreaterEqual", comparison),
+    entry("LogicalAnd", logical_and),
+    entry("LogicalOr", logical_or),
+    entry("LogicalNot", logical_not),
+    entry("Select", select),
+    entry("SelectV2", select_v2),
+    entry("Where", where_),
+    entry("Sum", reduction),
+    entry("Prod", reduction),
+    entry("Mean", reduction),
+    entry("Max", reduction),
+    entry("Min", reduction),
+    entry("All", reduction),
+    entry("Any", reduction),
+    entry("SegmentSum", segment),
+    entry("SegmentProd", segment),
+    entry("SegmentMax", segment),
+    entry("SegmentMin", segment),
+    entry("SegmentMean", segment),
+    entry("UnsortedSegmentSum", unsorted_segment),
+    entry("UnsortedSegmentProd", unsorted_segment),
+    entry("UnsortedSegmentMax", unsorted_segment),
+    entry("UnsortedSegmentMin", unsorted_segment),
+    entry("Cumsum", cumsum),
+    entry("Log1p", log1p),
+    entry("Cast", cast_),
+    entry("Reshape", reshape),
+    entry("ExpandDims", expand_dims),
+    entry("Squeeze", squeeze),
+    entry("ConcatV2", concat_v2),
+    entry("Pack", pack),
+    entry("Unpack", unpack),
+    entry("Fill", fill),
+    entry("Range", range),
+    entry("Shape", shape),
+    entry("Size", size),
+    entry("Slice", slice),
+    entry("StridedSlice", strided_slice),
+    entry("GatherV2", gather_v2),
+    entry("Tile", tile),
+    entry("Transpose", transpose),
+    entry("OneHot", one_hot),
+    entry("StringToHashBucketFast", string_to_hash_bucket_fast),
+    entry("StringToHashBucketStrong", string_to_hash_bucket_strong),
+    entry("StringLower", string_lower),
+    entry("StringUpper", string_upper),
+    entry("StringStrip", string_strip),
+    entry("StringJoin", string_join),
+    entry("Substr", substr),
+    entry("StringToNumber", string_to_number),
+    entry("AsString", as_string),
+    entry("StringSplitV2", string_split_v2),
+    entry("RegexReplace", regex_replace),
+    entry("DecodeCSV", decode_csv),
+    entry("ParseExampleV2", parse_example_v2),
+    entry("ParseSingleExample", parse_single_example),
+    entry("SerializeSparse", serialize_sparse),
+    entry("DeserializeSparse", deserialize_sparse),
+    entry("Unique", unique_),
+    entry("UniqueWithCounts", unique_with_counts),
+    entry("Bucketize", bucketize),
+    entry("SparseFillEmptyRows", sparse_fill_empty_rows),
+    entry("SparseReshape", sparse_reshape),
+    entry("SparseToDense", sparse_to_dense),
+    entry("DenseBincount", dense_bincount),
+    entry("SparseCross", sparse_cross),
+    entry("SparseCrossHashed", sparse_cross_hashed),
+    entry("HashTableV2", hash_table_v2),
+    entry("LookupTableFindV2", lookup_table_find_v2),
+    entry("LookupTableSizeV2", lookup_table_size_v2),
+    entry("LookupTableImportV2", lookup_table_import_v2),
+    entry(
+        "InitializeTableFromTextFileV2",
+        initialize_table_from_text_file_v2,
+    ),
 ];
 
-fn built(outputs: usize, f: impl Fn(&[&Value]) -> KResult + Send + Sync + 'static) -> Built {
+pub(crate) fn built(
+    outputs: usize,
+    f: impl Fn(&[&Value]) -> KResult + Send + Sync + 'static,
+) -> Built {
     let kernel: KernelFn = Arc::new(f);
     Built { kernel, outputs }
 }
 
-fn wrap(ts: Vec<Tensor>) -> Vec<Value> {
+pub(crate) fn wrap(ts: Vec<Tensor>) -> Vec<Value> {
     ts.into_iter().map(Value::tensor).collect()
 }
 
 /// Input `i` as a dense tensor.
-fn t<'v>(args: &[&'v Value], i: usize) -> std::result::Result<&'v Tensor, Failure> {
+pub(crate) fn t<'v>(args: &[&'v Value], i: usize) -> std::result::Result<&'v Tensor, Failure> {
     match args.get(i) {
         Some(Value::Tensor(t)) => Ok(t),
         Some(_) => Err(Failure::Input {
@@ -155,7 +196,7 @@ fn ts<'v>(
     range.map(|i| t(args, i)).collect()
 }
 
-fn attr_err(node: &NodeDef, reason: impl Into<String>) -> ExecError {
+pub(crate) fn attr_err(node: &NodeDef, reason: impl Into<String>) -> ExecError {
     ExecError::Graph {
         node: node.name.clone(),
         reason: reason.into(),
@@ -253,551 +294,716 @@ fn shapes_attr(node: &NodeDef, name: &str) -> Result<Vec<Vec<i64>>> {
         .collect())
 }
 
+/// The production registry by op (built once).
+fn index() -> &'static HashMap<&'static str, &'static KernelEntry> {
+    static INDEX: OnceLock<HashMap<&'static str, &'static KernelEntry>> = OnceLock::new();
+    INDEX.get_or_init(|| KERNELS.iter().map(|k| (k.op, k)).collect())
+}
+
+/// The registry entry of `op`: a production op, or one of Lode's benchmark ops (which only
+/// `lode synthetic` plans use).
+pub fn kernel(op: &str) -> Option<&'static KernelEntry> {
+    index()
+        .get(op)
+        .copied()
+        .or_else(|| crate::synthetic::KERNELS.iter().find(|k| k.op == op))
+}
+
+/// Whether `op` is in the production registry (benchmark ops are not).
+pub fn has_kernel(op: &str) -> bool {
+    index().contains_key(op)
+}
+
+/// The ops of the production registry, in registry order.
+pub fn supported() -> impl Iterator<Item = &'static str> {
+    KERNELS.iter().map(|k| k.op)
+}
+
 /// The kernel for `node`, or None when Lode has none for its op.
 pub fn build(node: &NodeDef, ctx: &BuildCtx<'_>) -> Result<Option<Built>> {
-    let b = match node.op.as_str() {
-        "Const" => {
-            let proto = node.attr_tensor("value")?;
-            let tensor = Tensor::try_from(proto)
-                .map_err(|e| attr_err(node, format!("attribute value: {e}")))?;
-            let v = Value::tensor(tensor);
-            built(1, move |_| Ok(vec![v.clone()]))
-        }
-        "Identity" | "Snapshot" | "StopGradient" | "PreventGradient" => built(1, |a| {
-            Ok(vec![a.first().map(|v| (*v).clone()).ok_or(
-                Failure::Input {
-                    index: 0,
-                    reason: "missing",
-                },
-            )?])
-        }),
-        "IdentityN" => {
-            let n = node.attr_types("T")?.len();
-            built(n, |a| Ok(a.iter().map(|v| (*v).clone()).collect()))
-        }
-        "NoOp" => built(0, |_| Ok(Vec::new())),
-        op @ ("Add" | "AddV2" | "Sub" | "Mul" | "RealDiv" | "FloorMod" | "Maximum" | "Minimum") => {
-            let op = match op {
-                "Add" => BinaryOp::Add,
-                "AddV2" => BinaryOp::AddV2,
-                "Sub" => BinaryOp::Sub,
-                "Mul" => BinaryOp::Mul,
-                "RealDiv" => BinaryOp::RealDiv,
-                "FloorMod" => BinaryOp::FloorMod,
-                "Maximum" => BinaryOp::Maximum,
-                _ => BinaryOp::Minimum,
-            };
-            built(1, move |a| Ok(wrap(math::binary(op, t(a, 0)?, t(a, 1)?)?)))
-        }
-        "Neg" => built(1, |a| Ok(wrap(math::neg(t(a, 0)?)?))),
-        op @ ("Equal" | "NotEqual" | "Less" | "LessEqual" | "Greater" | "GreaterEqual") => {
-            if !bool_or(node, "incompatible_shape_error", true)? {
-                return Err(attr_err(
-                    node,
-                    "incompatible_shape_error = false is not supported",
-                ));
-            }
-            let op = match op {
-                "Equal" => Comparison::Equal,
-                "NotEqual" => Comparison::NotEqual,
-                "Less" => Comparison::Less,
-                "LessEqual" => Comparison::LessEqual,
-                "Greater" => Comparison::Greater,
-                _ => Comparison::GreaterEqual,
-            };
-            built(1, move |a| Ok(wrap(math::compare(op, t(a, 0)?, t(a, 1)?)?)))
-        }
-        "LogicalAnd" => built(1, |a| Ok(wrap(math::logical_and(t(a, 0)?, t(a, 1)?)?))),
-        "LogicalOr" => built(1, |a| Ok(wrap(math::logical_or(t(a, 0)?, t(a, 1)?)?))),
-        "LogicalNot" => built(1, |a| Ok(wrap(math::logical_not(t(a, 0)?)?))),
-        "Select" => built(1, |a| Ok(wrap(math::select(t(a, 0)?, t(a, 1)?, t(a, 2)?)?))),
-        "SelectV2" => built(1, |a| {
-            Ok(wrap(math::select_v2(t(a, 0)?, t(a, 1)?, t(a, 2)?)?))
-        }),
-        "Where" => built(1, |a| Ok(wrap(math::where_(t(a, 0)?)?))),
-        op @ ("Sum" | "Prod" | "Mean") => {
-            let op = match op {
-                "Sum" => Reduction::Sum,
-                "Prod" => Reduction::Prod,
-                _ => Reduction::Mean,
-            };
-            let keep = bool_or(node, "keep_dims", false)?;
-            built(1, move |a| {
-                Ok(wrap(math::reduce(op, t(a, 0)?, t(a, 1)?, keep)?))
-            })
-        }
-        "Cumsum" => {
-            let exclusive = bool_or(node, "exclusive", false)?;
-            let reverse = bool_or(node, "reverse", false)?;
-            built(1, move |a| {
-                Ok(wrap(math::cumsum(t(a, 0)?, t(a, 1)?, exclusive, reverse)?))
-            })
-        }
-        "Log1p" => built(1, |a| Ok(wrap(math::log1p(t(a, 0)?)?))),
-        "Cast" => {
-            let dst = dtype(node, "DstT")?;
-            let truncate = bool_or(node, "Truncate", false)?;
-            built(1, move |a| Ok(wrap(cast::cast(t(a, 0)?, dst, truncate)?)))
-        }
-        "Reshape" => built(1, |a| Ok(wrap(array::reshape(t(a, 0)?, t(a, 1)?)?))),
-        "ExpandDims" => built(1, |a| Ok(wrap(array::expand_dims(t(a, 0)?, t(a, 1)?)?))),
-        "Squeeze" => {
-            let axis = ints_attr(node, "squeeze_dims")?;
-            built(1, move |a| Ok(wrap(array::squeeze(t(a, 0)?, &axis)?)))
-        }
-        "ConcatV2" => {
-            let n = count(node, "N")?;
-            built(1, move |a| {
-                Ok(wrap(array::concat_v2(&ts(a, 0..n)?, t(a, n)?)?))
-            })
-        }
-        "Pack" => {
-            let n = count(node, "N")?;
-            let axis = int_or(node, "axis", 0)?;
-            built(1, move |a| Ok(wrap(array::pack(&ts(a, 0..n)?, axis)?)))
-        }
-        "Unpack" => {
-            let num = node.attr_int("num")?;
-            let axis = int_or(node, "axis", 0)?;
-            let n = count(node, "num")?;
-            built(n, move |a| Ok(wrap(array::unpack(t(a, 0)?, num, axis)?)))
-        }
-        "Fill" => built(1, |a| Ok(wrap(array::fill(t(a, 0)?, t(a, 1)?)?))),
-        "Range" => built(1, |a| Ok(wrap(array::range(t(a, 0)?, t(a, 1)?, t(a, 2)?)?))),
-        "Shape" => {
-            let out = dtype(node, "out_type")?;
-            built(1, move |a| Ok(wrap(array::shape(t(a, 0)?, out)?)))
-        }
-        "Size" => {
-            let out = dtype(node, "out_type")?;
-            built(1, move |a| Ok(wrap(array::size(t(a, 0)?, out)?)))
-        }
-        "Slice" => built(1, |a| {
-            Ok(wrap(slicing::slice(t(a, 0)?, t(a, 1)?, t(a, 2)?)?))
-        }),
-        "StridedSlice" => {
-            let masks = slicing::StridedSliceMasks {
-                begin_mask: int_or(node, "begin_mask", 0)?,
-                end_mask: int_or(node, "end_mask", 0)?,
-                ellipsis_mask: int_or(node, "ellipsis_mask", 0)?,
-                new_axis_mask: int_or(node, "new_axis_mask", 0)?,
-                shrink_axis_mask: int_or(node, "shrink_axis_mask", 0)?,
-            };
-            built(1, move |a| {
-                Ok(wrap(slicing::strided_slice(
-                    t(a, 0)?,
-                    t(a, 1)?,
-                    t(a, 2)?,
-                    t(a, 3)?,
-                    &masks,
-                )?))
-            })
-        }
-        "GatherV2" => {
-            let batch_dims = int_or(node, "batch_dims", 0)?;
-            built(1, move |a| {
-                Ok(wrap(slicing::gather_v2(
-                    t(a, 0)?,
-                    t(a, 1)?,
-                    t(a, 2)?,
-                    batch_dims,
-                )?))
-            })
-        }
-        "Tile" => built(1, |a| Ok(wrap(slicing::tile(t(a, 0)?, t(a, 1)?)?))),
-        "Transpose" => built(1, |a| Ok(wrap(slicing::transpose(t(a, 0)?, t(a, 1)?)?))),
-        "OneHot" => {
-            let axis = int_or(node, "axis", -1)?;
-            built(1, move |a| {
-                Ok(wrap(slicing::one_hot(
-                    t(a, 0)?,
-                    t(a, 1)?,
-                    t(a, 2)?,
-                    t(a, 3)?,
-                    axis,
-                )?))
-            })
-        }
-        crate::synthetic::FIXED_LATENCY_OP => {
-            let latency_us = node.attr_int("latency_us")?;
-            let width = node.attr_int("width")?;
-            let latency = u64::try_from(latency_us)
-                .ok()
-                .map(std::time::Duration::from_micros)
-                .filter(|l| *l <= crate::synthetic::MAX_LATENCY)
-                .ok_or_else(|| attr_err(node, "latency_us must be in [0, 60 s]"))?;
-            let width = u64::try_from(width)
-                .ok()
-                .filter(|w| (1..=crate::synthetic::MAX_WIDTH).contains(w))
-                .and_then(|w| usize::try_from(w).ok())
-                .ok_or_else(|| attr_err(node, "width must be in [1, 2^20]"))?;
-            let spin = node.attr_bool("spin")?;
-            // Plans written before `parallelism` existed have one part.
-            let parallelism = if node.attr.contains_key("parallelism") {
-                u64::try_from(node.attr_int("parallelism")?)
-                    .ok()
-                    .filter(|p| (1..=crate::synthetic::MAX_PARALLELISM).contains(p))
-                    .and_then(|p| usize::try_from(p).ok())
-                    .ok_or_else(|| attr_err(node, "parallelism must be in [1, 1024]"))?
-            } else {
-                1
-            };
-            built(1, move |a| {
-                Ok(wrap(vec![crate::synthetic::fixed_latency(
-                    t(a, 0)?,
-                    latency,
-                    spin,
-                    width,
-                    parallelism,
-                )?]))
-            })
-        }
-        "StringToHashBucketFast" => {
-            let buckets = node.attr_int("num_buckets")?;
-            built(1, move |a| {
-                Ok(wrap(strings::string_to_hash_bucket_fast(
-                    t(a, 0)?,
-                    buckets,
-                )?))
-            })
-        }
-        "StringToHashBucketStrong" => {
-            let buckets = node.attr_int("num_buckets")?;
-            let key = ints_attr(node, "key")?;
-            built(1, move |a| {
-                Ok(wrap(strings::string_to_hash_bucket_strong(
-                    t(a, 0)?,
-                    buckets,
-                    &key,
-                )?))
-            })
-        }
-        "StringLower" => {
-            let enc = str_or(node, "encoding", "")?;
-            built(1, move |a| Ok(wrap(strings::string_lower(t(a, 0)?, &enc)?)))
-        }
-        "StringUpper" => {
-            let enc = str_or(node, "encoding", "")?;
-            built(1, move |a| Ok(wrap(strings::string_upper(t(a, 0)?, &enc)?)))
-        }
-        "StringStrip" => built(1, move |a| Ok(wrap(strings::string_strip(t(a, 0)?)?))),
-        "StringJoin" => {
-            let n = count(node, "N")?;
-            let sep = bytes_attr(node, "separator", b"")?;
-            built(1, move |a| {
-                Ok(wrap(strings::string_join(&ts(a, 0..n)?, &sep)?))
-            })
-        }
-        "Substr" => {
-            let unit = str_or(node, "unit", "BYTE")?;
-            built(1, move |a| {
-                Ok(wrap(strings::substr(t(a, 0)?, t(a, 1)?, t(a, 2)?, &unit)?))
-            })
-        }
-        "StringToNumber" => {
-            let out = dtype(node, "out_type")?;
-            built(1, move |a| {
-                Ok(wrap(strings::string_to_number(t(a, 0)?, out)?))
-            })
-        }
-        "AsString" => {
-            let attrs = AsStringAttrs {
-                precision: int_or(node, "precision", -1)?,
-                scientific: bool_or(node, "scientific", false)?,
-                shortest: bool_or(node, "shortest", false)?,
-                width: int_or(node, "width", -1)?,
-                fill: str_or(node, "fill", "")?,
-            };
-            built(1, move |a| Ok(wrap(strings::as_string(t(a, 0)?, &attrs)?)))
-        }
-        "StringSplitV2" => {
-            let maxsplit = int_or(node, "maxsplit", -1)?;
-            built(3, move |a| {
-                Ok(wrap(strings::string_split_v2(
-                    t(a, 0)?,
-                    t(a, 1)?,
-                    maxsplit,
-                )?))
-            })
-        }
-        "RegexReplace" => {
-            let global = bool_or(node, "replace_global", true)?;
-            built(1, move |a| {
-                Ok(wrap(strings::regex_replace(
-                    t(a, 0)?,
-                    t(a, 1)?,
-                    t(a, 2)?,
-                    global,
-                )?))
-            })
-        }
-        "DecodeCSV" => {
-            let n = node.attr_types("OUT_TYPE")?.len();
-            let attrs = DecodeCsvAttrs {
-                field_delim: bytes_attr(node, "field_delim", b",")?,
-                use_quote_delim: bool_or(node, "use_quote_delim", true)?,
-                na_value: bytes_attr(node, "na_value", b"")?,
-                select_cols: ints_attr(node, "select_cols")?,
-            };
-            built(n, move |a| {
-                Ok(wrap(parsing::decode_csv(
-                    t(a, 0)?,
-                    &ts(a, 1..1 + n)?,
-                    &attrs,
-                )?))
-            })
-        }
-        "ParseExampleV2" => {
-            let ndense = node.attr_types("Tdense")?.len();
-            let attrs = ParseExampleAttrs {
-                num_sparse: node.attr_int("num_sparse")?,
-                sparse_types: dtypes(node, "sparse_types")?,
-                ragged_value_types: dtypes(node, "ragged_value_types")?,
-                ragged_split_types: dtypes(node, "ragged_split_types")?,
-                dense_shapes: shapes_attr(node, "dense_shapes")?,
-            };
-            let nsparse = count(node, "num_sparse")?;
-            let outputs = 3 * nsparse + ndense + 2 * attrs.ragged_value_types.len();
-            built(outputs, move |a| {
-                Ok(wrap(parsing::parse_example_v2(
-                    t(a, 0)?,
-                    t(a, 1)?,
-                    t(a, 2)?,
-                    t(a, 3)?,
-                    t(a, 4)?,
-                    &ts(a, 5..5 + ndense)?,
-                    &attrs,
-                )?))
-            })
-        }
-        "ParseSingleExample" => {
-            let ndense = node.attr_types("Tdense")?.len();
-            let attrs = ParseSingleExampleAttrs {
-                num_sparse: node.attr_int("num_sparse")?,
-                sparse_keys: strings_attr(node, "sparse_keys")?,
-                dense_keys: strings_attr(node, "dense_keys")?,
-                sparse_types: dtypes(node, "sparse_types")?,
-                dense_shapes: shapes_attr(node, "dense_shapes")?,
-            };
-            let nsparse = count(node, "num_sparse")?;
-            built(3 * nsparse + ndense, move |a| {
-                Ok(wrap(parsing::parse_single_example(
-                    t(a, 0)?,
-                    &ts(a, 1..1 + ndense)?,
-                    &attrs,
-                )?))
-            })
-        }
-        "SerializeSparse" => {
-            let out = node.attr_type("out_type")?;
-            if out != DataType::DT_VARIANT {
-                return Err(attr_err(
-                    node,
-                    format!("out_type {out:?} is not supported (only DT_VARIANT)"),
-                ));
-            }
-            built(1, |a| {
-                let parts = vec![t(a, 0)?.clone(), t(a, 1)?.clone(), t(a, 2)?.clone()];
-                Ok(vec![Value::Variant(Arc::new(VariantTensor {
-                    shape: vec![3],
-                    elements: parts,
-                }))])
-            })
-        }
-        "DeserializeSparse" => {
-            let serialized = node.attr_type("Tserialized")?;
-            if serialized != DataType::DT_VARIANT {
-                return Err(attr_err(
-                    node,
-                    format!("Tserialized {serialized:?} is not supported (only DT_VARIANT)"),
-                ));
-            }
-            let dt = dtype(node, "dtype")?;
-            built(3, move |a| {
-                let Some(Value::Variant(v)) = a.first() else {
-                    return Err(Failure::Input {
-                        index: 0,
-                        reason: "expected a variant tensor",
-                    });
-                };
-                let Some((&3, batch)) = v.shape.split_last() else {
-                    return Err(Failure::Input {
-                        index: 0,
-                        reason: "the variant's last dimension must be 3",
-                    });
-                };
-                let elements: Vec<SparseParts<'_>> = v
-                    .elements
-                    .chunks_exact(3)
-                    .map(|c| SparseParts {
-                        indices: &c[0],
-                        values: &c[1],
-                        shape: &c[2],
-                    })
-                    .collect();
-                Ok(wrap(parsing::deserialize_sparse(batch, &elements, dt)?))
-            })
-        }
-        "Unique" => {
-            let out = dtype(node, "out_idx")?;
-            built(2, move |a| Ok(wrap(sparse::unique(t(a, 0)?, out)?)))
-        }
-        "UniqueWithCounts" => {
-            let out = dtype(node, "out_idx")?;
-            built(3, move |a| {
-                Ok(wrap(sparse::unique_with_counts(t(a, 0)?, out)?))
-            })
-        }
-        "Bucketize" => {
-            let boundaries = floats_attr(node, "boundaries")?;
-            built(1, move |a| {
-                Ok(wrap(sparse::bucketize(t(a, 0)?, &boundaries)?))
-            })
-        }
-        "SparseFillEmptyRows" => built(4, |a| {
-            Ok(wrap(sparse::sparse_fill_empty_rows(
-                t(a, 0)?,
-                t(a, 1)?,
-                t(a, 2)?,
-                t(a, 3)?,
-            )?))
-        }),
-        "SparseReshape" => built(2, |a| {
-            Ok(wrap(sparse::sparse_reshape(t(a, 0)?, t(a, 1)?, t(a, 2)?)?))
-        }),
-        "SparseToDense" => {
-            let validate = bool_or(node, "validate_indices", true)?;
-            built(1, move |a| {
-                Ok(wrap(sparse::sparse_to_dense(
-                    t(a, 0)?,
-                    t(a, 1)?,
-                    t(a, 2)?,
-                    t(a, 3)?,
-                    validate,
-                )?))
-            })
-        }
-        "DenseBincount" => {
-            let binary = bool_or(node, "binary_output", false)?;
-            built(1, move |a| {
-                Ok(wrap(sparse::dense_bincount(
-                    t(a, 0)?,
-                    t(a, 1)?,
-                    t(a, 2)?,
-                    binary,
-                )?))
-            })
-        }
-        "SparseCross" => {
-            let n = count(node, "N")?;
-            let nv = node.attr_types("sparse_types")?.len();
-            let nd = node.attr_types("dense_types")?.len();
-            let attrs = SparseCrossAttrs {
-                hashed_output: node.attr_bool("hashed_output")?,
-                num_buckets: node.attr_int("num_buckets")?,
-                hash_key: node.attr_int("hash_key")?,
-            };
-            built(3, move |a| {
-                Ok(wrap(sparse::sparse_cross(
-                    &ts(a, 0..n)?,
-                    &ts(a, n..n + nv)?,
-                    &ts(a, n + nv..2 * n + nv)?,
-                    &ts(a, 2 * n + nv..2 * n + nv + nd)?,
-                    attrs,
-                )?))
-            })
-        }
-        "SparseCrossHashed" => {
-            let n = count(node, "N")?;
-            let nv = node.attr_types("sparse_types")?.len();
-            let nd = node.attr_types("dense_types")?.len();
-            let end = 2 * n + nv + nd;
-            built(3, move |a| {
-                Ok(wrap(sparse::sparse_cross_hashed(
-                    &ts(a, 0..n)?,
-                    &ts(a, n..n + nv)?,
-                    &ts(a, n + nv..2 * n + nv)?,
-                    &ts(a, 2 * n + nv..end)?,
-                    t(a, end)?,
-                    t(a, end + 1)?,
-                    t(a, end + 2)?,
-                )?))
-            })
-        }
-        "HashTableV2" => {
-            let key = dtype(node, "key_dtype")?;
-            let value = dtype(node, "value_dtype")?;
-            let shared = str_or(node, "shared_name", "")?;
-            let name = if shared.is_empty() {
-                node.name.clone()
-            } else {
-                shared
-            };
-            let mut tables = ctx
-                .tables
-                .lock()
-                .map_err(|_| attr_err(node, "the table registry is poisoned"))?;
-            let cell = match tables.get(&name) {
-                Some(cell) => cell.clone(),
-                None => {
-                    let table =
-                        HashTable::new(key, value).map_err(|e| attr_err(node, e.to_string()))?;
-                    let cell = Arc::new(RwLock::new(table));
-                    tables.insert(name, cell.clone());
-                    cell
-                }
-            };
-            let v = Value::Table(cell);
-            built(1, move |_| Ok(vec![v.clone()]))
-        }
-        "LookupTableFindV2" => built(1, |a| {
-            let table = table_of(a)?;
-            let guard = table.read().unwrap_or_else(PoisonError::into_inner);
-            Ok(wrap(lookup::lookup_table_find_v2(
-                &guard,
-                t(a, 1)?,
-                t(a, 2)?,
-            )?))
-        }),
-        "LookupTableSizeV2" => built(1, |a| {
-            let table = table_of(a)?;
-            let guard = table.read().unwrap_or_else(PoisonError::into_inner);
-            Ok(wrap(lookup::lookup_table_size_v2(&guard)?))
-        }),
-        "LookupTableImportV2" => built(0, |a| {
-            let table = table_of(a)?;
-            let mut guard = table.write().unwrap_or_else(PoisonError::into_inner);
-            lookup::lookup_table_import_v2(&mut guard, t(a, 1)?, t(a, 2)?)?;
-            Ok(Vec::new())
-        }),
-        "InitializeTableFromTextFileV2" => {
-            let key_index = node.attr_int("key_index")?;
-            let value_index = node.attr_int("value_index")?;
-            let vocab_size = int_or(node, "vocab_size", -1)?;
-            let delimiter = str_or(node, "delimiter", "\t")?;
-            if int_or(node, "offset", 0)? != 0 {
-                return Err(attr_err(node, "a non-zero offset is not supported"));
-            }
-            let root = ctx.data_root.to_owned();
-            built(0, move |a| {
-                let table = table_of(a)?;
-                let name = t(a, 1)?;
-                let resolved = resolve_file(name, &root)?;
-                let mut guard = table.write().unwrap_or_else(PoisonError::into_inner);
-                lookup::initialize_table_from_text_file_v2(
-                    &mut guard,
-                    &resolved,
-                    key_index,
-                    value_index,
-                    vocab_size,
-                    &delimiter,
-                )?;
-                Ok(Vec::new())
-            })
-        }
-        _ => return Ok(None),
+    kernel(&node.op).map(|k| (k.build)(node, ctx)).transpose()
+}
+fn const_(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let proto = node.attr_tensor("value")?;
+    let tensor =
+        Tensor::try_from(proto).map_err(|e| attr_err(node, format!("attribute value: {e}")))?;
+    let v = Value::tensor(tensor);
+    Ok(built(1, move |_| Ok(vec![v.clone()])))
+}
+
+fn identity(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| {
+        Ok(vec![a.first().map(|v| (*v).clone()).ok_or(
+            Failure::Input {
+                index: 0,
+                reason: "missing",
+            },
+        )?])
+    }))
+}
+
+fn identity_n(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let n = node.attr_types("T")?.len();
+    Ok(built(n, |a| Ok(a.iter().map(|v| (*v).clone()).collect())))
+}
+
+fn no_op(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(0, |_| Ok(Vec::new())))
+}
+
+fn binary(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let op = node.op.as_str();
+    let op = match op {
+        "Add" => BinaryOp::Add,
+        "AddV2" => BinaryOp::AddV2,
+        "Sub" => BinaryOp::Sub,
+        "Mul" => BinaryOp::Mul,
+        "RealDiv" => BinaryOp::RealDiv,
+        "FloorMod" => BinaryOp::FloorMod,
+        "Maximum" => BinaryOp::Maximum,
+        _ => BinaryOp::Minimum,
     };
-    Ok(Some(b))
+    Ok(built(1, move |a| {
+        Ok(wrap(math::binary(op, t(a, 0)?, t(a, 1)?)?))
+    }))
+}
+
+fn neg(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| Ok(wrap(math::neg(t(a, 0)?)?))))
+}
+
+fn comparison(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let op = node.op.as_str();
+    if !bool_or(node, "incompatible_shape_error", true)? {
+        return Err(attr_err(
+            node,
+            "incompatible_shape_error = false is not supported",
+        ));
+    }
+    let op = match op {
+        "Equal" => Comparison::Equal,
+        "NotEqual" => Comparison::NotEqual,
+        "Less" => Comparison::Less,
+        "LessEqual" => Comparison::LessEqual,
+        "Greater" => Comparison::Greater,
+        _ => Comparison::GreaterEqual,
+    };
+    Ok(built(1, move |a| {
+        Ok(wrap(math::compare(op, t(a, 0)?, t(a, 1)?)?))
+    }))
+}
+
+fn logical_and(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| {
+        Ok(wrap(math::logical_and(t(a, 0)?, t(a, 1)?)?))
+    }))
+}
+
+fn logical_or(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| {
+        Ok(wrap(math::logical_or(t(a, 0)?, t(a, 1)?)?))
+    }))
+}
+
+fn logical_not(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| Ok(wrap(math::logical_not(t(a, 0)?)?))))
+}
+
+fn select(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| {
+        Ok(wrap(math::select(t(a, 0)?, t(a, 1)?, t(a, 2)?)?))
+    }))
+}
+
+fn select_v2(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| {
+        Ok(wrap(math::select_v2(t(a, 0)?, t(a, 1)?, t(a, 2)?)?))
+    }))
+}
+
+fn where_(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| Ok(wrap(math::where_(t(a, 0)?)?))))
+}
+
+fn segment_op(node: &NodeDef) -> Result<SegmentOp> {
+    let op = node.op.as_str();
+    Ok(match op.strip_prefix("Unsorted").unwrap_or(op) {
+        "SegmentSum" => SegmentOp::Sum,
+        "SegmentProd" => SegmentOp::Prod,
+        "SegmentMax" => SegmentOp::Max,
+        "SegmentMin" => SegmentOp::Min,
+        "SegmentMean" => SegmentOp::Mean,
+        _ => return Err(attr_err(node, format!("{op} is not a segment reduction"))),
+    })
+}
+
+fn segment(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let op = segment_op(node)?;
+    Ok(built(1, move |a| {
+        Ok(wrap(segment::segment(op, t(a, 0)?, t(a, 1)?)?))
+    }))
+}
+
+fn unsorted_segment(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let op = segment_op(node)?;
+    Ok(built(1, move |a| {
+        Ok(wrap(segment::unsorted_segment(
+            op,
+            t(a, 0)?,
+            t(a, 1)?,
+            t(a, 2)?,
+        )?))
+    }))
+}
+
+fn reduction(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let op = match node.op.as_str() {
+        "Sum" => Reduction::Sum,
+        "Prod" => Reduction::Prod,
+        "Mean" => Reduction::Mean,
+        "Max" => Reduction::Max,
+        "Min" => Reduction::Min,
+        "All" => Reduction::All,
+        "Any" => Reduction::Any,
+        other => return Err(attr_err(node, format!("{other} is not a reduction"))),
+    };
+    let keep = bool_or(node, "keep_dims", false)?;
+    Ok(built(1, move |a| {
+        Ok(wrap(math::reduce(op, t(a, 0)?, t(a, 1)?, keep)?))
+    }))
+}
+
+fn cumsum(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let exclusive = bool_or(node, "exclusive", false)?;
+    let reverse = bool_or(node, "reverse", false)?;
+    Ok(built(1, move |a| {
+        Ok(wrap(math::cumsum(t(a, 0)?, t(a, 1)?, exclusive, reverse)?))
+    }))
+}
+
+fn log1p(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| Ok(wrap(math::log1p(t(a, 0)?)?))))
+}
+
+fn cast_(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let dst = dtype(node, "DstT")?;
+    let truncate = bool_or(node, "Truncate", false)?;
+    Ok(built(1, move |a| {
+        Ok(wrap(cast::cast(t(a, 0)?, dst, truncate)?))
+    }))
+}
+
+fn reshape(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| Ok(wrap(array::reshape(t(a, 0)?, t(a, 1)?)?))))
+}
+
+fn expand_dims(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| {
+        Ok(wrap(array::expand_dims(t(a, 0)?, t(a, 1)?)?))
+    }))
+}
+
+fn squeeze(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let axis = ints_attr(node, "squeeze_dims")?;
+    Ok(built(1, move |a| {
+        Ok(wrap(array::squeeze(t(a, 0)?, &axis)?))
+    }))
+}
+
+fn concat_v2(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let n = count(node, "N")?;
+    Ok(built(1, move |a| {
+        Ok(wrap(array::concat_v2(&ts(a, 0..n)?, t(a, n)?)?))
+    }))
+}
+
+fn pack(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let n = count(node, "N")?;
+    let axis = int_or(node, "axis", 0)?;
+    Ok(built(1, move |a| {
+        Ok(wrap(array::pack(&ts(a, 0..n)?, axis)?))
+    }))
+}
+
+fn unpack(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let num = node.attr_int("num")?;
+    let axis = int_or(node, "axis", 0)?;
+    let n = count(node, "num")?;
+    Ok(built(n, move |a| {
+        Ok(wrap(array::unpack(t(a, 0)?, num, axis)?))
+    }))
+}
+
+fn fill(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| Ok(wrap(array::fill(t(a, 0)?, t(a, 1)?)?))))
+}
+
+fn range(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| {
+        Ok(wrap(array::range(t(a, 0)?, t(a, 1)?, t(a, 2)?)?))
+    }))
+}
+
+fn shape(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let out = dtype(node, "out_type")?;
+    Ok(built(1, move |a| Ok(wrap(array::shape(t(a, 0)?, out)?))))
+}
+
+fn size(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let out = dtype(node, "out_type")?;
+    Ok(built(1, move |a| Ok(wrap(array::size(t(a, 0)?, out)?))))
+}
+
+fn slice(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| {
+        Ok(wrap(slicing::slice(t(a, 0)?, t(a, 1)?, t(a, 2)?)?))
+    }))
+}
+
+fn strided_slice(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let masks = slicing::StridedSliceMasks {
+        begin_mask: int_or(node, "begin_mask", 0)?,
+        end_mask: int_or(node, "end_mask", 0)?,
+        ellipsis_mask: int_or(node, "ellipsis_mask", 0)?,
+        new_axis_mask: int_or(node, "new_axis_mask", 0)?,
+        shrink_axis_mask: int_or(node, "shrink_axis_mask", 0)?,
+    };
+    Ok(built(1, move |a| {
+        Ok(wrap(slicing::strided_slice(
+            t(a, 0)?,
+            t(a, 1)?,
+            t(a, 2)?,
+            t(a, 3)?,
+            &masks,
+        )?))
+    }))
+}
+
+fn gather_v2(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let batch_dims = int_or(node, "batch_dims", 0)?;
+    Ok(built(1, move |a| {
+        Ok(wrap(slicing::gather_v2(
+            t(a, 0)?,
+            t(a, 1)?,
+            t(a, 2)?,
+            batch_dims,
+        )?))
+    }))
+}
+
+fn tile(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| Ok(wrap(slicing::tile(t(a, 0)?, t(a, 1)?)?))))
+}
+
+fn transpose(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| {
+        Ok(wrap(slicing::transpose(t(a, 0)?, t(a, 1)?)?))
+    }))
+}
+
+fn one_hot(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let axis = int_or(node, "axis", -1)?;
+    Ok(built(1, move |a| {
+        Ok(wrap(slicing::one_hot(
+            t(a, 0)?,
+            t(a, 1)?,
+            t(a, 2)?,
+            t(a, 3)?,
+            axis,
+        )?))
+    }))
+}
+
+fn string_to_hash_bucket_fast(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let buckets = node.attr_int("num_buckets")?;
+    Ok(built(1, move |a| {
+        Ok(wrap(strings::string_to_hash_bucket_fast(
+            t(a, 0)?,
+            buckets,
+        )?))
+    }))
+}
+
+fn string_to_hash_bucket_strong(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let buckets = node.attr_int("num_buckets")?;
+    let key = ints_attr(node, "key")?;
+    Ok(built(1, move |a| {
+        Ok(wrap(strings::string_to_hash_bucket_strong(
+            t(a, 0)?,
+            buckets,
+            &key,
+        )?))
+    }))
+}
+
+fn string_strip(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, move |a| {
+        Ok(wrap(strings::string_strip(t(a, 0)?)?))
+    }))
+}
+
+fn string_lower(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let enc = str_or(node, "encoding", "")?;
+    Ok(built(1, move |a| {
+        Ok(wrap(strings::string_lower(t(a, 0)?, &enc)?))
+    }))
+}
+
+fn string_upper(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let enc = str_or(node, "encoding", "")?;
+    Ok(built(1, move |a| {
+        Ok(wrap(strings::string_upper(t(a, 0)?, &enc)?))
+    }))
+}
+
+fn string_join(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let n = count(node, "N")?;
+    let sep = bytes_attr(node, "separator", b"")?;
+    Ok(built(1, move |a| {
+        Ok(wrap(strings::string_join(&ts(a, 0..n)?, &sep)?))
+    }))
+}
+
+fn substr(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let unit = str_or(node, "unit", "BYTE")?;
+    Ok(built(1, move |a| {
+        Ok(wrap(strings::substr(t(a, 0)?, t(a, 1)?, t(a, 2)?, &unit)?))
+    }))
+}
+
+fn string_to_number(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let out = dtype(node, "out_type")?;
+    Ok(built(1, move |a| {
+        Ok(wrap(strings::string_to_number(t(a, 0)?, out)?))
+    }))
+}
+
+fn as_string(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let attrs = AsStringAttrs {
+        precision: int_or(node, "precision", -1)?,
+        scientific: bool_or(node, "scientific", false)?,
+        shortest: bool_or(node, "shortest", false)?,
+        width: int_or(node, "width", -1)?,
+        fill: str_or(node, "fill", "")?,
+    };
+    Ok(built(1, move |a| {
+        Ok(wrap(strings::as_string(t(a, 0)?, &attrs)?))
+    }))
+}
+
+fn string_split_v2(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let maxsplit = int_or(node, "maxsplit", -1)?;
+    Ok(built(3, move |a| {
+        Ok(wrap(strings::string_split_v2(
+            t(a, 0)?,
+            t(a, 1)?,
+            maxsplit,
+        )?))
+    }))
+}
+
+fn regex_replace(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let global = bool_or(node, "replace_global", true)?;
+    Ok(built(1, move |a| {
+        Ok(wrap(strings::regex_replace(
+            t(a, 0)?,
+            t(a, 1)?,
+            t(a, 2)?,
+            global,
+        )?))
+    }))
+}
+
+fn decode_csv(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let n = node.attr_types("OUT_TYPE")?.len();
+    let attrs = DecodeCsvAttrs {
+        field_delim: bytes_attr(node, "field_delim", b",")?,
+        use_quote_delim: bool_or(node, "use_quote_delim", true)?,
+        na_value: bytes_attr(node, "na_value", b"")?,
+        select_cols: ints_attr(node, "select_cols")?,
+    };
+    Ok(built(n, move |a| {
+        Ok(wrap(parsing::decode_csv(
+            t(a, 0)?,
+            &ts(a, 1..1 + n)?,
+            &attrs,
+        )?))
+    }))
+}
+
+fn parse_example_v2(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let ndense = node.attr_types("Tdense")?.len();
+    let attrs = ParseExampleAttrs {
+        num_sparse: node.attr_int("num_sparse")?,
+        sparse_types: dtypes(node, "sparse_types")?,
+        ragged_value_types: dtypes(node, "ragged_value_types")?,
+        ragged_split_types: dtypes(node, "ragged_split_types")?,
+        dense_shapes: shapes_attr(node, "dense_shapes")?,
+    };
+    let nsparse = count(node, "num_sparse")?;
+    let outputs = 3 * nsparse + ndense + 2 * attrs.ragged_value_types.len();
+    Ok(built(outputs, move |a| {
+        Ok(wrap(parsing::parse_example_v2(
+            t(a, 0)?,
+            t(a, 1)?,
+            t(a, 2)?,
+            t(a, 3)?,
+            t(a, 4)?,
+            &ts(a, 5..5 + ndense)?,
+            &attrs,
+        )?))
+    }))
+}
+
+fn parse_single_example(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let ndense = node.attr_types("Tdense")?.len();
+    let attrs = ParseSingleExampleAttrs {
+        num_sparse: node.attr_int("num_sparse")?,
+        sparse_keys: strings_attr(node, "sparse_keys")?,
+        dense_keys: strings_attr(node, "dense_keys")?,
+        sparse_types: dtypes(node, "sparse_types")?,
+        dense_shapes: shapes_attr(node, "dense_shapes")?,
+    };
+    let nsparse = count(node, "num_sparse")?;
+    Ok(built(3 * nsparse + ndense, move |a| {
+        Ok(wrap(parsing::parse_single_example(
+            t(a, 0)?,
+            &ts(a, 1..1 + ndense)?,
+            &attrs,
+        )?))
+    }))
+}
+
+fn serialize_sparse(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let out = node.attr_type("out_type")?;
+    if out != DataType::DT_VARIANT {
+        return Err(attr_err(
+            node,
+            format!("out_type {out:?} is not supported (only DT_VARIANT)"),
+        ));
+    }
+    Ok(built(1, |a| {
+        let parts = vec![t(a, 0)?.clone(), t(a, 1)?.clone(), t(a, 2)?.clone()];
+        Ok(vec![Value::Variant(Arc::new(VariantTensor {
+            shape: vec![3],
+            elements: parts,
+        }))])
+    }))
+}
+
+fn deserialize_sparse(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let serialized = node.attr_type("Tserialized")?;
+    if serialized != DataType::DT_VARIANT {
+        return Err(attr_err(
+            node,
+            format!("Tserialized {serialized:?} is not supported (only DT_VARIANT)"),
+        ));
+    }
+    let dt = dtype(node, "dtype")?;
+    Ok(built(3, move |a| {
+        let Some(Value::Variant(v)) = a.first() else {
+            return Err(Failure::Input {
+                index: 0,
+                reason: "expected a variant tensor",
+            });
+        };
+        let Some((&3, batch)) = v.shape.split_last() else {
+            return Err(Failure::Input {
+                index: 0,
+                reason: "the variant's last dimension must be 3",
+            });
+        };
+        let elements: Vec<SparseParts<'_>> = v
+            .elements
+            .chunks_exact(3)
+            .map(|c| SparseParts {
+                indices: &c[0],
+                values: &c[1],
+                shape: &c[2],
+            })
+            .collect();
+        Ok(wrap(parsing::deserialize_sparse(batch, &elements, dt)?))
+    }))
+}
+
+fn unique_(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let out = dtype(node, "out_idx")?;
+    Ok(built(2, move |a| Ok(wrap(sparse::unique(t(a, 0)?, out)?))))
+}
+
+fn unique_with_counts(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let out = dtype(node, "out_idx")?;
+    Ok(built(3, move |a| {
+        Ok(wrap(sparse::unique_with_counts(t(a, 0)?, out)?))
+    }))
+}
+
+fn bucketize(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let boundaries = floats_attr(node, "boundaries")?;
+    Ok(built(1, move |a| {
+        Ok(wrap(sparse::bucketize(t(a, 0)?, &boundaries)?))
+    }))
+}
+
+fn sparse_fill_empty_rows(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(4, |a| {
+        Ok(wrap(sparse::sparse_fill_empty_rows(
+            t(a, 0)?,
+            t(a, 1)?,
+            t(a, 2)?,
+            t(a, 3)?,
+        )?))
+    }))
+}
+
+fn sparse_reshape(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(2, |a| {
+        Ok(wrap(sparse::sparse_reshape(t(a, 0)?, t(a, 1)?, t(a, 2)?)?))
+    }))
+}
+
+fn sparse_to_dense(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let validate = bool_or(node, "validate_indices", true)?;
+    Ok(built(1, move |a| {
+        Ok(wrap(sparse::sparse_to_dense(
+            t(a, 0)?,
+            t(a, 1)?,
+            t(a, 2)?,
+            t(a, 3)?,
+            validate,
+        )?))
+    }))
+}
+
+fn dense_bincount(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let binary = bool_or(node, "binary_output", false)?;
+    Ok(built(1, move |a| {
+        Ok(wrap(sparse::dense_bincount(
+            t(a, 0)?,
+            t(a, 1)?,
+            t(a, 2)?,
+            binary,
+        )?))
+    }))
+}
+
+fn sparse_cross(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let n = count(node, "N")?;
+    let nv = node.attr_types("sparse_types")?.len();
+    let nd = node.attr_types("dense_types")?.len();
+    let attrs = SparseCrossAttrs {
+        hashed_output: node.attr_bool("hashed_output")?,
+        num_buckets: node.attr_int("num_buckets")?,
+        hash_key: node.attr_int("hash_key")?,
+    };
+    Ok(built(3, move |a| {
+        Ok(wrap(sparse::sparse_cross(
+            &ts(a, 0..n)?,
+            &ts(a, n..n + nv)?,
+            &ts(a, n + nv..2 * n + nv)?,
+            &ts(a, 2 * n + nv..2 * n + nv + nd)?,
+            attrs,
+        )?))
+    }))
+}
+
+fn sparse_cross_hashed(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let n = count(node, "N")?;
+    let nv = node.attr_types("sparse_types")?.len();
+    let nd = node.attr_types("dense_types")?.len();
+    let end = 2 * n + nv + nd;
+    Ok(built(3, move |a| {
+        Ok(wrap(sparse::sparse_cross_hashed(
+            &ts(a, 0..n)?,
+            &ts(a, n..n + nv)?,
+            &ts(a, n + nv..2 * n + nv)?,
+            &ts(a, 2 * n + nv..end)?,
+            t(a, end)?,
+            t(a, end + 1)?,
+            t(a, end + 2)?,
+        )?))
+    }))
+}
+
+fn hash_table_v2(node: &NodeDef, ctx: &BuildCtx<'_>) -> Result<Built> {
+    let key = dtype(node, "key_dtype")?;
+    let value = dtype(node, "value_dtype")?;
+    let shared = str_or(node, "shared_name", "")?;
+    let name = if shared.is_empty() {
+        node.name.clone()
+    } else {
+        shared
+    };
+    let mut tables = ctx
+        .tables
+        .lock()
+        .map_err(|_| attr_err(node, "the table registry is poisoned"))?;
+    let cell = match tables.get(&name) {
+        Some(cell) => cell.clone(),
+        None => {
+            let table = HashTable::new(key, value).map_err(|e| attr_err(node, e.to_string()))?;
+            let cell = Arc::new(RwLock::new(table));
+            tables.insert(name, cell.clone());
+            cell
+        }
+    };
+    let v = Value::Table(cell);
+    Ok(built(1, move |_| Ok(vec![v.clone()])))
+}
+
+fn lookup_table_find_v2(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| {
+        let table = table_of(a)?;
+        let guard = table.read().unwrap_or_else(PoisonError::into_inner);
+        Ok(wrap(lookup::lookup_table_find_v2(
+            &guard,
+            t(a, 1)?,
+            t(a, 2)?,
+        )?))
+    }))
+}
+
+fn lookup_table_size_v2(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| {
+        let table = table_of(a)?;
+        let guard = table.read().unwrap_or_else(PoisonError::into_inner);
+        Ok(wrap(lookup::lookup_table_size_v2(&guard)?))
+    }))
+}
+
+fn lookup_table_import_v2(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(0, |a| {
+        let table = table_of(a)?;
+        let mut guard = table.write().unwrap_or_else(PoisonError::into_inner);
+        lookup::lookup_table_import_v2(&mut guard, t(a, 1)?, t(a, 2)?)?;
+        Ok(Vec::new())
+    }))
+}
+
+fn initialize_table_from_text_file_v2(node: &NodeDef, ctx: &BuildCtx<'_>) -> Result<Built> {
+    let key_index = node.attr_int("key_index")?;
+    let value_index = node.attr_int("value_index")?;
+    let vocab_size = int_or(node, "vocab_size", -1)?;
+    let delimiter = str_or(node, "delimiter", "\t")?;
+    if int_or(node, "offset", 0)? != 0 {
+        return Err(attr_err(node, "a non-zero offset is not supported"));
+    }
+    let root = ctx.data_root.to_owned();
+    Ok(built(0, move |a| {
+        let table = table_of(a)?;
+        let name = t(a, 1)?;
+        let resolved = resolve_file(name, &root)?;
+        let mut guard = table.write().unwrap_or_else(PoisonError::into_inner);
+        lookup::initialize_table_from_text_file_v2(
+            &mut guard,
+            &resolved,
+            key_index,
+            value_index,
+            vocab_size,
+            &delimiter,
+        )?;
+        Ok(Vec::new())
+    }))
 }
 
 /// TensorFlow's default graph optimizer (grappler's constant folding,
@@ -857,4 +1063,75 @@ fn resolve_file(name: &Tensor, root: &std::path::Path) -> std::result::Result<Te
         Vec::new(),
         crate::TensorData::String(vec![joined.to_string_lossy().into_owned().into_bytes()]),
     )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{HashMap, HashSet};
+    use std::sync::Mutex;
+
+    use lode_proto::ops::OpRegistry;
+
+    use super::*;
+
+    /// The registry is the only list: every other list of ops is derived from it or checked
+    /// against it here, so they cannot drift apart.
+    #[test]
+    fn one_registry_without_duplicates_or_strangers() {
+        let mut seen = HashSet::new();
+        for k in KERNELS.iter().chain(crate::synthetic::KERNELS) {
+            assert!(seen.insert(k.op), "{} is registered twice", k.op);
+        }
+        let tf = OpRegistry::tensorflow();
+        for op in supported() {
+            assert!(tf.get(op).is_some(), "{op} is not a TensorFlow 2.18 op");
+            assert!(has_kernel(op));
+        }
+        for k in crate::synthetic::KERNELS {
+            assert!(
+                tf.get(k.op).is_none(),
+                "benchmark op {} is TensorFlow's",
+                k.op
+            );
+            assert!(!has_kernel(k.op), "benchmark op {} is in production", k.op);
+            assert!(kernel(k.op).is_some(), "a synthetic stage must still load");
+        }
+        for op in TABLE_INITIALIZERS {
+            assert!(has_kernel(op), "table initializer {op} has no kernel");
+        }
+        for op in PLUMBING {
+            assert!(!has_kernel(op), "plumbing op {op} is also a kernel");
+        }
+        assert_eq!(supported().count(), KERNELS.len());
+    }
+
+    /// `build` finds exactly the registry's ops: each is built (or refuses its missing
+    /// attributes), and an op outside the registry has no kernel.
+    #[test]
+    fn build_dispatches_through_the_registry() {
+        let library = HashMap::new();
+        let tables = Mutex::new(HashMap::new());
+        let ctx = BuildCtx {
+            library: &library,
+            data_root: std::path::Path::new("."),
+            tables: &tables,
+        };
+        let node = |op: &str| {
+            let mut n = NodeDef::new();
+            n.name = "n".into();
+            n.op = op.into();
+            n
+        };
+        for k in KERNELS.iter().chain(crate::synthetic::KERNELS) {
+            assert!(
+                !matches!(build(&node(k.op), &ctx), Ok(None)),
+                "{} is registered but not built",
+                k.op
+            );
+        }
+        for op in ["Expm1", "SparseSegmentSum", "Identityx", ""] {
+            assert!(matches!(build(&node(op), &ctx), Ok(None)), "{op}");
+            assert!(!has_kernel(op), "{op}");
+        }
+    }
 }

@@ -10,7 +10,7 @@ use lode_proto::tf::graph::GraphDef;
 use lode_proto::tf::node_def::NodeDef;
 
 use super::dataset::Pipeline;
-use super::ops::{self, PLUMBING, SUPPORTED, TABLE_INITIALIZERS};
+use super::ops::{self, PLUMBING, TABLE_INITIALIZERS};
 use super::program::{BuildCtx, Compile, Naming, Program};
 use super::source::RecordSource;
 use super::value::Value;
@@ -82,16 +82,23 @@ fn base(name: &str) -> &str {
     name.split(':').next().unwrap_or(name)
 }
 
+/// Whether the stage itself handles `op`: its plumbing and the dataset chain.
+fn is_handled(op: &str) -> bool {
+    PLUMBING.contains(&op) || op.ends_with("Dataset") || op.contains("DatasetV")
+}
+
+/// Whether a data worker runs a node of `op` in a stage graph: a kernel of the production
+/// registry ([`ops::KERNELS`]), or an op the stage handles itself (plumbing, the dataset chain).
+/// What the partitioner keeps on the data side; benchmark ops do not count.
+pub fn runs_natively(op: &str) -> bool {
+    ops::has_kernel(op) || is_handled(op)
+}
+
 /// Ops of a stage graph (and the functions it reaches) that have no kernel: op → nodes.
 pub fn unsupported_ops(graph: &GraphDef) -> BTreeMap<String, Vec<String>> {
     let library = function_index(graph.library.as_ref());
     let mut missing: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let known = |op: &str| {
-        SUPPORTED.contains(&op)
-            || PLUMBING.contains(&op)
-            || op.ends_with("Dataset")
-            || op.contains("DatasetV")
-    };
+    let known = |op: &str| ops::kernel(op).is_some() || is_handled(op);
     for node in &graph.node {
         if !known(&node.op) {
             missing
@@ -129,12 +136,7 @@ impl Stage {
             })?;
         let path = plan.file(&spec.graph);
         let bytes = lode_proto::io::read_limited(&path, lode_proto::io::MAX_MODEL_BYTES)?;
-        let graph: GraphDef =
-            lode_proto::io::decode_binary(&bytes).map_err(|source| lode_proto::Error::Decode {
-                path: path.clone(),
-                what: "GraphDef",
-                source,
-            })?;
+        let graph: GraphDef = lode_proto::io::decode_binary_file(&path, &bytes, "GraphDef")?;
         let data_root = options
             .data_root
             .clone()

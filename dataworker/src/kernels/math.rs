@@ -16,6 +16,8 @@
 // Float ↔ count conversions (a Mean's divisor) are the ones TensorFlow performs.
 #![allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
 
+pub mod segment;
+
 use super::{broadcast_index, broadcast_shapes, output, KernelError, Result};
 use crate::tensor::{DType, Tensor, TensorData};
 
@@ -29,6 +31,8 @@ trait Float: Copy + PartialOrd + std::fmt::Debug {
     const ONE: Self;
     /// The quiet NaN TensorFlow's mean of nothing gives (positive).
     const NAN: Self;
+    const INFINITY: Self;
+    const NEG_INFINITY: Self;
     fn daz(self) -> Self;
     fn add(self, o: Self) -> Self;
     fn mul(self, o: Self) -> Self;
@@ -47,6 +51,8 @@ macro_rules! float_impl {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
             const NAN: Self = <$t>::NAN;
+            const INFINITY: Self = <$t>::INFINITY;
+            const NEG_INFINITY: Self = <$t>::NEG_INFINITY;
             fn daz(self) -> Self {
                 if self.is_subnormal() {
                     (0.0 as $t).copysign(self)
@@ -90,6 +96,8 @@ float_impl!(f64, 4);
 /// An integer element type: wrapping arithmetic.
 trait Int: Copy + Ord + Default + std::fmt::Debug {
     const ONE: Self;
+    const MIN: Self;
+    const MAX: Self;
     fn add(self, o: Self) -> Self;
     fn sub(self, o: Self) -> Self;
     fn mul(self, o: Self) -> Self;
@@ -104,6 +112,8 @@ macro_rules! int_impl {
     ($($t:ty),*) => {$(
         impl Int for $t {
             const ONE: Self = 1;
+            const MIN: Self = <$t>::MIN;
+            const MAX: Self = <$t>::MAX;
             fn add(self, o: Self) -> Self {
                 self.wrapping_add(o)
             }
@@ -645,6 +655,15 @@ pub enum Reduction {
     Sum,
     Prod,
     Mean,
+    /// `Max`: a NaN propagates (TensorFlow's `MaxReducer<T, PropagateNaN>`); -inf (or the
+    /// type's least value) over nothing.
+    Max,
+    /// `Min`: as `Max`, with +inf (or the type's greatest value) over nothing.
+    Min,
+    /// `All` of a bool tensor; true over nothing.
+    All,
+    /// `Any` of a bool tensor; false over nothing.
+    Any,
 }
 
 impl Reduction {
@@ -653,6 +672,10 @@ impl Reduction {
             Reduction::Sum => "Sum",
             Reduction::Prod => "Prod",
             Reduction::Mean => "Mean",
+            Reduction::Max => "Max",
+            Reduction::Min => "Min",
+            Reduction::All => "All",
+            Reduction::Any => "Any",
         }
     }
 }
@@ -899,6 +922,8 @@ fn reduce_int<T: Int>(
 ) -> Vec<T> {
     let (init, f): (T, fn(T, T) -> T) = match op {
         Reduction::Prod => (T::ONE, T::mul),
+        Reduction::Max => (T::MIN, Ord::max),
+        Reduction::Min => (T::MAX, Ord::min),
         _ => (T::default(), T::add),
     };
     let inner = move |v: &[T], s: usize, n: usize| v[s..s + n].iter().fold(init, |a, &x| f(a, x));
@@ -924,6 +949,8 @@ fn reduce_float<T: Float>(
 ) -> Vec<T> {
     let (init, f): (T, fn(T, T) -> T) = match op {
         Reduction::Prod => (T::ONE, T::mul),
+        Reduction::Max => (T::NEG_INFINITY, |a, b| float_op(BinaryOp::Maximum, a, b)),
+        Reduction::Min => (T::INFINITY, |a, b| float_op(BinaryOp::Minimum, a, b)),
         _ => (T::ZERO, T::add),
     };
     let how = accumulation(op, T::LANES);
@@ -1005,6 +1032,24 @@ pub fn reduce(
         } else {
             reduce_float(op, v, &dims, first, count)
         }),
+        TensorData::Bool(v) if matches!(op, Reduction::All | Reduction::Any) => {
+            let (init, f): (bool, fn(bool, bool) -> bool) = if op == Reduction::All {
+                (true, |a, b| a && b)
+            } else {
+                (false, |a, b| a || b)
+            };
+            let inner = move |v: &[bool], s: usize, n: usize| {
+                v[s..s + n].iter().fold(init, |a, &x| f(a, x))
+            };
+            TensorData::Bool(if out_count == 0 {
+                Vec::new()
+            } else {
+                reduce_in_order(v, &dims, first, init, f, &inner)
+            })
+        }
+        _ if matches!(op, Reduction::All | Reduction::Any) => {
+            return Err(dtype_error(name, "input", "bool", input))
+        }
         _ => {
             return Err(dtype_error(
                 name,
@@ -1030,6 +1075,11 @@ fn fill_identity(op: Reduction, dtype: DType, n: usize) -> TensorData {
         (Reduction::Prod, TensorData::Float64(_)) => TensorData::Float64(vec![1.0; n]),
         (Reduction::Mean, TensorData::Float32(_)) => TensorData::Float32(vec![f32::NAN; n]),
         (Reduction::Mean, TensorData::Float64(_)) => TensorData::Float64(vec![f64::NAN; n]),
+        (Reduction::Max, TensorData::Float32(_)) => TensorData::Float32(vec![f32::NEG_INFINITY; n]),
+        (Reduction::Max, TensorData::Float64(_)) => TensorData::Float64(vec![f64::NEG_INFINITY; n]),
+        (Reduction::Min, TensorData::Float32(_)) => TensorData::Float32(vec![f32::INFINITY; n]),
+        (Reduction::Min, TensorData::Float64(_)) => TensorData::Float64(vec![f64::INFINITY; n]),
+        (Reduction::All, TensorData::Bool(_)) => TensorData::Bool(vec![true; n]),
         (_, z) => z,
     }
 }

@@ -801,6 +801,7 @@ mod deserialize_sparse_robustness {
 
 #[test]
 fn math_ops() {
+    use super::math::segment::{self, SegmentOp};
     use super::math::{self, BinaryOp, Comparison};
     let mut n = 0;
     for (name, op) in [
@@ -832,6 +833,35 @@ fn math_ops() {
     n += check("SelectV2", |i, _, _| math::select_v2(&i[0], &i[1], &i[2]));
     n += check("Where", |i, _, _| math::where_(&i[0]));
     n += float_reductions();
+    for (name, op) in [
+        ("Max", math::Reduction::Max),
+        ("Min", math::Reduction::Min),
+        ("All", math::Reduction::All),
+        ("Any", math::Reduction::Any),
+    ] {
+        n += check(name, |i, a, _| {
+            math::reduce(op, &i[0], &i[1], attr_bool(a, "keep_dims"))
+        });
+    }
+    for (name, op) in [
+        ("SegmentSum", SegmentOp::Sum),
+        ("SegmentProd", SegmentOp::Prod),
+        ("SegmentMax", SegmentOp::Max),
+        ("SegmentMin", SegmentOp::Min),
+        ("SegmentMean", SegmentOp::Mean),
+    ] {
+        n += check(name, |i, _, _| segment::segment(op, &i[0], &i[1]));
+    }
+    for (name, op) in [
+        ("UnsortedSegmentSum", SegmentOp::Sum),
+        ("UnsortedSegmentProd", SegmentOp::Prod),
+        ("UnsortedSegmentMax", SegmentOp::Max),
+        ("UnsortedSegmentMin", SegmentOp::Min),
+    ] {
+        n += check(name, |i, _, _| {
+            segment::unsorted_segment(op, &i[0], &i[1], &i[2])
+        });
+    }
     n += check("Log1p", |i, _, _| math::log1p(&i[0]));
     n += check("Cumsum", |i, a, _| {
         math::cumsum(
@@ -913,6 +943,7 @@ fn float_reductions() -> usize {
 mod robustness_sparse_math {
     use proptest::prelude::*;
 
+    use super::super::math::segment::{self, SegmentOp};
     use super::super::math::{self, BinaryOp, Comparison, Reduction};
     use super::super::sparse::{self, SparseCrossAttrs};
     use crate::tensor::{DType, Tensor, TensorData};
@@ -987,9 +1018,17 @@ mod robustness_sparse_math {
             let _ = math::select_v2(&ba, &a, &b);
             let _ = math::where_(&a);
             let ax = i64s(vec![axes.len()], axes.clone());
-            for op in [Reduction::Sum, Reduction::Prod, Reduction::Mean] {
+            for op in [Reduction::Sum, Reduction::Prod, Reduction::Mean, Reduction::Max,
+                       Reduction::Min, Reduction::All, Reduction::Any] {
                 let _ = math::reduce(op, &a, &ax, flag);
                 let _ = math::reduce(op, &fa, &ax, flag);
+                let _ = math::reduce(op, &ba, &ax, flag);
+            }
+            for op in [SegmentOp::Sum, SegmentOp::Prod, SegmentOp::Max, SegmentOp::Min, SegmentOp::Mean] {
+                let _ = segment::segment(op, &fa, &b);
+                let _ = segment::segment(op, &a, &i64s(vec![s1.first().copied().unwrap_or(0)], v.clone()));
+                let _ = segment::unsorted_segment(op, &fa, &b, &i64s(vec![], vec![axes.first().copied().unwrap_or(3)]));
+                let _ = segment::unsorted_segment(op, &a, &a, &i64s(vec![], vec![v.len() as i64]));
             }
             let _ = math::cumsum(&fa, &i64s(vec![], vec![axes.first().copied().unwrap_or(0)]), flag, !flag);
             let _ = math::log1p(&fa);

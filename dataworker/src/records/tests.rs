@@ -252,6 +252,32 @@ fn truncation_is_an_error_in_the_data_and_in_the_header() {
     assert!(err.is_some_and(|e| e.is_corrupt_record()));
 }
 
+/// Found by the fuzz harness (tests/fuzz): a length near u64::MAX with a correct length CRC
+/// overflowed the truncation error's arithmetic (a panic in debug builds).
+#[test]
+fn a_huge_length_with_a_good_crc_is_a_truncation() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let len = u64::MAX - 1;
+    let mut file = len.to_le_bytes().to_vec();
+    file.extend(crate::records::tfrecord::masked_crc(&len.to_le_bytes()).to_le_bytes());
+    file.extend(b"short");
+    let path = write(dir.path(), "huge", &file);
+    let (got, err, _) = read_all(&path, config(Compression::None, OnCorrupt::Fail));
+    assert!(got.is_empty());
+    assert!(
+        matches!(
+            err,
+            Some(Error::TruncatedRecord {
+                offset: 0,
+                needed: u64::MAX,
+                found: 5,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+}
+
 #[test]
 fn ignore_errors_policies_skip_and_count() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -599,6 +625,52 @@ proptest! {
         for (k, got) in span.into_iter().enumerate() {
             let r = first + k;
             prop_assert_eq!(got, file.read(r as u64, offsets[r]).expect("line"));
+        }
+    }
+}
+
+/// A real TFRecord file (a fixture TensorFlow wrote) cut at every record boundary and at a
+/// few hundred offsets between: a cut between records reads the records before it; any other
+/// cut is an error naming the file, the record and its offset, both streaming and indexing
+/// (TensorFlow's reader reports "truncated record at N" for a cut in data or footer; in a
+/// header it ends silently, where Lode is stricter).
+#[test]
+fn a_fixture_cut_anywhere_but_a_record_boundary_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/adam_resource/data/train.tfrecord");
+    let whole = std::fs::read(&fixture).expect("fixture");
+    let boundaries = index_tfrecord(&fixture).expect("index");
+    let step = whole.len() / 300;
+    let mut cuts: Vec<usize> = (1..whole.len()).step_by(step).collect();
+    for &b in &boundaries {
+        let b = usize::try_from(b).expect("small");
+        cuts.extend([b.saturating_sub(1), b, b + 1]);
+    }
+    cuts.retain(|&c| c > 0 && c < whole.len());
+    cuts.sort_unstable();
+    cuts.dedup();
+    assert!(cuts.len() > 300, "{}", cuts.len());
+    for cut in cuts {
+        let path = write(dir.path(), "cut.tfrecord", &whole[..cut]);
+        let before = boundaries.iter().filter(|&&b| b < cut as u64).count();
+        let (got, err, _) = read_all(&path, config(Compression::None, OnCorrupt::Fail));
+        let indexed = index_tfrecord(&path);
+        if boundaries.contains(&(cut as u64)) {
+            assert!(err.is_none(), "cut at {cut}: {err:?}");
+            assert_eq!(got.len(), before, "cut at {cut}");
+            assert_eq!(indexed.expect("index").len(), before);
+        } else {
+            let record = before - 1;
+            let offset = boundaries[record];
+            for e in [err.expect("refused"), indexed.expect_err("refused")] {
+                assert!(
+                    matches!(&e, Error::TruncatedRecord { record: r, offset: o, .. } if *r == record as u64 && *o == offset),
+                    "cut at {cut}: {e:?}"
+                );
+                assert!(e.to_string().contains("cut.tfrecord"), "{e}");
+            }
+            assert_eq!(got.len(), record, "cut at {cut}");
         }
     }
 }

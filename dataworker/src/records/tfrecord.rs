@@ -177,7 +177,8 @@ impl TfRecordReader {
             0
         };
         if got < len || got_footer < FOOTER_BYTES {
-            return Err(self.truncated(len + FOOTER_BYTES, got + got_footer));
+            // A length near u64::MAX (its CRC can be right) must not overflow the message.
+            return Err(self.truncated(len.saturating_add(FOOTER_BYTES), got + got_footer));
         }
         let checked = check_data(&data, footer, &self.path, self.record, self.offset);
         self.record += 1;

@@ -752,3 +752,28 @@ fn checksums_summed_in_pieces_match_and_catch_damage() {
     short.update(&frame[..10]);
     assert!(StepDecoder::default().decode_summed(&frame, &short).is_ok());
 }
+
+/// Every proper prefix of a frame, and a frame with bytes after it, is refused: reading stops
+/// at nothing short of the whole message, in both compressions.
+#[test]
+fn every_cut_and_every_extension_of_a_frame_is_refused() {
+    for compression in [Compression::Off, Compression::Lz4] {
+        let frame = encoder(compression)
+            .encode(&message(every_dtype()))
+            .expect("encodes");
+        for cut in 0..frame.len() {
+            assert!(
+                decode_frame(&frame[..cut], DEFAULT_MAX_MESSAGE_BYTES).is_err(),
+                "{compression:?}: cut at {cut} decodes"
+            );
+        }
+        for extra in [&b"\0"[..], b"garbage", &frame[..HEADER_LEN]] {
+            let longer = [frame.as_slice(), extra].concat();
+            assert!(
+                decode_frame(&longer, DEFAULT_MAX_MESSAGE_BYTES).is_err(),
+                "{compression:?}: {} bytes after the frame decode",
+                extra.len()
+            );
+        }
+    }
+}
