@@ -129,6 +129,7 @@ pub fn dispatcher_config(
         shuffle,
         chain: None,
         epochs,
+        restart_every: None,
         lease_duration: lease,
         max_leases_per_worker,
         stages,

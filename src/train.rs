@@ -463,6 +463,9 @@ fn start_job(request: &Request, settings: &Settings) -> Result<(Job, Reply), Ref
     // The training side ends each pass of the iterator itself (an iterator may be initialized
     // again): the job's order runs on for as many passes as the program asks for.
     let pass_steps = config.total_steps().filter(|&n| n != u64::MAX);
+    // Each initialization creates the program's pipeline anew (its seed generators too), so
+    // every pass has the first pass's order.
+    config.restart_every = config.epochs;
     config.epochs = None;
     let token = generate_token();
     let mut service = service_config(&plan, 1, &token, config, &settings.dir.join("journal"))?;

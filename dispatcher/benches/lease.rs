@@ -83,6 +83,7 @@ fn dispatcher_config() -> DispatcherConfig {
         shuffle: Shuffle::Seeded { seed: 42 },
         chain: None,
         epochs: None,
+        restart_every: None,
         lease_duration: Duration::from_secs(3_600),
         max_leases_per_worker: MAX_LEASES,
         stages: 1,

@@ -24,8 +24,9 @@ pub fn index_batch(config: &DispatcherConfig, id: StepId) -> Result<Vec<u64>> {
     if id.step.0 >= per_epoch || config.epochs.is_some_and(|e| id.epoch.0 >= e) {
         return Err(out_of_range());
     }
+    let epoch = config.order_epoch(id.epoch.0);
     if let Some(mut order) = config.step_order() {
-        return order.batch(id.epoch.0, id.step.0).ok_or_else(out_of_range);
+        return order.batch(epoch, id.step.0).ok_or_else(out_of_range);
     }
     let start = id
         .step
@@ -36,7 +37,7 @@ pub fn index_batch(config: &DispatcherConfig, id: StepId) -> Result<Vec<u64>> {
     Ok(match config.shuffle {
         Shuffle::Off => (start..end).collect(),
         Shuffle::Seeded { seed } => {
-            let perm = Permutation::new(config.records, seed, id.epoch.0);
+            let perm = Permutation::new(config.records, seed, epoch);
             (start..end).map(|p| perm.at(p)).collect()
         }
     })
@@ -143,6 +144,7 @@ mod tests {
             shuffle,
             chain: None,
             epochs: Some(3),
+            restart_every: None,
             lease_duration: Duration::from_secs(1),
             max_leases_per_worker: 1,
             stages: 1,

@@ -36,6 +36,12 @@ pub struct DispatcherConfig {
     /// Passes over the data; `None` repeats forever. With a chain, the passes of its trailing
     /// `repeat` (1 when the chain repeats inside).
     pub epochs: Option<u64>,
+    /// The program creates its pipeline anew every `restart_every` epochs (an initializable
+    /// iterator initialized again, under `lode train`): epoch `e` then has the order of epoch
+    /// `e % restart_every`, as TensorFlow's re-created seed generators give it. `None`: every
+    /// epoch continues the pipeline's own order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_every: Option<u64>,
     /// How long a worker may hold a leased step before it is leased to another worker.
     pub lease_duration: Duration,
     /// Leases one worker may hold at once (its pipeline depth).
@@ -68,12 +74,20 @@ impl DispatcherConfig {
             shuffle: Shuffle::Off,
             chain: Some(chain),
             epochs,
+            restart_every: None,
             lease_duration,
             max_leases_per_worker,
             stages,
         };
         config.validate()?;
         Ok(config)
+    }
+
+    /// The epoch whose order epoch `epoch` has (see [`Self::restart_every`]).
+    pub fn order_epoch(&self, epoch: u64) -> u64 {
+        self.restart_every
+            .filter(|&r| r > 0)
+            .map_or(epoch, |r| epoch % r)
     }
 
     /// Checks every field; the error names the first field that is wrong.
@@ -205,6 +219,7 @@ mod tests {
             shuffle: Shuffle::Off,
             chain: None,
             epochs: Some(2),
+            restart_every: None,
             lease_duration: Duration::from_secs(5),
             max_leases_per_worker: 2,
             stages: 1,

@@ -547,6 +547,7 @@ mod tests {
             shuffle: Shuffle::Seeded { seed: 7 },
             chain: None,
             epochs: Some(2),
+            restart_every: None,
             lease_duration: Duration::from_millis(100),
             max_leases_per_worker: 2,
             stages: 1,

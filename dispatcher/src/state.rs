@@ -271,7 +271,7 @@ impl DispatcherState {
     fn batch(&mut self, step: StepId) -> Result<Vec<u64>> {
         match &mut self.order {
             Some(order) => order
-                .batch(step.epoch.0, step.step.0)
+                .batch(self.config.order_epoch(step.epoch.0), step.step.0)
                 .ok_or(Error::StepOutOfRange { step }),
             None => index_batch(&self.config, step),
         }

@@ -31,6 +31,7 @@ fn config(stages: u32) -> DispatcherConfig {
         shuffle: Shuffle::Seeded { seed: 11 },
         chain: None,
         epochs: Some(2),
+        restart_every: None,
         lease_duration: Duration::from_millis(LEASE_MS),
         max_leases_per_worker: 2,
         stages,

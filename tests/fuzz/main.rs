@@ -455,6 +455,7 @@ fn fuzz_journal() {
         shuffle: Shuffle::Seeded { seed: 7 },
         chain: None,
         epochs: Some(2),
+        restart_every: None,
         lease_duration: std::time::Duration::from_millis(100),
         max_leases_per_worker: 2,
         stages: 1,

@@ -315,6 +315,7 @@ mod tests {
             shuffle: Shuffle::Off,
             chain: None,
             epochs: None,
+            restart_every: None,
             lease_duration: Duration::from_secs(60),
             max_leases_per_worker: 2,
             stages: 2,
