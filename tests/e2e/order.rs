@@ -17,7 +17,7 @@ use lode_proto::view::GraphView;
 use serde_json::Value;
 
 use crate::partition::check_cover;
-use crate::support::{fixtures, lode, ok};
+use crate::support::{fixtures, lode, ok, stderr};
 
 /// Every batch the dispatcher leases, in step order, with one worker that completes each
 /// step and a training side that consumes it at once.
@@ -201,4 +201,21 @@ fn shuffled_programs_partition_with_their_seeds_and_exec_yields_tensorflows_step
             }
         }
     }
+}
+
+/// A pipeline that filters decides its steps by the records' values, which the dispatcher
+/// cannot reproduce on indices: `lode partition` refuses it (status 2), naming the op.
+#[test]
+fn a_filtering_pipeline_is_refused_naming_the_op() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let graph = fixtures().join("shuffle/programs/range_filter.pb");
+    let out = lode(&[
+        "partition",
+        graph.to_str().expect("UTF-8"),
+        "-o",
+        tmp.path().join("plan").to_str().expect("UTF-8"),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("FilterDataset"), "{}", stderr(&out));
+    assert!(!tmp.path().join("plan").exists(), "no plan is written");
 }
