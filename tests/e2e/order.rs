@@ -219,3 +219,68 @@ fn a_filtering_pipeline_is_refused_naming_the_op() {
     assert!(stderr(&out).contains("FilterDataset"), "{}", stderr(&out));
     assert!(!tmp.path().join("plan").exists(), "no plan is written");
 }
+
+/// The whole runtime (dispatcher, two worker processes, the consumer) on the shuffled sgd_ref
+/// program: the consumer's log names each step's records, and those CSV rows are the ones
+/// TensorFlow's shuffled pipeline put in that step, in that order.
+#[test]
+fn lode_run_delivers_tensorflows_shuffled_steps() {
+    let dir = fixtures().join("shuffle");
+    let orders: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("orders.json")).expect("orders.json"),
+    )
+    .expect("parses");
+    let program = &orders["programs"][0];
+    assert_eq!(program["model"], "sgd_ref");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let plan = tmp.path().join("plan");
+    let log = tmp.path().join("consumer.jsonl");
+    ok(&lode(&[
+        "partition",
+        dir.join("programs/sgd_ref_shuffled.pb")
+            .to_str()
+            .expect("UTF-8"),
+        "--data-root",
+        fixtures().join("sgd_ref").to_str().expect("UTF-8"),
+        "-o",
+        plan.to_str().expect("UTF-8"),
+    ]));
+    ok(&lode(&[
+        "run",
+        plan.to_str().expect("UTF-8"),
+        "--steps",
+        "10",
+        "--log",
+        log.to_str().expect("UTF-8"),
+    ]));
+    // Record r is CSV row r after the header (the program's leading skip(1)).
+    let csv = std::fs::read_to_string(fixtures().join("sgd_ref/data/train.csv")).expect("csv");
+    let rows: Vec<Vec<u32>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| {
+            l.split(',')
+                .map(|f| f.parse::<f32>().expect("a float").to_bits())
+                .collect()
+        })
+        .collect();
+    let steps: Vec<Value> = std::fs::read_to_string(&log)
+        .expect("log")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a log line"))
+        .collect();
+    assert_eq!(steps.len(), 10);
+    for (i, (step, want)) in steps
+        .iter()
+        .zip(program["steps"].as_array().expect("steps"))
+        .enumerate()
+    {
+        let records: Vec<usize> = serde_json::from_value(step["records"].clone()).expect("records");
+        let x: Vec<u32> = records
+            .iter()
+            .flat_map(|&r| rows[r][..4].to_vec())
+            .collect();
+        let want_x: Vec<u32> = serde_json::from_value(want[0].clone()).expect("x bits");
+        assert_eq!(x, want_x, "step {i}: records {records:?}");
+    }
+}
