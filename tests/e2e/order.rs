@@ -3,6 +3,7 @@
 //! steps of the chain it describes, and the leased batches are TensorFlow's elements, in order,
 //! across every epoch.
 
+use std::path::Path;
 use std::time::Duration;
 
 use lode_dataworker::convert::decode_tensor;
@@ -117,6 +118,31 @@ fn the_dispatcher_leases_tensorflows_order_for_every_fixture_chain() {
     }
 }
 
+/// `lode partition` of the shuffled fixture program of `model` over that fixture's data.
+fn partition_program(model: &str, plan: &Path) {
+    let graph = fixtures().join(format!("shuffle/programs/{model}_shuffled.pb"));
+    ok(&lode(&[
+        "partition",
+        graph.to_str().expect("UTF-8"),
+        "--data-root",
+        fixtures().join(model).to_str().expect("UTF-8"),
+        "-o",
+        plan.to_str().expect("UTF-8"),
+    ]));
+}
+
+/// `lode exec` or `lode run` of `plan` for ten steps, writing `--dump` or `--log` to `out`.
+fn ten_steps(command: &str, plan: &Path, flag: &str, out: &Path) {
+    ok(&lode(&[
+        command,
+        plan.to_str().expect("UTF-8"),
+        "--steps",
+        "10",
+        flag,
+        out.to_str().expect("UTF-8"),
+    ]));
+}
+
 /// The fixture training programs built with `shuffle=True` (`fixtures/shuffle/programs`):
 /// `lode partition` keeps their seeds in plan.json and is a cover, and `lode exec` yields
 /// TensorFlow's own first ten steps, bit for bit, the epoch boundary at step 8 included (a new
@@ -132,16 +158,8 @@ fn shuffled_programs_partition_with_their_seeds_and_exec_yields_tensorflows_step
     for program in programs {
         let model = program["model"].as_str().expect("model");
         let graph = dir.join("programs").join(format!("{model}_shuffled.pb"));
-        let data_root = fixtures().join(model);
         let plan_dir = tmp.path().join(model);
-        ok(&lode(&[
-            "partition",
-            graph.to_str().expect("UTF-8"),
-            "--data-root",
-            data_root.to_str().expect("UTF-8"),
-            "-o",
-            plan_dir.to_str().expect("UTF-8"),
-        ]));
+        partition_program(model, &plan_dir);
         let plan: Value = serde_json::from_str(
             &std::fs::read_to_string(plan_dir.join("plan.json")).expect("plan.json"),
         )
@@ -167,14 +185,7 @@ fn shuffled_programs_partition_with_their_seeds_and_exec_yields_tensorflows_step
         check_cover(&graph, None, &plan_dir, &plan);
 
         let dump = tmp.path().join(format!("{model}_dump"));
-        ok(&lode(&[
-            "exec",
-            plan_dir.to_str().expect("UTF-8"),
-            "--steps",
-            "10",
-            "--dump",
-            dump.to_str().expect("UTF-8"),
-        ]));
+        ten_steps("exec", &plan_dir, "--dump", &dump);
         for (step, tensors) in program["steps"]
             .as_array()
             .expect("steps")
@@ -235,24 +246,8 @@ fn lode_run_delivers_tensorflows_shuffled_steps() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let plan = tmp.path().join("plan");
     let log = tmp.path().join("consumer.jsonl");
-    ok(&lode(&[
-        "partition",
-        dir.join("programs/sgd_ref_shuffled.pb")
-            .to_str()
-            .expect("UTF-8"),
-        "--data-root",
-        fixtures().join("sgd_ref").to_str().expect("UTF-8"),
-        "-o",
-        plan.to_str().expect("UTF-8"),
-    ]));
-    ok(&lode(&[
-        "run",
-        plan.to_str().expect("UTF-8"),
-        "--steps",
-        "10",
-        "--log",
-        log.to_str().expect("UTF-8"),
-    ]));
+    partition_program("sgd_ref", &plan);
+    ten_steps("run", &plan, "--log", &log);
     // Record r is CSV row r after the header (the program's leading skip(1)).
     let csv = std::fs::read_to_string(fixtures().join("sgd_ref/data/train.csv")).expect("csv");
     let rows: Vec<Vec<u32>> = csv
