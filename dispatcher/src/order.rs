@@ -138,9 +138,10 @@ pub(crate) struct Plan {
 impl IndexChain {
     /// One epoch's chain and the epochs, from the ops as the program wrote them: a trailing
     /// `repeat` (with no other repeat before it) gives the epochs (-1: forever), and the
-    /// chain stops before it; any other chain is one epoch (no repeat: the program reads the
-    /// data once).
-    pub fn from_program(ops: &[IndexOp]) -> (IndexChain, Option<u64>) {
+    /// chain stops before it; `epochs` (`--epochs`) overrides that count, standing for a
+    /// trailing repeat. A chain that repeats inside is one epoch whatever `epochs` says; a
+    /// chain without a repeat reads the data once unless `epochs` says otherwise.
+    pub fn from_program(ops: &[IndexOp], epochs: Option<u64>) -> (IndexChain, Option<u64>) {
         let chain = |ops: &[IndexOp]| IndexChain {
             ops: ops.to_vec(),
             picked_seed: None,
@@ -149,9 +150,10 @@ impl IndexChain {
             Some((IndexOp::Repeat { count }, rest))
                 if !rest.iter().any(|op| matches!(op, IndexOp::Repeat { .. })) =>
             {
-                (chain(rest), u64::try_from(*count).ok())
+                (chain(rest), epochs.or(u64::try_from(*count).ok()))
             }
-            _ => (chain(ops), Some(1)),
+            _ if ops.iter().any(|op| matches!(op, IndexOp::Repeat { .. })) => (chain(ops), Some(1)),
+            _ => (chain(ops), epochs.or(Some(1))),
         }
     }
 

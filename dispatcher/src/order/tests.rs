@@ -287,6 +287,42 @@ fn simulate(
     }
 }
 
+#[test]
+fn a_trailing_repeat_makes_the_epochs() {
+    let batch = IndexOp::Batch {
+        batch_size: 4,
+        drop_remainder: false,
+    };
+    let repeat = |count| IndexOp::Repeat { count };
+    let split = |ops: &[IndexOp], epochs| {
+        let (chain, epochs) = IndexChain::from_program(ops, epochs);
+        (chain.ops, epochs)
+    };
+    assert_eq!(
+        split(&[batch.clone(), repeat(3)], None),
+        (vec![batch.clone()], Some(3))
+    );
+    assert_eq!(
+        split(&[batch.clone(), repeat(-1)], None),
+        (vec![batch.clone()], None)
+    );
+    assert_eq!(
+        split(&[batch.clone(), repeat(-1)], Some(2)),
+        (vec![batch.clone()], Some(2))
+    );
+    assert_eq!(
+        split(&[batch.clone()], None),
+        (vec![batch.clone()], Some(1))
+    );
+    assert_eq!(
+        split(&[batch.clone()], Some(5)),
+        (vec![batch.clone()], Some(5))
+    );
+    // A repeat inside: one long epoch, whatever --epochs says.
+    let inner = vec![repeat(2), batch.clone(), repeat(3)];
+    assert_eq!(split(&inner, Some(5)), (inner.clone(), Some(1)));
+}
+
 /// A buffer large enough for the walk to read its slots ahead (`LOOKAHEAD`) keeps the order
 /// of the direct simulation, through the end of the input where the buffer drains.
 #[test]
