@@ -311,11 +311,11 @@ fn a_trailing_repeat_makes_the_epochs() {
         (vec![batch.clone()], Some(2))
     );
     assert_eq!(
-        split(&[batch.clone()], None),
+        split(std::slice::from_ref(&batch), None),
         (vec![batch.clone()], Some(1))
     );
     assert_eq!(
-        split(&[batch.clone()], Some(5)),
+        split(std::slice::from_ref(&batch), Some(5)),
         (vec![batch.clone()], Some(5))
     );
     // A repeat inside: one long epoch, whatever --epochs says.
