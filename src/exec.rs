@@ -79,7 +79,7 @@ fn chain_steps(
     epoch_len: u64,
     wanted: std::ops::Range<u64>,
 ) -> anyhow::Result<Vec<(u64, Vec<u64>)>> {
-    let (mut chain, epochs) = IndexChain::from_program(&source.order);
+    let (mut chain, epochs) = IndexChain::from_program(&source.order, None);
     if let Some(picked) = chain.pick_seed(None) {
         tracing::warn!(
             seed = picked.seed,
@@ -87,7 +87,6 @@ fn chain_steps(
              this run uses a seed Lode picked"
         );
     }
-    let epochs = if chain.repeats() { Some(1) } else { epochs };
     // The lease settings play no part in the order.
     let config =
         DispatcherConfig::for_chain(epoch_len, chain, epochs, Duration::from_secs(1), 1, 1)?;

@@ -86,14 +86,8 @@ pub fn dispatcher_config(
     let max_leases_per_worker = max_leases;
     let stages = u32::try_from(plan.plan.stages.len()).unwrap_or(u32::MAX);
     if !source.order.is_empty() {
-        // TensorFlow's order: the chain as the program wrote it; --epochs stands for a trailing
-        // repeat (the chain's own trailing repeat then gives way to it).
-        let (chain, program_epochs) = IndexChain::from_program(&source.order);
-        let epochs = if chain.repeats() {
-            Some(1)
-        } else {
-            epochs.or(program_epochs)
-        };
+        // TensorFlow's order: the chain as the program wrote it.
+        let (chain, epochs) = IndexChain::from_program(&source.order, epochs);
         return DispatcherConfig::for_chain(
             records.epoch_len(),
             chain,

@@ -1,6 +1,13 @@
 //! The input pipeline as the dispatcher needs it: the reader and its files, and the dataset
 //! transformations between the reader and the iterator, read from the dataset op chain that
 //! feeds `MakeIterator` (following `FlatMapDataset` into its function for the reader).
+//!
+//! `Source::order` lists the ops that decide which records make each element (skip, take,
+//! repeat, shuffle, batch) in program order, with their scalar arguments folded exactly
+//! ([`crate::fold`]); the leading skips and takes become the reader's own `skip`/`take`. An op
+//! whose effect on the order depends on the records' values, or on the files before they are
+//! read, or an argument that does not fold, is recorded in `Source::unsupported` (and
+//! `decouple` refuses the graph, naming it).
 
 use std::collections::HashMap;
 
@@ -272,6 +279,20 @@ pub fn describe(graph: &Graph) -> Option<Source> {
                         .into(),
                 });
             }
+            // Between the file names and the reader: a shuffle or repeat of the files
+            // (`list_files(shuffle=True)`), a skip or take of them, ...
+            op if !after_reader
+                && !READER_OPS.contains(&op)
+                && !ORDER_NEUTRAL_OPS.contains(&op) =>
+            {
+                source.unsupported.get_or_insert(UnsupportedOp {
+                    node: node.name.clone(),
+                    op: op.to_owned(),
+                    reason: "it acts on the files before the reader reads them, and Lode reads \
+                             the files once each, in the order the graph names them"
+                        .into(),
+                });
+            }
             _ => {}
         }
     }
@@ -469,6 +490,22 @@ mod tests {
         assert_eq!((source.skip, source.take), (Some(3), Some(4)));
         assert_eq!(source.order, vec![IndexOp::Repeat { count: 7 }]);
         assert_eq!(source.unsupported, None);
+    }
+
+    #[test]
+    fn a_shuffle_of_the_files_before_the_reader_is_refused() {
+        let source = describe_chain(
+            &[
+                ("files", "ShuffleDataset", &["b", "b", "b"]),
+                ("read", "FlatMapDataset", &[]),
+            ],
+            vec![int64("b", 4)],
+        );
+        let bad = source.unsupported.expect("refused");
+        assert_eq!(
+            (bad.node.as_str(), bad.op.as_str()),
+            ("files", "ShuffleDataset")
+        );
     }
 
     #[test]

@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 use crate::order::{IndexChain, StepOrder};
 use crate::{Error, Result};
 
-/// Whether and how the records of an epoch are permuted.
+/// Lode's own order (configs without a chain): whether and how the records of an epoch are
+/// permuted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Shuffle {
     /// Records in file order, every epoch.

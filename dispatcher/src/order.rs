@@ -138,9 +138,10 @@ pub(crate) struct Plan {
 impl IndexChain {
     /// One epoch's chain and the epochs, from the ops as the program wrote them: a trailing
     /// `repeat` (with no other repeat before it) gives the epochs (-1: forever), and the
-    /// chain stops before it; any other chain is one epoch (no repeat: the program reads the
-    /// data once).
-    pub fn from_program(ops: &[IndexOp]) -> (IndexChain, Option<u64>) {
+    /// chain stops before it; `epochs` (`--epochs`) overrides that count, standing for a
+    /// trailing repeat. A chain that repeats inside is one epoch whatever `epochs` says; a
+    /// chain without a repeat reads the data once unless `epochs` says otherwise.
+    pub fn from_program(ops: &[IndexOp], epochs: Option<u64>) -> (IndexChain, Option<u64>) {
         let chain = |ops: &[IndexOp]| IndexChain {
             ops: ops.to_vec(),
             picked_seed: None,
@@ -149,9 +150,10 @@ impl IndexChain {
             Some((IndexOp::Repeat { count }, rest))
                 if !rest.iter().any(|op| matches!(op, IndexOp::Repeat { .. })) =>
             {
-                (chain(rest), u64::try_from(*count).ok())
+                (chain(rest), epochs.or(u64::try_from(*count).ok()))
             }
-            _ => (chain(ops), Some(1)),
+            _ if ops.iter().any(|op| matches!(op, IndexOp::Repeat { .. })) => (chain(ops), Some(1)),
+            _ => (chain(ops), epochs.or(Some(1))),
         }
     }
 
@@ -392,7 +394,17 @@ struct ShuffleIter {
     capacity: u64,
     buffer: Buffer,
     samples: Samples,
+    /// Samples drawn from `samples` ahead of their use, in stream order (see `LOOKAHEAD`).
+    ahead: VecDeque<u32>,
 }
+
+/// Draws a shuffle of records takes from its stream at once, ahead of use. A draw's slot does
+/// not depend on the buffer's contents, only on its length, which stays `buffer_size` while the
+/// input lasts; so the slots of the next `LOOKAHEAD` draws are known, and reading them together
+/// lets the memory system fetch them in parallel rather than one random slot of a large buffer
+/// after another. The order is unchanged: every draw is used in stream order, modulo the
+/// buffer's true length at its turn.
+const LOOKAHEAD: usize = 32;
 
 /// A shuffle buffer: record numbers alone (8 bytes a slot) before any batch, else elements.
 #[derive(Debug, Clone)]
@@ -492,6 +504,7 @@ impl Iter {
                         Buffer::Records(VecDeque::with_capacity(reserve))
                     },
                     samples: Samples::new(seed, seed2),
+                    ahead: VecDeque::with_capacity(LOOKAHEAD),
                 }))
             }
             Op::Batch {
@@ -597,8 +610,34 @@ impl ShuffleIter {
             }
         }
         let len = u64::try_from(self.buffer.len()).ok().filter(|n| *n > 0)?;
-        let pick = usize::try_from(u64::from(self.samples.next_u32()) % len).ok()?;
+        if self.ahead.is_empty() {
+            self.draw_ahead(len);
+        }
+        let sample = self.ahead.pop_front()?;
+        let pick = usize::try_from(u64::from(sample) % len).ok()?;
         self.buffer.take(pick)
+    }
+
+    /// Draws the next samples and reads the slots they will pick (a draw `d` places away
+    /// picks `sample % len` of a buffer whose front has moved `d` places: today's slot
+    /// `d + sample % len`). Only a large buffer of records gains from it.
+    fn draw_ahead(&mut self, len: u64) {
+        let Buffer::Records(b) = &self.buffer else {
+            self.ahead.push_back(self.samples.next_u32());
+            return;
+        };
+        if self.exhausted || b.len() < 1 << 16 {
+            self.ahead.push_back(self.samples.next_u32());
+            return;
+        }
+        let mut touched = 0u64;
+        for d in 0..LOOKAHEAD {
+            let sample = self.samples.next_u32();
+            self.ahead.push_back(sample);
+            let slot = usize::try_from(u64::from(sample) % len).map_or(0, |p| p + d);
+            touched ^= b.get(slot).copied().unwrap_or(0);
+        }
+        std::hint::black_box(touched);
     }
 }
 

@@ -3,6 +3,7 @@
 //! steps of the chain it describes, and the leased batches are TensorFlow's elements, in order,
 //! across every epoch.
 
+use std::path::Path;
 use std::time::Duration;
 
 use lode_dataworker::convert::decode_tensor;
@@ -17,7 +18,7 @@ use lode_proto::view::GraphView;
 use serde_json::Value;
 
 use crate::partition::check_cover;
-use crate::support::{fixtures, lode, ok};
+use crate::support::{fixtures, lode, ok, stderr};
 
 /// Every batch the dispatcher leases, in step order, with one worker that completes each
 /// step and a training side that consumes it at once.
@@ -82,8 +83,7 @@ fn the_dispatcher_leases_tensorflows_order_for_every_fixture_chain() {
             .collect();
         assert_eq!(seeds, want, "{name}: folded seeds");
 
-        let (chain, epochs) = IndexChain::from_program(&source.order);
-        let epochs = if chain.repeats() { Some(1) } else { epochs };
+        let (chain, epochs) = IndexChain::from_program(&source.order, None);
         // The leading skip and take are the reader's (its record numbers start after them).
         let skip = source.skip.map_or(0, |s| u64::try_from(s).expect("skip"));
         let mut records = case["n"].as_u64().expect("n").saturating_sub(skip);
@@ -117,6 +117,31 @@ fn the_dispatcher_leases_tensorflows_order_for_every_fixture_chain() {
     }
 }
 
+/// `lode partition` of the shuffled fixture program of `model` over that fixture's data.
+fn partition_program(model: &str, plan: &Path) {
+    let graph = fixtures().join(format!("shuffle/programs/{model}_shuffled.pb"));
+    ok(&lode(&[
+        "partition",
+        graph.to_str().expect("UTF-8"),
+        "--data-root",
+        fixtures().join(model).to_str().expect("UTF-8"),
+        "-o",
+        plan.to_str().expect("UTF-8"),
+    ]));
+}
+
+/// `lode exec` or `lode run` of `plan` for ten steps, writing `--dump` or `--log` to `out`.
+fn ten_steps(command: &str, plan: &Path, flag: &str, out: &Path) {
+    ok(&lode(&[
+        command,
+        plan.to_str().expect("UTF-8"),
+        "--steps",
+        "10",
+        flag,
+        out.to_str().expect("UTF-8"),
+    ]));
+}
+
 /// The fixture training programs built with `shuffle=True` (`fixtures/shuffle/programs`):
 /// `lode partition` keeps their seeds in plan.json and is a cover, and `lode exec` yields
 /// TensorFlow's own first ten steps, bit for bit, the epoch boundary at step 8 included (a new
@@ -132,16 +157,8 @@ fn shuffled_programs_partition_with_their_seeds_and_exec_yields_tensorflows_step
     for program in programs {
         let model = program["model"].as_str().expect("model");
         let graph = dir.join("programs").join(format!("{model}_shuffled.pb"));
-        let data_root = fixtures().join(model);
         let plan_dir = tmp.path().join(model);
-        ok(&lode(&[
-            "partition",
-            graph.to_str().expect("UTF-8"),
-            "--data-root",
-            data_root.to_str().expect("UTF-8"),
-            "-o",
-            plan_dir.to_str().expect("UTF-8"),
-        ]));
+        partition_program(model, &plan_dir);
         let plan: Value = serde_json::from_str(
             &std::fs::read_to_string(plan_dir.join("plan.json")).expect("plan.json"),
         )
@@ -167,14 +184,7 @@ fn shuffled_programs_partition_with_their_seeds_and_exec_yields_tensorflows_step
         check_cover(&graph, None, &plan_dir, &plan);
 
         let dump = tmp.path().join(format!("{model}_dump"));
-        ok(&lode(&[
-            "exec",
-            plan_dir.to_str().expect("UTF-8"),
-            "--steps",
-            "10",
-            "--dump",
-            dump.to_str().expect("UTF-8"),
-        ]));
+        ten_steps("exec", &plan_dir, "--dump", &dump);
         for (step, tensors) in program["steps"]
             .as_array()
             .expect("steps")
@@ -200,5 +210,71 @@ fn shuffled_programs_partition_with_their_seeds_and_exec_yields_tensorflows_step
                 assert_eq!(got.len(), want.len(), "{model}: step {step} tensor {k}");
             }
         }
+    }
+}
+
+/// A pipeline that filters decides its steps by the records' values, which the dispatcher
+/// cannot reproduce on indices: `lode partition` refuses it (status 2), naming the op.
+#[test]
+fn a_filtering_pipeline_is_refused_naming_the_op() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let graph = fixtures().join("shuffle/programs/range_filter.pb");
+    let out = lode(&[
+        "partition",
+        graph.to_str().expect("UTF-8"),
+        "-o",
+        tmp.path().join("plan").to_str().expect("UTF-8"),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("FilterDataset"), "{}", stderr(&out));
+    assert!(!tmp.path().join("plan").exists(), "no plan is written");
+}
+
+/// The whole runtime (dispatcher, two worker processes, the consumer) on the shuffled sgd_ref
+/// program: the consumer's log names each step's records, and those CSV rows are the ones
+/// TensorFlow's shuffled pipeline put in that step, in that order.
+#[test]
+fn lode_run_delivers_tensorflows_shuffled_steps() {
+    let dir = fixtures().join("shuffle");
+    let orders: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("orders.json")).expect("orders.json"),
+    )
+    .expect("parses");
+    let program = &orders["programs"][0];
+    assert_eq!(program["model"], "sgd_ref");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let plan = tmp.path().join("plan");
+    let log = tmp.path().join("consumer.jsonl");
+    partition_program("sgd_ref", &plan);
+    ten_steps("run", &plan, "--log", &log);
+    // Record r is CSV row r after the header (the program's leading skip(1)).
+    let csv = std::fs::read_to_string(fixtures().join("sgd_ref/data/train.csv")).expect("csv");
+    let rows: Vec<Vec<u32>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| {
+            l.split(',')
+                .map(|f| f.parse::<f32>().expect("a float").to_bits())
+                .collect()
+        })
+        .collect();
+    let steps: Vec<Value> = std::fs::read_to_string(&log)
+        .expect("log")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a log line"))
+        .collect();
+    assert_eq!(steps.len(), 10);
+    for (i, (step, want)) in steps
+        .iter()
+        .zip(program["steps"].as_array().expect("steps"))
+        .enumerate()
+    {
+        let records: Vec<usize> = serde_json::from_value(step["records"].clone()).expect("records");
+        let x: Vec<u32> = records
+            .iter()
+            .flat_map(|&r| rows[r][..4].to_vec())
+            .collect();
+        let want_x: Vec<u32> = serde_json::from_value(want[0].clone()).expect("x bits");
+        assert_eq!(x, want_x, "step {i}: records {records:?}");
     }
 }

@@ -243,7 +243,7 @@ fn simulate(
                 .expect("generator")
                 .generate();
             let mut rng = Samples::new(seed, seed2);
-            let slots = cap(buffer).min(4096);
+            let slots = cap(buffer).min(1 << 17);
             let mut ring: Vec<Option<Elem>> = vec![None; slots];
             let (mut start, mut end) = (0usize, 0usize);
             let mut input: Option<Box<dyn Iterator<Item = Elem>>> = None;
@@ -285,6 +285,71 @@ fn simulate(
             }))
         }
     }
+}
+
+#[test]
+fn a_trailing_repeat_makes_the_epochs() {
+    let batch = IndexOp::Batch {
+        batch_size: 4,
+        drop_remainder: false,
+    };
+    let repeat = |count| IndexOp::Repeat { count };
+    let split = |ops: &[IndexOp], epochs| {
+        let (chain, epochs) = IndexChain::from_program(ops, epochs);
+        (chain.ops, epochs)
+    };
+    assert_eq!(
+        split(&[batch.clone(), repeat(3)], None),
+        (vec![batch.clone()], Some(3))
+    );
+    assert_eq!(
+        split(&[batch.clone(), repeat(-1)], None),
+        (vec![batch.clone()], None)
+    );
+    assert_eq!(
+        split(&[batch.clone(), repeat(-1)], Some(2)),
+        (vec![batch.clone()], Some(2))
+    );
+    assert_eq!(
+        split(std::slice::from_ref(&batch), None),
+        (vec![batch.clone()], Some(1))
+    );
+    assert_eq!(
+        split(std::slice::from_ref(&batch), Some(5)),
+        (vec![batch.clone()], Some(5))
+    );
+    // A repeat inside: one long epoch, whatever --epochs says.
+    let inner = vec![repeat(2), batch.clone(), repeat(3)];
+    assert_eq!(split(&inner, Some(5)), (inner.clone(), Some(1)));
+}
+
+/// A buffer large enough for the walk to read its slots ahead (`LOOKAHEAD`) keeps the order
+/// of the direct simulation, through the end of the input where the buffer drains.
+#[test]
+fn reading_ahead_keeps_the_order() {
+    let chain = IndexChain {
+        ops: vec![
+            IndexOp::Shuffle {
+                buffer_size: 70_000,
+                seed: 3,
+                seed2: 4,
+                reshuffle_each_iteration: true,
+            },
+            IndexOp::Batch {
+                batch_size: 32,
+                drop_remainder: false,
+            },
+        ],
+        picked_seed: None,
+    };
+    let plan = chain.plan(150_000).expect("chain");
+    let gens = Rc::new(RefCell::new(plan.generators(1)));
+    let ops = Rc::new(plan.ops.clone());
+    let want: Vec<Elem> = simulate(150_000, ops.clone(), ops.len(), gens).collect();
+    let mut walk = plan.walk(1);
+    let got: Vec<Elem> = std::iter::from_fn(|| walk.next_elem()).collect();
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "the orders differ");
 }
 
 fn op_strategy() -> impl Strategy<Value = IndexOp> {
