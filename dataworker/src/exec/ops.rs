@@ -107,7 +107,8 @@ pub static KERNELS: &[KernelEntry] = &[
     entry("UnsortedSegmentProd", unsorted_segment),
     entry("UnsortedSegmentMax", unsorted_segment),
     entry("UnsortedSegmentMin", unsorted_segment),
-    entry("Cumsum", cumsum),
+    entry("Cumsum", cumulative),
+    entry("Cumprod", cumulative),
     entry("Log1p", log1p),
     entry("Cast", cast_),
     entry("Reshape", reshape),
@@ -472,11 +473,17 @@ fn reduction(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
     }))
 }
 
-fn cumsum(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+/// `Cumsum` and `Cumprod`.
+fn cumulative(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
     let exclusive = bool_or(node, "exclusive", false)?;
     let reverse = bool_or(node, "reverse", false)?;
+    let f = match node.op.as_str() {
+        "Cumsum" => math::cumsum,
+        "Cumprod" => math::cumprod,
+        other => return Err(attr_err(node, format!("{other} is not a cumulative op"))),
+    };
     Ok(built(1, move |a| {
-        Ok(wrap(math::cumsum(t(a, 0)?, t(a, 1)?, exclusive, reverse)?))
+        Ok(wrap(f(t(a, 0)?, t(a, 1)?, exclusive, reverse)?))
     }))
 }
 

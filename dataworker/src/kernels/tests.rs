@@ -858,6 +858,14 @@ fn math_ops() {
         });
     }
     n += check("Log1p", |i, _, _| math::log1p(&i[0]));
+    n += check("Cumprod", |i, a, _| {
+        math::cumprod(
+            &i[0],
+            &i[1],
+            attr_bool(a, "exclusive"),
+            attr_bool(a, "reverse"),
+        )
+    });
     n += check("Cumsum", |i, a, _| {
         math::cumsum(
             &i[0],
@@ -1026,6 +1034,7 @@ mod robustness_sparse_math {
                 let _ = segment::unsorted_segment(op, &a, &a, &i64s(vec![], vec![v.len() as i64]));
             }
             let _ = math::cumsum(&fa, &i64s(vec![], vec![axes.first().copied().unwrap_or(0)]), flag, !flag);
+            let _ = math::cumprod(&a, &i64s(vec![], vec![axes.first().copied().unwrap_or(0)]), !flag, flag);
             let _ = math::log1p(&fa);
         }
     }
