@@ -137,6 +137,9 @@ pub static KERNELS: &[KernelEntry] = &[
     entry("AsString", as_string),
     entry("StringSplitV2", string_split_v2),
     entry("RegexReplace", regex_replace),
+    entry("StaticRegexReplace", static_regex_replace),
+    entry("RegexFullMatch", regex_full_match),
+    entry("StaticRegexFullMatch", static_regex_full_match),
     entry("DecodeCSV", decode_csv),
     entry("ParseExampleV2", parse_example_v2),
     entry("ParseSingleExample", parse_single_example),
@@ -710,6 +713,40 @@ fn regex_replace(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
             t(a, 1)?,
             t(a, 2)?,
             global,
+        )?))
+    }))
+}
+
+fn static_regex_replace(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let pattern = bytes_attr(node, "pattern", b"")?;
+    let rewrite = bytes_attr(node, "rewrite", b"")?;
+    let global = bool_or(node, "replace_global", true)?;
+    Ok(built(1, move |a| {
+        Ok(wrap(strings::static_regex_replace(
+            "StaticRegexReplace",
+            t(a, 0)?,
+            &pattern,
+            &rewrite,
+            global,
+        )?))
+    }))
+}
+
+fn regex_full_match(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    const OP: &str = "RegexFullMatch";
+    Ok(built(1, |a| {
+        let pattern = strings::scalar_string(OP, "pattern", t(a, 1)?)?;
+        Ok(wrap(strings::regex_full_match(OP, t(a, 0)?, pattern)?))
+    }))
+}
+
+fn static_regex_full_match(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let pattern = bytes_attr(node, "pattern", b"")?;
+    Ok(built(1, move |a| {
+        Ok(wrap(strings::regex_full_match(
+            "StaticRegexFullMatch",
+            t(a, 0)?,
+            &pattern,
         )?))
     }))
 }

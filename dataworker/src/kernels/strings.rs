@@ -585,7 +585,7 @@ pub fn regex_replace(
     replace_global: bool,
 ) -> Result<Vec<Tensor>> {
     const OP: &str = "RegexReplace";
-    let strings = strings_of(OP, "input", input)?;
+    strings_of(OP, "input", input)?;
     for (name, t) in [("pattern", pattern), ("rewrite", rewrite)] {
         strings_of(OP, name, t)?;
         if !t.shape().is_empty() {
@@ -607,18 +607,63 @@ pub fn regex_replace(
             reason: "pattern and rewrite must hold one string".into(),
         });
     };
-    let regex = super::re2::compile(pattern).map_err(|why| KernelError::InvalidInput {
-        op: OP,
-        input: "pattern",
-        reason: format!("invalid pattern {:?}: {why}", show(pattern)),
-    })?;
+    static_regex_replace(OP, input, pattern, rewrite, replace_global)
+}
+
+/// `RegexReplace` with the pattern and rewrite given (`StaticRegexReplace` has them as
+/// attributes); `op` names the op in errors.
+pub fn static_regex_replace(
+    op: &'static str,
+    input: &Tensor,
+    pattern: &[u8],
+    rewrite: &[u8],
+    replace_global: bool,
+) -> Result<Vec<Tensor>> {
+    let strings = strings_of(op, "input", input)?;
+    let regex = super::re2::compile(pattern).map_err(|why| invalid_pattern(op, pattern, &why))?;
     let out = strings
         .iter()
         .map(|s| super::re2::replace(&regex, s, rewrite, replace_global))
         .collect();
     Ok(vec![output(
-        OP,
+        op,
         input.shape().to_vec(),
         TensorData::String(out),
     )?])
+}
+
+fn invalid_pattern(op: &'static str, pattern: &[u8], why: &str) -> KernelError {
+    KernelError::InvalidInput {
+        op,
+        input: "pattern",
+        reason: format!("invalid pattern {:?}: {why}", show(pattern)),
+    }
+}
+
+/// `RegexFullMatch` / `StaticRegexFullMatch`: whether each string matches `pattern` (RE2
+/// syntax) as a whole (`RE2::FullMatch`).
+pub fn regex_full_match(op: &'static str, input: &Tensor, pattern: &[u8]) -> Result<Vec<Tensor>> {
+    let strings = strings_of(op, "input", input)?;
+    let regex =
+        super::re2::compile_full(pattern).map_err(|why| invalid_pattern(op, pattern, &why))?;
+    let out = strings.iter().map(|s| regex.is_match(s)).collect();
+    Ok(vec![output(
+        op,
+        input.shape().to_vec(),
+        TensorData::Bool(out),
+    )?])
+}
+
+/// The one string of a scalar string input (`RegexFullMatch`'s pattern).
+pub fn scalar_string<'a>(op: &'static str, input: &'static str, t: &'a Tensor) -> Result<&'a [u8]> {
+    let v = strings_of(op, input, t)?;
+    match (v, t.shape()) {
+        ([one], []) => Ok(one),
+        _ => Err(KernelError::InputShape {
+            op,
+            input,
+            shape: t.shape().to_vec(),
+            reason: "must be a scalar",
+        }),
+    }
 }

@@ -1083,6 +1083,24 @@ fn regex_replace() {
         strings::regex_replace(&i[0], &i[1], &i[2], attr_bool(a, "replace_global"))
     });
     assert!(n > 200, "{n} RegexReplace cases");
+    let attr_bytes = |a: &Value, k: &str| a[k].as_str().expect("string attr").as_bytes().to_vec();
+    let n = check("StaticRegexReplace", |i, a, _| {
+        strings::static_regex_replace(
+            "StaticRegexReplace",
+            &i[0],
+            &attr_bytes(a, "pattern"),
+            &attr_bytes(a, "rewrite"),
+            attr_bool(a, "replace_global"),
+        )
+    });
+    let n = n + check("StaticRegexFullMatch", |i, a, _| {
+        strings::regex_full_match("StaticRegexFullMatch", &i[0], &attr_bytes(a, "pattern"))
+    });
+    let n = n + check("RegexFullMatch", |i, _, _| {
+        let pattern = strings::scalar_string("RegexFullMatch", "pattern", &i[1])?;
+        strings::regex_full_match("RegexFullMatch", &i[0], pattern)
+    });
+    assert!(n > 150, "{n} full-match and static cases");
 }
 
 /// The slicing kernels, `Neg` and `RegexReplace` return errors, never panic, whatever the
