@@ -137,6 +137,8 @@ pub static KERNELS: &[KernelEntry] = &[
     entry("AsString", as_string),
     entry("StringSplitV2", string_split_v2),
     entry("RegexReplace", regex_replace),
+    entry("StringLength", string_length),
+    entry("StringStrip", string_strip),
     entry("StaticRegexReplace", static_regex_replace),
     entry("RegexFullMatch", regex_full_match),
     entry("StaticRegexFullMatch", static_regex_full_match),
@@ -730,6 +732,17 @@ fn static_regex_replace(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
             global,
         )?))
     }))
+}
+
+fn string_length(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let unit = str_or(node, "unit", "BYTE")?;
+    Ok(built(1, move |a| {
+        Ok(wrap(strings::string_length(t(a, 0)?, &unit)?))
+    }))
+}
+
+fn string_strip(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| Ok(wrap(strings::string_strip(t(a, 0)?)?))))
 }
 
 fn regex_full_match(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {

@@ -667,3 +667,59 @@ pub fn scalar_string<'a>(op: &'static str, input: &'static str, t: &'a Tensor) -
         }),
     }
 }
+
+/// `StringLength`: bytes per string, or with `unit` `UTF8_CHAR` the UTF-8 characters, counted
+/// as TensorFlow does (bytes that are not continuation bytes, so invalid UTF-8 still counts).
+pub fn string_length(input: &Tensor, unit: &str) -> Result<Vec<Tensor>> {
+    const OP: &str = "StringLength";
+    let strings = strings_of(OP, "input", input)?;
+    let chars = match unit {
+        "BYTE" => false,
+        "UTF8_CHAR" => true,
+        other => {
+            return Err(KernelError::InvalidAttr {
+                op: OP,
+                attr: "unit",
+                value: other.to_owned(),
+                reason: "must be BYTE or UTF8_CHAR",
+            })
+        }
+    };
+    let lengths = strings
+        .iter()
+        .map(|s| {
+            let n = if chars {
+                s.iter().filter(|&&b| b & 0xc0 != 0x80).count()
+            } else {
+                s.len()
+            };
+            i32::try_from(n).unwrap_or(i32::MAX)
+        })
+        .collect();
+    Ok(vec![output(
+        OP,
+        input.shape().to_vec(),
+        TensorData::Int32(lengths),
+    )?])
+}
+
+/// `StringStrip`: leading and trailing ASCII whitespace removed (`absl::StripAsciiWhitespace`:
+/// space, `\t`, `\n`, `\v`, `\f`, `\r`).
+pub fn string_strip(input: &Tensor) -> Result<Vec<Tensor>> {
+    const OP: &str = "StringStrip";
+    let strings = strings_of(OP, "input", input)?;
+    let space = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r');
+    let out = strings
+        .iter()
+        .map(|s| {
+            let start = s.iter().position(|b| !space(b)).unwrap_or(s.len());
+            let end = s.iter().rposition(|b| !space(b)).map_or(start, |e| e + 1);
+            s[start..end.max(start)].to_vec()
+        })
+        .collect();
+    Ok(vec![output(
+        OP,
+        input.shape().to_vec(),
+        TensorData::String(out),
+    )?])
+}

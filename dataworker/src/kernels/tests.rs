@@ -1103,6 +1103,16 @@ fn regex_replace() {
     assert!(n > 150, "{n} full-match and static cases");
 }
 
+#[test]
+fn string_length_and_strip() {
+    use super::strings;
+    let n = check("StringLength", |i, a, _| {
+        strings::string_length(&i[0], a["unit"].as_str().expect("unit"))
+    });
+    let n = n + check("StringStrip", |i, _, _| strings::string_strip(&i[0]));
+    assert_eq!(n, 9, "StringLength and StringStrip cases");
+}
+
 /// The slicing kernels, `Neg` and `RegexReplace` return errors, never panic, whatever the
 /// inputs and attributes.
 mod slicing_robustness {
