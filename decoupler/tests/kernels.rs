@@ -169,3 +169,26 @@ fn a_called_function_without_a_kernel_keeps_its_caller_in_training() {
             .all(|s| !s.nodes.contains(&"call".to_owned())));
     }
 }
+
+fn without_iterator_get_next(op: &str) -> bool {
+    op != "IteratorGetNext"
+}
+
+/// When nothing of the input pipeline can run on a data worker, the plan has no stage and
+/// the training graph is the whole graph (it runs, unchanged, on the training side).
+#[test]
+fn a_pipeline_without_kernels_leaves_no_stage() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/sgd_ref/model.pb");
+    let bytes = std::fs::read(&path).expect("fixture");
+    let view = GraphView::parse(&bytes).expect("view");
+    let out = decouple(
+        &view,
+        &Options {
+            kernels: Some(without_iterator_get_next),
+            ..Options::default()
+        },
+    );
+    let out = out.expect("cut");
+    assert_eq!(out.plan.kernel_limits[0].op, "IteratorGetNext");
+    assert!(out.plan.stages.is_empty(), "{:?}", out.plan.stages);
+}

@@ -107,7 +107,8 @@ pub static KERNELS: &[KernelEntry] = &[
     entry("UnsortedSegmentProd", unsorted_segment),
     entry("UnsortedSegmentMax", unsorted_segment),
     entry("UnsortedSegmentMin", unsorted_segment),
-    entry("Cumsum", cumsum),
+    entry("Cumsum", cumulative),
+    entry("Cumprod", cumulative),
     entry("Log1p", log1p),
     entry("Cast", cast_),
     entry("Reshape", reshape),
@@ -130,13 +131,17 @@ pub static KERNELS: &[KernelEntry] = &[
     entry("StringToHashBucketStrong", string_to_hash_bucket_strong),
     entry("StringLower", string_lower),
     entry("StringUpper", string_upper),
-    entry("StringStrip", string_strip),
     entry("StringJoin", string_join),
     entry("Substr", substr),
     entry("StringToNumber", string_to_number),
     entry("AsString", as_string),
     entry("StringSplitV2", string_split_v2),
     entry("RegexReplace", regex_replace),
+    entry("StringLength", string_length),
+    entry("StringStrip", string_strip),
+    entry("StaticRegexReplace", static_regex_replace),
+    entry("RegexFullMatch", regex_full_match),
+    entry("StaticRegexFullMatch", static_regex_full_match),
     entry("DecodeCSV", decode_csv),
     entry("ParseExampleV2", parse_example_v2),
     entry("ParseSingleExample", parse_single_example),
@@ -473,11 +478,17 @@ fn reduction(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
     }))
 }
 
-fn cumsum(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+/// `Cumsum` and `Cumprod`.
+fn cumulative(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
     let exclusive = bool_or(node, "exclusive", false)?;
     let reverse = bool_or(node, "reverse", false)?;
+    let f = match node.op.as_str() {
+        "Cumsum" => math::cumsum,
+        "Cumprod" => math::cumprod,
+        other => return Err(attr_err(node, format!("{other} is not a cumulative op"))),
+    };
     Ok(built(1, move |a| {
-        Ok(wrap(math::cumsum(t(a, 0)?, t(a, 1)?, exclusive, reverse)?))
+        Ok(wrap(f(t(a, 0)?, t(a, 1)?, exclusive, reverse)?))
     }))
 }
 
@@ -636,12 +647,6 @@ fn string_to_hash_bucket_strong(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<B
     }))
 }
 
-fn string_strip(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
-    Ok(built(1, move |a| {
-        Ok(wrap(strings::string_strip(t(a, 0)?)?))
-    }))
-}
-
 fn string_lower(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
     let enc = str_or(node, "encoding", "")?;
     Ok(built(1, move |a| {
@@ -710,6 +715,51 @@ fn regex_replace(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
             t(a, 1)?,
             t(a, 2)?,
             global,
+        )?))
+    }))
+}
+
+fn static_regex_replace(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let pattern = bytes_attr(node, "pattern", b"")?;
+    let rewrite = bytes_attr(node, "rewrite", b"")?;
+    let global = bool_or(node, "replace_global", true)?;
+    Ok(built(1, move |a| {
+        Ok(wrap(strings::static_regex_replace(
+            "StaticRegexReplace",
+            t(a, 0)?,
+            &pattern,
+            &rewrite,
+            global,
+        )?))
+    }))
+}
+
+fn string_length(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let unit = str_or(node, "unit", "BYTE")?;
+    Ok(built(1, move |a| {
+        Ok(wrap(strings::string_length(t(a, 0)?, &unit)?))
+    }))
+}
+
+fn string_strip(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| Ok(wrap(strings::string_strip(t(a, 0)?)?))))
+}
+
+fn regex_full_match(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    const OP: &str = "RegexFullMatch";
+    Ok(built(1, |a| {
+        let pattern = strings::scalar_string(OP, "pattern", t(a, 1)?)?;
+        Ok(wrap(strings::regex_full_match(OP, t(a, 0)?, pattern)?))
+    }))
+}
+
+fn static_regex_full_match(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let pattern = bytes_attr(node, "pattern", b"")?;
+    Ok(built(1, move |a| {
+        Ok(wrap(strings::regex_full_match(
+            "StaticRegexFullMatch",
+            t(a, 0)?,
+            &pattern,
         )?))
     }))
 }

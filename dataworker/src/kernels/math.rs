@@ -1136,25 +1136,40 @@ fn scan<T: Copy>(
 /// `Cumsum`: running sums along `axis` (a scalar), from the end with `reverse`, each
 /// excluding its own element with `exclusive`.
 pub fn cumsum(x: &Tensor, axis: &Tensor, exclusive: bool, reverse: bool) -> Result<Vec<Tensor>> {
-    const OP: &str = "Cumsum";
+    cumulative(false, x, axis, exclusive, reverse)
+}
+
+/// `Cumprod`: running products, as [`cumsum`] (an exclusive product starts at 1).
+pub fn cumprod(x: &Tensor, axis: &Tensor, exclusive: bool, reverse: bool) -> Result<Vec<Tensor>> {
+    cumulative(true, x, axis, exclusive, reverse)
+}
+
+fn cumulative(
+    prod: bool,
+    x: &Tensor,
+    axis: &Tensor,
+    exclusive: bool,
+    reverse: bool,
+) -> Result<Vec<Tensor>> {
+    let op: &'static str = if prod { "Cumprod" } else { "Cumsum" };
     let a: i64 = match axis.data() {
         TensorData::Int32(v) if axis.shape().is_empty() => i64::from(v[0]),
         TensorData::Int64(v) if axis.shape().is_empty() => v[0],
         TensorData::Int32(_) | TensorData::Int64(_) => {
             return Err(KernelError::InputShape {
-                op: OP,
+                op,
                 input: "axis",
                 shape: axis.shape().to_vec(),
                 reason: "must be a scalar",
             })
         }
-        _ => return Err(dtype_error(OP, "axis", "int32 or int64", axis)),
+        _ => return Err(dtype_error(op, "axis", "int32 or int64", axis)),
     };
     let shape = x.shape();
     let r = i64::try_from(shape.len()).unwrap_or(i64::MAX);
     if a < -r || a >= r {
         return Err(KernelError::InvalidAttr {
-            op: OP,
+            op,
             attr: "axis",
             value: a.to_string(),
             reason: "axis out of range for the rank",
@@ -1162,24 +1177,33 @@ pub fn cumsum(x: &Tensor, axis: &Tensor, exclusive: bool, reverse: bool) -> Resu
     }
     let ax = usize::try_from(if a < 0 { a + r } else { a }).unwrap_or(0);
     macro_rules! go {
-        ($v:expr, $w:expr, $zero:expr, $add:expr) => {
-            $w(scan($v, shape, ax, exclusive, reverse, $zero, $add))
+        ($v:expr, $w:expr, $zero:expr, $one:expr, $add:expr, $mul:expr) => {
+            $w(if prod {
+                scan($v, shape, ax, exclusive, reverse, $one, $mul)
+            } else {
+                scan($v, shape, ax, exclusive, reverse, $zero, $add)
+            })
+        };
+    }
+    macro_rules! int {
+        ($v:expr, $w:expr) => {
+            go!($v, $w, 0, 1, Int::add, Int::mul)
         };
     }
     let data = match x.data() {
-        TensorData::Int8(v) => go!(v, TensorData::Int8, 0, Int::add),
-        TensorData::Int16(v) => go!(v, TensorData::Int16, 0, Int::add),
-        TensorData::Int32(v) => go!(v, TensorData::Int32, 0, Int::add),
-        TensorData::Int64(v) => go!(v, TensorData::Int64, 0, Int::add),
-        TensorData::UInt8(v) => go!(v, TensorData::UInt8, 0, Int::add),
-        TensorData::UInt16(v) => go!(v, TensorData::UInt16, 0, Int::add),
-        TensorData::UInt32(v) => go!(v, TensorData::UInt32, 0, Int::add),
-        TensorData::UInt64(v) => go!(v, TensorData::UInt64, 0, Int::add),
-        TensorData::Float32(v) => go!(v, TensorData::Float32, 0.0, Float::add),
-        TensorData::Float64(v) => go!(v, TensorData::Float64, 0.0, Float::add),
-        _ => return Err(dtype_error(OP, "x", "an integer or float dtype", x)),
+        TensorData::Int8(v) => int!(v, TensorData::Int8),
+        TensorData::Int16(v) => int!(v, TensorData::Int16),
+        TensorData::Int32(v) => int!(v, TensorData::Int32),
+        TensorData::Int64(v) => int!(v, TensorData::Int64),
+        TensorData::UInt8(v) => int!(v, TensorData::UInt8),
+        TensorData::UInt16(v) => int!(v, TensorData::UInt16),
+        TensorData::UInt32(v) => int!(v, TensorData::UInt32),
+        TensorData::UInt64(v) => int!(v, TensorData::UInt64),
+        TensorData::Float32(v) => go!(v, TensorData::Float32, 0.0, 1.0, Float::add, Float::mul),
+        TensorData::Float64(v) => go!(v, TensorData::Float64, 0.0, 1.0, Float::add, Float::mul),
+        _ => return Err(dtype_error(op, "x", "an integer or float dtype", x)),
     };
-    Ok(vec![output(OP, shape.to_vec(), data)?])
+    Ok(vec![output(op, shape.to_vec(), data)?])
 }
 
 // -------------------------------------------------------------------------------- Log1p

@@ -309,6 +309,15 @@ pub(crate) fn compile(pattern: &[u8]) -> Result<Regex, String> {
         .map_err(|e| e.to_string())
 }
 
+/// Compiles an RE2 pattern for `RE2::FullMatch`: a match must span the whole text.
+pub(crate) fn compile_full(pattern: &[u8]) -> Result<Regex, String> {
+    let text = std::str::from_utf8(pattern).map_err(|_| "invalid UTF-8".to_string())?;
+    let translated = translate(text)?;
+    RegexBuilder::new(&format!("\\A(?:{translated})\\z"))
+        .build()
+        .map_err(|e| e.to_string())
+}
+
 /// What a repetition operator would apply to.
 #[derive(Debug, Clone, Copy)]
 enum Last {

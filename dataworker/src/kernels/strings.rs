@@ -155,19 +155,6 @@ pub fn string_upper(input: &Tensor, encoding: &str) -> Result<Vec<Tensor>> {
     map_bytes("StringUpper", input, u8::to_ascii_uppercase)
 }
 
-/// `StringStrip`: each string without its leading and trailing whitespace, as TensorFlow's
-/// `str_util::RemoveWhitespaceContext` strips it: space, `\t`, `\n`, `\v`, `\f` and `\r`.
-/// NUL, other control bytes and non-ASCII spaces (NBSP, NEL, U+3000) stay. Unlike
-/// `<[u8]>::trim_ascii` and unlike `StringSplitV2`'s whitespace ([`is_space`]), `\v` counts.
-pub fn string_strip(input: &Tensor) -> Result<Vec<Tensor>> {
-    let kept = |b: &u8| !is_space(*b) && *b != 0x0b;
-    map_strings("StringStrip", input, |s| {
-        let start = s.iter().position(kept).unwrap_or(s.len());
-        let end = s.iter().rposition(kept).map_or(start, |i| i + 1);
-        s[start..end].to_vec()
-    })
-}
-
 /// `StringJoin`: elementwise join with `separator`. Scalars broadcast; every non-scalar input
 /// must have the same shape (no other broadcasting, as in TensorFlow).
 pub fn string_join(inputs: &[&Tensor], separator: &[u8]) -> Result<Vec<Tensor>> {
@@ -607,7 +594,7 @@ pub fn regex_replace(
     replace_global: bool,
 ) -> Result<Vec<Tensor>> {
     const OP: &str = "RegexReplace";
-    let strings = strings_of(OP, "input", input)?;
+    strings_of(OP, "input", input)?;
     for (name, t) in [("pattern", pattern), ("rewrite", rewrite)] {
         strings_of(OP, name, t)?;
         if !t.shape().is_empty() {
@@ -629,14 +616,115 @@ pub fn regex_replace(
             reason: "pattern and rewrite must hold one string".into(),
         });
     };
-    let regex = super::re2::compile(pattern).map_err(|why| KernelError::InvalidInput {
-        op: OP,
-        input: "pattern",
-        reason: format!("invalid pattern {:?}: {why}", show(pattern)),
-    })?;
+    static_regex_replace(OP, input, pattern, rewrite, replace_global)
+}
+
+/// `RegexReplace` with the pattern and rewrite given (`StaticRegexReplace` has them as
+/// attributes); `op` names the op in errors.
+pub fn static_regex_replace(
+    op: &'static str,
+    input: &Tensor,
+    pattern: &[u8],
+    rewrite: &[u8],
+    replace_global: bool,
+) -> Result<Vec<Tensor>> {
+    let strings = strings_of(op, "input", input)?;
+    let regex = super::re2::compile(pattern).map_err(|why| invalid_pattern(op, pattern, &why))?;
     let out = strings
         .iter()
         .map(|s| super::re2::replace(&regex, s, rewrite, replace_global))
+        .collect();
+    Ok(vec![output(
+        op,
+        input.shape().to_vec(),
+        TensorData::String(out),
+    )?])
+}
+
+fn invalid_pattern(op: &'static str, pattern: &[u8], why: &str) -> KernelError {
+    KernelError::InvalidInput {
+        op,
+        input: "pattern",
+        reason: format!("invalid pattern {:?}: {why}", show(pattern)),
+    }
+}
+
+/// `RegexFullMatch` / `StaticRegexFullMatch`: whether each string matches `pattern` (RE2
+/// syntax) as a whole (`RE2::FullMatch`).
+pub fn regex_full_match(op: &'static str, input: &Tensor, pattern: &[u8]) -> Result<Vec<Tensor>> {
+    let strings = strings_of(op, "input", input)?;
+    let regex =
+        super::re2::compile_full(pattern).map_err(|why| invalid_pattern(op, pattern, &why))?;
+    let out = strings.iter().map(|s| regex.is_match(s)).collect();
+    Ok(vec![output(
+        op,
+        input.shape().to_vec(),
+        TensorData::Bool(out),
+    )?])
+}
+
+/// The one string of a scalar string input (`RegexFullMatch`'s pattern).
+pub fn scalar_string<'a>(op: &'static str, input: &'static str, t: &'a Tensor) -> Result<&'a [u8]> {
+    let v = strings_of(op, input, t)?;
+    match (v, t.shape()) {
+        ([one], []) => Ok(one),
+        _ => Err(KernelError::InputShape {
+            op,
+            input,
+            shape: t.shape().to_vec(),
+            reason: "must be a scalar",
+        }),
+    }
+}
+
+/// `StringLength`: bytes per string, or with `unit` `UTF8_CHAR` the UTF-8 characters, counted
+/// as TensorFlow does (bytes that are not continuation bytes, so invalid UTF-8 still counts).
+pub fn string_length(input: &Tensor, unit: &str) -> Result<Vec<Tensor>> {
+    const OP: &str = "StringLength";
+    let strings = strings_of(OP, "input", input)?;
+    let chars = match unit {
+        "BYTE" => false,
+        "UTF8_CHAR" => true,
+        other => {
+            return Err(KernelError::InvalidAttr {
+                op: OP,
+                attr: "unit",
+                value: other.to_owned(),
+                reason: "must be BYTE or UTF8_CHAR",
+            })
+        }
+    };
+    let lengths = strings
+        .iter()
+        .map(|s| {
+            let n = if chars {
+                s.iter().filter(|&&b| b & 0xc0 != 0x80).count()
+            } else {
+                s.len()
+            };
+            i32::try_from(n).unwrap_or(i32::MAX)
+        })
+        .collect();
+    Ok(vec![output(
+        OP,
+        input.shape().to_vec(),
+        TensorData::Int32(lengths),
+    )?])
+}
+
+/// `StringStrip`: leading and trailing ASCII whitespace removed (`absl::StripAsciiWhitespace`:
+/// space, `\t`, `\n`, `\v`, `\f`, `\r`).
+pub fn string_strip(input: &Tensor) -> Result<Vec<Tensor>> {
+    const OP: &str = "StringStrip";
+    let strings = strings_of(OP, "input", input)?;
+    let space = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r');
+    let out = strings
+        .iter()
+        .map(|s| {
+            let start = s.iter().position(|b| !space(b)).unwrap_or(s.len());
+            let end = s.iter().rposition(|b| !space(b)).map_or(start, |e| e + 1);
+            s[start..end.max(start)].to_vec()
+        })
         .collect();
     Ok(vec![output(
         OP,

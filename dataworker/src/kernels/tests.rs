@@ -213,11 +213,6 @@ fn string_lower_and_upper() {
 }
 
 #[test]
-fn string_strip() {
-    check("StringStrip", |i, _, _| strings::string_strip(&i[0]));
-}
-
-#[test]
 fn string_join() {
     check("StringJoin", |i, a, _| {
         let refs: Vec<&Tensor> = i.iter().collect();
@@ -863,6 +858,14 @@ fn math_ops() {
         });
     }
     n += check("Log1p", |i, _, _| math::log1p(&i[0]));
+    n += check("Cumprod", |i, a, _| {
+        math::cumprod(
+            &i[0],
+            &i[1],
+            attr_bool(a, "exclusive"),
+            attr_bool(a, "reverse"),
+        )
+    });
     n += check("Cumsum", |i, a, _| {
         math::cumsum(
             &i[0],
@@ -1031,6 +1034,7 @@ mod robustness_sparse_math {
                 let _ = segment::unsorted_segment(op, &a, &a, &i64s(vec![], vec![v.len() as i64]));
             }
             let _ = math::cumsum(&fa, &i64s(vec![], vec![axes.first().copied().unwrap_or(0)]), flag, !flag);
+            let _ = math::cumprod(&a, &i64s(vec![], vec![axes.first().copied().unwrap_or(0)]), !flag, flag);
             let _ = math::log1p(&fa);
         }
     }
@@ -1079,6 +1083,34 @@ fn regex_replace() {
         strings::regex_replace(&i[0], &i[1], &i[2], attr_bool(a, "replace_global"))
     });
     assert!(n > 200, "{n} RegexReplace cases");
+    let attr_bytes = |a: &Value, k: &str| a[k].as_str().expect("string attr").as_bytes().to_vec();
+    let n = check("StaticRegexReplace", |i, a, _| {
+        strings::static_regex_replace(
+            "StaticRegexReplace",
+            &i[0],
+            &attr_bytes(a, "pattern"),
+            &attr_bytes(a, "rewrite"),
+            attr_bool(a, "replace_global"),
+        )
+    });
+    let n = n + check("StaticRegexFullMatch", |i, a, _| {
+        strings::regex_full_match("StaticRegexFullMatch", &i[0], &attr_bytes(a, "pattern"))
+    });
+    let n = n + check("RegexFullMatch", |i, _, _| {
+        let pattern = strings::scalar_string("RegexFullMatch", "pattern", &i[1])?;
+        strings::regex_full_match("RegexFullMatch", &i[0], pattern)
+    });
+    assert!(n > 150, "{n} full-match and static cases");
+}
+
+#[test]
+fn string_length_and_strip() {
+    use super::strings;
+    let n = check("StringLength", |i, a, _| {
+        strings::string_length(&i[0], a["unit"].as_str().expect("unit"))
+    });
+    let n = n + check("StringStrip", |i, _, _| strings::string_strip(&i[0]));
+    assert_eq!(n, 9, "StringLength and StringStrip cases");
 }
 
 /// The slicing kernels, `Neg` and `RegexReplace` return errors, never panic, whatever the
