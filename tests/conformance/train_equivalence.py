@@ -30,6 +30,13 @@ CASES = {
         ["--data", os.path.join(FIXTURES, "wide_deep", "data"), "--epochs", "20"],
         True,
     ),
+    # The same with shuffle(64, seed=5) before batch: TensorFlow's order, reshuffled each epoch
+    # within a pass and the same again after each re-initialization.
+    "wide_deep_session_shuffled": (
+        "wide_deep_session.py",
+        ["--data", os.path.join(FIXTURES, "wide_deep", "data"), "--epochs", "20", "--shuffle", "64"],
+        True,
+    ),
     "regression_monitored": (
         "regression_monitored.py",
         ["--data", os.path.join(FIXTURES, "adam_resource", "data"), "--steps", "150"],
@@ -52,6 +59,12 @@ CASES = {
     "import_meta_sgd_ref": (
         "import_meta.py",
         ["--model", os.path.join(FIXTURES, "sgd_ref"), "--steps", "150"],
+        True,
+    ),
+    # Shuffled (buffer 100, seed 9) before map, `repeat()` after batch: a new order every epoch.
+    "regression_monitored_shuffled": (
+        "regression_monitored.py",
+        ["--data", os.path.join(FIXTURES, "adam_resource", "data"), "--steps", "150", "--shuffle", "100"],
         True,
     ),
     # A one-shot iterator (its dataset inside the iterator's dataset_factory) and string ops.
