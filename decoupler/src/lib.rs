@@ -44,6 +44,21 @@ pub mod source;
 pub mod source_rewrite;
 pub mod string_handle;
 
+/// NodeDef builders shared by the unit tests.
+#[cfg(test)]
+pub(crate) mod test_graphs {
+    use lode_proto::tf::node_def::NodeDef;
+
+    /// A node of `op` named `name` reading `inputs` (`node`, `node:1`, `^node`).
+    pub(crate) fn node(name: &str, op: &str, inputs: &[&str]) -> NodeDef {
+        let mut n = NodeDef::new();
+        n.name = name.into();
+        n.op = op.into();
+        n.input = inputs.iter().map(|s| (*s).to_owned()).collect();
+        n
+    }
+}
+
 pub use error::{Error, Result};
 pub use partition::Options;
 

@@ -453,19 +453,12 @@ fn placeholder_of(value: &AttrValue) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_graphs::node;
     use lode_proto::tf::function::FunctionDefLibrary;
     use lode_proto::tf::graph::GraphDef;
     use lode_proto::tf::op_def::{op_def::ArgDef, OpDef};
     use lode_proto::tf::types::DataType;
     use protobuf::{EnumOrUnknown, Message};
-
-    fn node(name: &str, op: &str, inputs: &[&str]) -> NodeDef {
-        let mut n = NodeDef::new();
-        n.name = name.into();
-        n.op = op.into();
-        n.input = inputs.iter().map(|s| (*s).to_owned()).collect();
-        n
-    }
 
     fn type_attr(t: DataType) -> AttrValue {
         let mut a = AttrValue::new();

@@ -402,14 +402,7 @@ mod tests {
     use protobuf::{EnumOrUnknown, Message};
 
     use super::*;
-
-    fn node(name: &str, op: &str, inputs: &[&str]) -> NodeDef {
-        let mut n = NodeDef::new();
-        n.name = name.into();
-        n.op = op.into();
-        n.input = inputs.iter().map(|s| (*s).to_owned()).collect();
-        n
-    }
+    use crate::test_graphs::node;
 
     fn int64(name: &str, v: i64) -> NodeDef {
         let mut n = node(name, "Const", &[]);

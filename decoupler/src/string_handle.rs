@@ -92,20 +92,14 @@ fn node_of(input: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use lode_proto::tf::graph::GraphDef;
-    use lode_proto::tf::node_def::NodeDef;
     use protobuf::Message as _;
 
     use super::*;
+    use crate::test_graphs::node;
 
     fn graph(makes: usize) -> Vec<u8> {
         let mut g = GraphDef::new();
-        let mut add = |name: &str, op: &str, inputs: &[&str]| {
-            let mut n = NodeDef::new();
-            n.name = name.into();
-            n.op = op.into();
-            n.input = inputs.iter().map(|i| (*i).to_owned()).collect();
-            g.node.push(n);
-        };
+        let mut add = |name: &str, op: &str, inputs: &[&str]| g.node.push(node(name, op, inputs));
         for i in 0..makes {
             add(&format!("ds{i}"), "RangeDataset", &[]);
             add(&format!("it{i}"), "IteratorV2", &[]);
@@ -135,11 +129,7 @@ mod tests {
     #[test]
     fn a_graph_without_handle_iterators_is_left_alone() {
         let mut g = GraphDef::new();
-        let mut n = NodeDef::new();
-        n.name = "next".into();
-        n.op = "IteratorGetNext".into();
-        n.input = vec!["it".into()];
-        g.node.push(n);
+        g.node.push(node("next", "IteratorGetNext", &["it"]));
         let bytes = g.write_to_bytes().expect("encodes");
         let view = GraphView::parse(&bytes).expect("parses");
         assert!(normalize(&view).expect("normalizes").is_none());
