@@ -298,6 +298,34 @@ def bad_cases(lode, tmp):
     worker.wait()
     dispatcher.wait()
 
+    # Ctrl-C while DWRecv waits for data (a job without workers): the program stops promptly.
+    announce = os.path.join(tmp, "ctrlc.jobs")
+    script, args, _ = CASES["regression_monitored"]
+    train = subprocess.Popen([lode, "train", "--workers", "0", "--announce", announce, "--name", "ctrlc",
+                              "--journal", os.path.join(tmp, "ctrlc.job"), "--", sys.executable,
+                              os.path.join(PROGRAMS, script), *args, "--losses", os.path.join(tmp, "c.txt")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=QUIET)
+    deadline = time.time() + 120
+    while not os.path.exists(os.path.join(announce, "ctrlc.json")) and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(3)  # the program's first run is now waiting in DWRecv
+    children = run(["pgrep", "-P", str(train.pid)], check=False).stdout.split()
+    for child in children:
+        os.kill(int(child), signal.SIGINT)
+    interrupted = time.time()
+    try:
+        train.wait(timeout=30)
+        after = time.time() - interrupted
+        if not children or train.returncode == 0 or after > 10:
+            failures.append(f"ctrl-c: {len(children)} program(s) interrupted, status {train.returncode} "
+                            f"after {after:.1f} s")
+        else:
+            print(f"ok    Ctrl-C while DWRecv waits: the program stopped {after:.1f} s later "
+                  f"(status {train.returncode})")
+    except subprocess.TimeoutExpired:
+        train.kill()
+        failures.append("ctrl-c: the program still waits 30 s after SIGINT")
+
     # A stale job directory of another graph: refused, named, status 2.
     job = os.path.join(tmp, "stale.job")
     first = CASES["regression_monitored"]
