@@ -445,8 +445,18 @@ pub async fn run_worker(
             })
             .await
             {
-                // The lease expired and went elsewhere; the receiver drops the duplicate.
-                tracing::warn!(%status, step = global, "complete refused");
+                // The lease expired and went elsewhere, or the training side consumed the step
+                // before this report arrived (its watermark retired the lease): the receiver
+                // has the step either way, so this is routine, not a warning.
+                let routine = matches!(
+                    &status,
+                    ServiceError::Rpc(e) if e.status.code() == tonic::Code::FailedPrecondition
+                );
+                if routine {
+                    tracing::debug!(%status, step = global, "complete refused");
+                } else {
+                    tracing::warn!(%status, step = global, "complete refused");
+                }
             }
         });
         while completions.try_join_next().is_some() {}
