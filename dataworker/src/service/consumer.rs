@@ -140,8 +140,9 @@ fn wire_step(global: u64, per_epoch: u64) -> WireStep {
 #[derive(Debug)]
 struct Served {
     buffer: Arc<SharedReceiver>,
+    /// Both `None` before the first registration and once stopped.
     stop: Option<oneshot::Sender<()>>,
-    server: tokio::task::JoinHandle<()>,
+    server: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// The consumed watermark as the background reporter sees it.
@@ -197,7 +198,7 @@ impl Consumer {
                     1,
                 ))?),
                 stop: None,
-                server: rt.spawn(async {}),
+                server: None,
             },
             config,
             rt,
@@ -290,7 +291,7 @@ impl Consumer {
             Served {
                 buffer,
                 stop: Some(stop_tx),
-                server,
+                server: Some(server),
             },
         );
         self.stop_served(old);
@@ -304,13 +305,16 @@ impl Consumer {
         Ok(())
     }
 
+    /// Stops serving `served` (its connections drain for up to 5 s).
     fn stop_served(&self, mut served: Served) {
         if let Some(stop) = served.stop.take() {
             let _ = stop.send(());
         }
-        let _ = self
-            .rt
-            .block_on(async { tokio::time::timeout(Duration::from_secs(5), served.server).await });
+        if let Some(server) = served.server.take() {
+            let _ = self
+                .rt
+                .block_on(async { tokio::time::timeout(Duration::from_secs(5), server).await });
+        }
     }
 
     /// Calls a dispatcher RPC, retrying while it is unreachable for the configured patience.
@@ -456,12 +460,11 @@ impl Consumer {
 impl Drop for Consumer {
     fn drop(&mut self) {
         let _ = self.flush();
-        let placeholder = Served {
+        let served = Served {
             buffer: self.served.buffer.clone(),
-            stop: None,
-            server: self.rt.spawn(async {}),
+            stop: self.served.stop.take(),
+            server: self.served.server.take(),
         };
-        let served = std::mem::replace(&mut self.served, placeholder);
         self.stop_served(served);
     }
 }
