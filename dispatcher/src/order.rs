@@ -504,7 +504,7 @@ impl Iter {
                         Buffer::Records(VecDeque::with_capacity(reserve))
                     },
                     samples: Samples::new(seed, seed2),
-                    ahead: VecDeque::with_capacity(LOOKAHEAD),
+                    ahead: VecDeque::with_capacity(2 * LOOKAHEAD + 1),
                 }))
             }
             Op::Batch {
@@ -610,32 +610,46 @@ impl ShuffleIter {
             }
         }
         let len = u64::try_from(self.buffer.len()).ok().filter(|n| *n > 0)?;
-        if self.ahead.is_empty() {
-            self.draw_ahead(len);
-        }
+        self.draw_ahead(len);
         let sample = self.ahead.pop_front()?;
         let pick = usize::try_from(u64::from(sample) % len).ok()?;
         self.buffer.take(pick)
     }
 
-    /// Draws the next samples and reads the slots they will pick (a draw `d` places away
-    /// picks `sample % len` of a buffer whose front has moved `d` places: today's slot
-    /// `d + sample % len`). Only a large buffer of records gains from it.
+    /// Keeps samples drawn ahead of use: for a large buffer of records, between `LOOKAHEAD`
+    /// and twice that many, and reads the slots the new ones will pick (a draw `q` places
+    /// ahead picks `sample % len` of a buffer whose front has moved `q` places: today's slot
+    /// `q + sample % len`), so that those slots are in cache `LOOKAHEAD` draws before their
+    /// turn. Other buffers draw one sample at a time, when none is left.
     fn draw_ahead(&mut self, len: u64) {
-        let Buffer::Records(b) = &self.buffer else {
-            self.ahead.push_back(self.samples.next_u32());
-            return;
+        let large = match &self.buffer {
+            Buffer::Records(b) => !self.exhausted && b.len() >= 1 << 16,
+            Buffer::Elems(_) => false,
         };
-        if self.exhausted || b.len() < 1 << 16 {
-            self.ahead.push_back(self.samples.next_u32());
+        if !large {
+            if self.ahead.is_empty() {
+                self.ahead.push_back(self.samples.next_u32());
+            }
             return;
         }
-        let mut touched = 0u64;
-        for d in 0..LOOKAHEAD {
+        if self.ahead.len() > LOOKAHEAD {
+            return;
+        }
+        // Draw first, then read: the reads form one short loop of independent loads, which the
+        // processor overlaps; interleaved with the generator's arithmetic they would not be.
+        let pending = self.ahead.len();
+        let mut slots = [0usize; LOOKAHEAD];
+        for (d, slot) in slots.iter_mut().enumerate() {
             let sample = self.samples.next_u32();
             self.ahead.push_back(sample);
-            let slot = usize::try_from(u64::from(sample) % len).map_or(0, |p| p + d);
-            touched ^= b.get(slot).copied().unwrap_or(0);
+            *slot = usize::try_from(u64::from(sample) % len).map_or(0, |p| p + pending + d);
+        }
+        let Buffer::Records(b) = &self.buffer else {
+            return;
+        };
+        let mut touched = 0u64;
+        for slot in slots {
+            touched = touched.wrapping_add(b.get(slot).copied().unwrap_or(0));
         }
         std::hint::black_box(touched);
     }
