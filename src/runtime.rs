@@ -713,7 +713,7 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
                         .map_or_else(|| "job".into(), |s| s.to_string_lossy().into_owned());
                     format!("{stem}-{}", std::process::id())
                 });
-                let announcement = crate::scheduler::Announcement {
+                let announcement = lode_scheduler::local::Announcement {
                     name,
                     dispatcher: addr.clone(),
                     job,

@@ -154,7 +154,7 @@ struct Job {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     dispatcher: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
     workers: Vec<Child>,
-    _announced: Option<crate::scheduler::Published>,
+    _announced: Option<lode_scheduler::local::Published>,
 }
 
 impl Job {
@@ -526,7 +526,7 @@ fn start_job(request: &Request, settings: &Settings) -> Result<(Job, Reply), Ref
     }
     let announced = match &settings.announce {
         Some(dir) => Some(
-            crate::scheduler::Announcement {
+            lode_scheduler::local::Announcement {
                 name: settings.name.clone(),
                 dispatcher: url.clone(),
                 job: 1,

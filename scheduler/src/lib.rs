@@ -1,6 +1,7 @@
 //! lode-scheduler: moves data workers to where they help most.
 //!
-//! GoldMiner's scheduler (SIGMOD 2023, §3.4) in two layers, both pure code with no I/O:
+//! GoldMiner's scheduler (SIGMOD 2023, §3.4) in two layers, both pure code with no I/O (only
+//! the [`local`] backend talks to processes, files and dispatchers):
 //! job-level tuning decides how a job uses data workers from its queue state, and cluster-level
 //! allocation shares the cluster's CPUs among jobs under MaxTP, SRTF or Fair. Backends carry
 //! the decisions out; the discrete-event simulator is the first, reproducing the paper's
@@ -13,6 +14,8 @@
 //! - [`backend`]: the `Backend` trait and one scheduling `round`.
 //! - [`live`]: a live job's dispatcher counters turned into rates and a `JobView` (the local
 //!   backend's measurements, pure).
+//! - [`local`]: the live scheduler on this machine (`lode scheduler`): job announcements, the
+//!   local backend (starts and drains `lode worker` processes) and its round loop.
 //! - [`live_tuner`]: the job-level tuner applied to a live job: probe workers sized from their
 //!   measured speedups, the fallback, and the tuned job's `JobView` (pure).
 //! - [`sim`]: the discrete-event simulator (a `Backend`) and the paper's baseline schedulers.
@@ -38,6 +41,7 @@ pub mod cluster;
 pub mod ids;
 pub mod live;
 pub mod live_tuner;
+pub mod local;
 pub mod model;
 pub mod policy;
 pub mod report;
