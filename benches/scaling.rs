@@ -100,7 +100,15 @@ async fn run_case(n: usize, latency: Duration, window: Duration) -> anyhow::Resu
     let plan_dir = tmp.path().join("plan");
     spec.write(&plan_dir)?;
     let plan = PlanDir::open(&plan_dir)?;
-    let config = dispatcher_config(&plan, None, None, Duration::from_secs(30), 3)?;
+    let config = dispatcher_config(
+        &plan,
+        None,
+        lode_dispatcher::RunSettings {
+            epochs: None,
+            lease_duration: Duration::from_secs(30),
+            max_leases_per_worker: 3,
+        },
+    )?;
     let service = service_config(&plan, JOB, TOKEN, config, &tmp.path().join("journal"))?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = format!("http://{}", listener.local_addr()?);

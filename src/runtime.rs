@@ -14,7 +14,7 @@ use lode_dataworker::service::consumer::receiver_url;
 use lode_dataworker::service::receiver::{serve_receiver, ReceiverService};
 use lode_dataworker::service::worker::{run_worker, WorkerConfig};
 use lode_dataworker::transfer::{ReceiverConfig, SharedReceiver};
-use lode_dispatcher::{DispatcherConfig, IndexChain, JobId, ServiceConfig, Shuffle};
+use lode_dispatcher::{plan_source, DispatcherConfig, JobId, RunSettings, ServiceConfig};
 use lode_proto::plan::PlanDir;
 use lode_proto::service::v1::{ConsumedRequest, RegisterConsumerRequest, StatusRequest};
 use lode_proto::service::{connect, RpcError};
@@ -66,79 +66,31 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-/// The dispatcher's settings for a plan: the record count comes from indexing the source.
+/// The dispatcher's settings for a plan: the record count comes from indexing the source
+/// (relative to `data_root`, else the plan's own data root).
 pub fn dispatcher_config(
     plan: &PlanDir,
     data_root: Option<&Path>,
-    epochs: Option<u64>,
-    lease: Duration,
-    max_leases: u32,
+    run: RunSettings,
 ) -> anyhow::Result<DispatcherConfig> {
-    let name = plan.dir.display();
-    let source = plan
-        .plan
-        .source
-        .as_ref()
-        .with_context(|| format!("{name}: the plan has no input source"))?;
+    let source = plan_source(plan)?;
     let root = data_root.map_or_else(|| plan.data_root(), Path::to_path_buf);
     let records = RecordSource::open(source, &root, false)
-        .with_context(|| format!("{name}: cannot index the input"))?;
-    let max_leases_per_worker = max_leases;
-    let stages = u32::try_from(plan.plan.stages.len()).unwrap_or(u32::MAX);
-    if !source.order.is_empty() {
-        // TensorFlow's order: the chain as the program wrote it.
-        let (chain, epochs) = IndexChain::from_program(&source.order, epochs);
-        return DispatcherConfig::for_chain(
-            records.epoch_len(),
-            chain,
-            epochs,
-            lease,
-            max_leases_per_worker,
-            stages,
-        )
-        .with_context(|| format!("{name}: the input pipeline's order"));
-    }
-    let epochs = match epochs {
-        Some(e) => Some(e),
-        None => match source.repeat {
-            Some(r) if r < 0 => None,
-            Some(r) => Some(u64::try_from(r).unwrap_or(1)),
-            None => Some(1),
-        },
-    };
-    let shuffle = match (source.shuffle_buffer, source.shuffle_seed) {
-        (Some(_), Some((a, b))) => Shuffle::Seeded {
-            seed: (a as u64).rotate_left(32) ^ (b as u64),
-        },
-        (Some(_), None) => Shuffle::Seeded { seed: 0 },
-        _ => Shuffle::Off,
-    };
-    Ok(DispatcherConfig {
-        records: records.epoch_len(),
-        batch_size: source
-            .batch_size
-            .and_then(|b| u64::try_from(b).ok())
-            .unwrap_or(1),
-        drop_remainder: source.drop_remainder.unwrap_or(false),
-        shuffle,
-        chain: None,
-        epochs,
-        restart_every: None,
-        lease_duration: lease,
-        max_leases_per_worker,
-        stages,
-    })
+        .with_context(|| format!("{}: cannot index the input", plan.dir.display()))?;
+    DispatcherConfig::from_source(source, records.epoch_len(), plan.plan.stages.len(), run)
+        .with_context(|| format!("{}: the input pipeline's order", plan.dir.display()))
 }
 
-/// The dispatcher service for a plan: its plan.json and stage graphs, served to workers.
+/// The dispatcher service for a plan, saying which seed an unseeded shuffle got.
 pub fn service_config(
     plan: &PlanDir,
     job: u64,
     token: &str,
-    mut config: DispatcherConfig,
+    config: DispatcherConfig,
     journal: &Path,
 ) -> anyhow::Result<ServiceConfig> {
-    if let Some(picked) = lode_dispatcher::pick_seed(&mut config, journal)? {
+    let (service, picked) = ServiceConfig::for_plan(plan, JobId(job), token, config, journal)?;
+    if let Some(picked) = picked {
         if picked.recorded {
             tracing::info!(
                 seed = picked.seed,
@@ -155,25 +107,7 @@ pub fn service_config(
             );
         }
     }
-    let plan_json = std::fs::read_to_string(plan.dir.join("plan.json"))
-        .with_context(|| format!("{}: cannot read plan.json", plan.dir.display()))?;
-    let graphs = plan
-        .plan
-        .stages
-        .iter()
-        .map(|s| {
-            let path = plan.file(&s.graph);
-            std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    Ok(ServiceConfig::new(
-        JobId(job),
-        token,
-        config,
-        plan_json,
-        graphs,
-        journal,
-    ))
+    Ok(service)
 }
 
 async fn shutdown_signal() {
@@ -224,9 +158,11 @@ pub fn run_dispatcher(args: DispatcherArgs, out: &mut dyn std::io::Write) -> any
     let config = dispatcher_config(
         &plan,
         args.data_root.as_deref(),
-        args.epochs,
-        Duration::from_millis(args.lease_ms),
-        args.max_leases,
+        RunSettings {
+            epochs: args.epochs,
+            lease_duration: Duration::from_millis(args.lease_ms),
+            max_leases_per_worker: args.max_leases,
+        },
     )?;
     let mut service = service_config(&plan, args.job, &token, config, &args.journal)?;
     service.tls = tls;
@@ -681,7 +617,15 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
     let plan = PlanDir::open(&plan_dir)?;
     let token = generate_token();
     let job = 1;
-    let config = dispatcher_config(&plan, None, args.epochs, Duration::from_secs(10), 3)?;
+    let config = dispatcher_config(
+        &plan,
+        None,
+        RunSettings {
+            epochs: args.epochs,
+            lease_duration: Duration::from_secs(10),
+            max_leases_per_worker: 3,
+        },
+    )?;
     let steps_total = args.steps;
     let mut service = service_config(
         &plan,

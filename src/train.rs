@@ -459,7 +459,15 @@ fn start_job(request: &Request, settings: &Settings) -> Result<(Job, Reply), Ref
         .map(|n| n.name.to_owned())
         .collect();
     let plan = PlanDir::open(&plan_dir)?;
-    let mut config = dispatcher_config(&plan, Some(&cwd), None, settings.lease, 3)?;
+    let mut config = dispatcher_config(
+        &plan,
+        Some(&cwd),
+        lode_dispatcher::RunSettings {
+            epochs: None,
+            lease_duration: settings.lease,
+            max_leases_per_worker: 3,
+        },
+    )?;
     // The training side ends each pass of the iterator itself (an iterator may be initialized
     // again): the job's order runs on for as many passes as the program asks for.
     let pass_steps = config.total_steps().filter(|&n| n != u64::MAX);

@@ -9,6 +9,8 @@
 //! # Layout
 //! - [`ids`]: newtype ids (`JobId`, `WorkerId`, `StageId`, `Epoch`, `Step`, `StepId`) and `Time`.
 //! - [`config`]: [`DispatcherConfig`], validated with errors that name the field.
+//! - [`from_plan`]: a plan directory's source and stage graphs turned into a
+//!   [`DispatcherConfig`] and a [`ServiceConfig`], every number checked.
 //! - [`batch`]: [`index_batch`], the records of a step: TensorFlow's order for a config with a
 //!   chain, else Lode's own (a seeded per-epoch permutation).
 //! - [`order`]: TensorFlow's order on indices: [`IndexChain`] (skip, take, repeat, shuffle,
@@ -42,6 +44,7 @@
 
 pub mod batch;
 pub mod config;
+pub mod from_plan;
 pub mod ids;
 pub mod journal;
 pub mod order;
@@ -54,6 +57,7 @@ mod tests;
 
 pub use batch::index_batch;
 pub use config::{DispatcherConfig, Shuffle};
+pub use from_plan::{plan_source, PlanConfigError, RunSettings};
 pub use ids::{Epoch, JobId, StageId, Step, StepId, Time, WorkerId};
 pub use journal::{pick_seed, Journal, JournalError};
 pub use order::{IndexChain, PickedSeed, StepOrder};
