@@ -4,7 +4,6 @@
 //! - `cli`: clap argument types, nothing else.
 //! - `inspect`: `lode inspect`, a report of what a model holds.
 //! - `exec`: `lode exec`, a plan's stages run in-process on the bundled data.
-//! - `metrics`: Prometheus text endpoints for the dispatcher and the receiver.
 //! - `runtime`: `lode dispatcher`, `worker`, `consume`, `status` and `run`.
 //! - `simulate`: `lode simulate`, the cluster simulator of lode-scheduler.
 //! - `train`: `lode train`, an unmodified TensorFlow program trained on Lode.
@@ -19,7 +18,6 @@
 pub mod cli;
 pub mod exec;
 pub mod inspect;
-pub mod metrics;
 pub mod runtime;
 pub mod scheduler;
 pub mod simulate;

@@ -187,7 +187,7 @@ pub fn run_dispatcher(args: DispatcherArgs, out: &mut dyn std::io::Write) -> any
             writeln!(out, "metrics on http://{}/metrics", metrics.local_addr()?)?;
             out.flush()?;
             let (job, token, url) = (args.job, token.clone(), url.clone());
-            tokio::spawn(crate::metrics::serve_metrics(
+            tokio::spawn(lode_proto::metrics::serve_metrics(
                 metrics,
                 move || {
                     let (token, url, ca) = (token.clone(), url.clone(), own_ca.clone());
@@ -198,7 +198,7 @@ pub fn run_dispatcher(args: DispatcherArgs, out: &mut dyn std::io::Write) -> any
                         }
                         .await;
                         status.map_or_else(String::new, |s| {
-                            crate::metrics::render_dispatcher(job, s.get_ref())
+                            lode_proto::metrics::render_dispatcher(job, s.get_ref())
                         })
                     }
                 },
@@ -380,10 +380,10 @@ pub async fn consume(
             .with_context(|| format!("cannot serve metrics on {metrics_addr}"))?;
         tracing::info!(addr = %metrics.local_addr()?, "receiver metrics");
         let (b, job) = (buffer.clone(), args.job);
-        tokio::spawn(crate::metrics::serve_metrics(
+        tokio::spawn(lode_proto::metrics::serve_metrics(
             metrics,
             move || {
-                let text = crate::metrics::render_receiver(job, &b.metrics());
+                let text = lode_dataworker::service::metrics::render_prometheus(job, &b.metrics());
                 async move { text }
             },
             std::future::pending(),

@@ -8,6 +8,8 @@
 //! - [`text`]: protobuf text format (deterministic printer, tolerant parser).
 //! - [`io`]: loading a model in any of its forms (binary/text GraphDef, MetaGraphDef,
 //!   SavedModel directory with tag selection) and writing GraphDefs.
+//! - [`metrics`]: the Prometheus endpoint (`GET /metrics` on hyper, capped, timed out,
+//!   drained on shutdown), the text format, and the dispatcher's exposition.
 //! - [`names`]: `node:idx` tensor names and `^node` control inputs.
 //! - [`attr`]: typed NodeDef attribute access whose errors name the node and op.
 //! - [`ops`]: TensorFlow's op registry (embedded) and dtype inference for node outputs.
@@ -28,6 +30,7 @@
 pub mod attr;
 pub mod error;
 pub mod io;
+pub mod metrics;
 pub mod names;
 pub mod ops;
 pub mod plan;

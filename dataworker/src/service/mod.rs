@@ -5,6 +5,7 @@
 //! - [`data_plane`]: step frames over TCP (inside TLS when the receiver serves TLS) on the
 //!   receiver's port (hello with job and token, then length-prefixed frames, one answer each):
 //!   the workers' push path.
+//! - [`metrics`]: the receiver's Prometheus exposition.
 //! - [`worker`]: the data-worker loop: register, load the stage, lease → read → execute →
 //!   push → complete, heartbeat, drain.
 //!
@@ -12,6 +13,7 @@
 
 pub mod consumer;
 pub mod data_plane;
+pub mod metrics;
 pub mod receiver;
 pub mod worker;
 
