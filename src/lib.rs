@@ -2,7 +2,6 @@
 //!
 //! # Layout
 //! - `cli`: clap argument types, nothing else.
-//! - `inspect`: `lode inspect`, a report of what a model holds.
 //! - `exec`: `lode exec`, a plan's stages run in-process on the bundled data.
 //! - `runtime`: `lode dispatcher`, `worker`, `consume`, `status` and `run`.
 //! - `simulate`: `lode simulate`, the cluster simulator of lode-scheduler.
@@ -17,7 +16,6 @@
 
 pub mod cli;
 pub mod exec;
-pub mod inspect;
 pub mod runtime;
 pub mod scheduler;
 pub mod simulate;
@@ -61,7 +59,7 @@ fn load(args: &ModelArgs) -> anyhow::Result<io::Model> {
 
 fn run_inspect(args: InspectArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
     let model = load(&args.model)?;
-    let report = inspect::inspect(&model);
+    let report = lode_decoupler::inspect::inspect(&model);
     match args.format {
         OutputFormat::Json => {
             serde_json::to_writer_pretty(&mut *out, &report)?;

@@ -5,6 +5,8 @@
 //! - `one_shot`: the first pass: one-shot iterators made initializable (factory inlined).
 //! - `graph`: an indexed view of a GraphDef (edges both ways, output dtypes from TensorFlow's
 //!   op registry).
+//! - `inspect`: what a model holds (`lode inspect`): signatures, variables, iterators and the
+//!   input pipeline traced into the function library.
 //! - `kernels`: the kernel-aware cut: data-side nodes the data worker cannot run stay in
 //!   training.
 //! - `partition`: the cut: model state, training region, data region, shared nodes, stages.
@@ -34,6 +36,7 @@
 pub mod error;
 pub mod fold;
 pub mod graph;
+pub mod inspect;
 pub mod kernels;
 pub mod one_shot;
 pub mod partition;

@@ -1,5 +1,5 @@
-//! `lode inspect`: what a model holds, with its tf.data input pipeline traced into the
-//! function library.
+//! What a model holds (`lode inspect`): signatures, variables, iterators, and its tf.data
+//! input pipeline traced into the function library.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
