@@ -3,7 +3,7 @@
 //! Each case writes a synthetic plan (`lode synthetic`: every step sleeps `latency` on its data
 //! worker, so one worker's ideal is `1 / latency` steps/s whatever this machine's core count)
 //! and runs the real runtime in this process: the dispatcher service with its journal on disk,
-//! the consumer (`lode consume`'s loop, step time 0, logging every step) and `n` data workers
+//! the consumer (`lode consume`'s emulator, step time 0, logging every step) and `n` data workers
 //! (`run_worker`, one registration, connection, rayon pool and lease loop each). After a warm-up
 //! (every worker has delivered about two steps), the steps the consumer receives in order are
 //! counted over a fixed window.
@@ -20,11 +20,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use lode::cli::ConsumeArgs;
-use lode::runtime::{consume, dispatcher_config, service_config, ConsumeSummary};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use lode_dataworker::exec::source::RecordSource;
+use lode_dataworker::service::consumer::ConsumerConfig;
+use lode_dataworker::service::emulator::{emulate, ConsumeSummary, EmulatorConfig};
 use lode_dataworker::service::worker::{run_worker, WorkerConfig};
 use lode_dataworker::synthetic::SyntheticSpec;
 use lode_dataworker::transfer::Compression;
+use lode_dispatcher::{plan_source, DispatcherConfig, JobId, RunSettings, ServiceConfig};
 use lode_proto::plan::PlanDir;
 
 const TOKEN: &str = "bench-token";
@@ -100,16 +104,16 @@ async fn run_case(n: usize, latency: Duration, window: Duration) -> anyhow::Resu
     let plan_dir = tmp.path().join("plan");
     spec.write(&plan_dir)?;
     let plan = PlanDir::open(&plan_dir)?;
-    let config = dispatcher_config(
-        &plan,
-        None,
-        lode_dispatcher::RunSettings {
-            epochs: None,
-            lease_duration: Duration::from_secs(30),
-            max_leases_per_worker: 3,
-        },
-    )?;
-    let service = service_config(&plan, JOB, TOKEN, config, &tmp.path().join("journal"))?;
+    let source = plan_source(&plan)?;
+    let records = RecordSource::open(source, &plan.data_root(), false)?.epoch_len();
+    let run = RunSettings {
+        epochs: None,
+        lease_duration: Duration::from_secs(30),
+        max_leases_per_worker: 3,
+    };
+    let config = DispatcherConfig::from_source(source, records, plan.plan.stages.len(), run)?;
+    let journal = tmp.path().join("journal");
+    let (service, _) = ServiceConfig::for_plan(&plan, JobId(JOB), TOKEN, config, &journal)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = format!("http://{}", listener.local_addr()?);
     // Workers stop first, then the dispatcher (a worker's RPC to a stopped dispatcher fails).
@@ -124,24 +128,20 @@ async fn run_case(n: usize, latency: Duration, window: Duration) -> anyhow::Resu
         stopped(stop_rx.clone()),
     ));
     let progress = Arc::new(Mutex::new(ConsumeSummary::default()));
-    let consume_args = ConsumeArgs {
-        dispatcher: addr.clone(),
-        token: TOKEN.into(),
-        job: JOB,
+    let mut consumer_config = ConsumerConfig::new(&addr, TOKEN, JOB);
+    consumer_config.capacity = u64::try_from(4 * n).unwrap_or(u64::MAX).max(64);
+    let emulator = EmulatorConfig {
+        consumer: consumer_config,
         log: tmp.path().join("consumer.jsonl"),
         step_time: Duration::ZERO,
-        listen: "127.0.0.1:0".into(),
-        advertise: None,
         steps: None,
-        resume_from: None,
-        capacity: u64::try_from(4 * n).unwrap_or(u64::MAX).max(64),
+        expect_first: None,
         metrics: None,
-        tls: Default::default(),
-        tls_client: Default::default(),
     };
-    let consumer = tokio::spawn({
-        let progress = progress.clone();
-        async move { consume(&consume_args, Some(progress)).await }
+    let stop_consumer = Arc::new(AtomicBool::new(false));
+    let consumer = tokio::task::spawn_blocking({
+        let (progress, stop) = (progress.clone(), stop_consumer.clone());
+        move || emulate(&emulator, Some(&progress), &|| stop.load(Ordering::SeqCst))
     });
     let mut workers = Vec::new();
     for i in 0..n {
@@ -184,9 +184,9 @@ async fn run_case(n: usize, latency: Duration, window: Duration) -> anyhow::Resu
     for w in workers {
         w.await.context("a worker task")??;
     }
+    stop_consumer.store(true, Ordering::SeqCst);
+    consumer.await.context("the consumer thread")??;
     let _ = stop_tx.send(true);
-    consumer.abort();
-    let _ = consumer.await;
     dispatcher.await.context("the dispatcher task")??;
     #[allow(clippy::cast_precision_loss)]
     Ok((s1 - s0) as f64 / (t1 - t0).as_secs_f64())

@@ -335,8 +335,9 @@ pub struct ConsumeArgs {
     /// One JSON line per consumed step: epoch, step, records, digest (appended).
     #[arg(long)]
     pub log: PathBuf,
-    /// Time the emulated training step takes.
-    #[arg(long, default_value = "10ms", value_parser = parse_duration)]
+    /// Time the emulated training step takes (0, as `lode run`'s default: as fast as steps
+    /// arrive).
+    #[arg(long, default_value = "0ms", value_parser = parse_duration)]
     pub step_time: std::time::Duration,
     /// Address the receiver serves on.
     #[arg(long, default_value = "127.0.0.1:0")]

@@ -2,24 +2,21 @@
 //! `lode status` and `lode run` (all of them at once). The services live in the crates; this
 //! module loads plans, resolves settings and wires processes together.
 
-use std::collections::BTreeSet;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use lode_dataworker::exec::source::RecordSource;
-use lode_dataworker::service::consumer::receiver_url;
-use lode_dataworker::service::receiver::{serve_receiver, ReceiverService};
+use lode_dataworker::service::consumer::ConsumerConfig;
+use lode_dataworker::service::emulator::{emulate, ConsumeSummary, EmulatorConfig};
 use lode_dataworker::service::worker::{run_worker, WorkerConfig};
-use lode_dataworker::transfer::{ReceiverConfig, SharedReceiver};
 use lode_dispatcher::{plan_source, DispatcherConfig, JobId, RunSettings, ServiceConfig};
 use lode_proto::plan::PlanDir;
-use lode_proto::service::v1::{ConsumedRequest, RegisterConsumerRequest, StatusRequest};
+use lode_proto::service::v1::StatusRequest;
 use lode_proto::service::{connect, RpcError};
 use lode_proto::tls::{ClientTls, ServerTls};
-use serde::Serialize;
 
 use crate::cli::{
     ConsumeArgs, DispatcherArgs, DrainArgs, OutputFormat, RunArgs, ServerTlsArgs, StatusArgs,
@@ -241,236 +238,46 @@ pub fn run_worker_command(args: WorkerArgs, out: &mut dyn std::io::Write) -> any
     Ok(())
 }
 
-/// Calls a dispatcher RPC, retrying while the dispatcher is unreachable (restarting from its
-/// journal) for up to 30 s.
-async fn patient<T, F, Fut>(name: &'static str, rpc: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-{
-    lode_proto::service::retry_unreachable(Duration::from_secs(30), rpc)
-        .await
-        .map_err(|status| RpcError { rpc: name, status }.into())
+/// The emulator's settings for `lode consume`'s arguments.
+pub fn emulator_config(args: &ConsumeArgs) -> anyhow::Result<EmulatorConfig> {
+    let mut consumer = ConsumerConfig::new(&args.dispatcher, &args.token, args.job);
+    consumer.listen.clone_from(&args.listen);
+    consumer.advertise.clone_from(&args.advertise);
+    consumer.server_tls = server_tls(&args.tls)?;
+    consumer.client_tls = client_tls(args.tls_client.tls_ca.as_deref())?;
+    consumer.capacity = args.capacity;
+    Ok(EmulatorConfig {
+        consumer,
+        log: args.log.clone(),
+        step_time: args.step_time,
+        steps: args.steps,
+        expect_first: args.resume_from,
+        metrics: args.metrics.clone(),
+    })
 }
 
-/// What the consumer has not told the dispatcher yet.
-#[derive(Debug, Default)]
-struct Unreported {
-    /// The last consumed step (epoch, step within the epoch).
-    watermark: Option<(u64, u64)>,
-    /// Time spent training (not waiting for data) since the last report.
-    busy: Duration,
-}
-
-/// Reports the last consumed step and the busy time since the last report, if a step is
-/// unreported.
-async fn report_consumed(
-    dispatcher: &lode_proto::service::DispatcherClient,
-    job: u64,
-    unreported: &mut Unreported,
-) -> anyhow::Result<()> {
-    if let Some((epoch, step)) = unreported.watermark.take() {
-        let busy_us =
-            u64::try_from(std::mem::take(&mut unreported.busy).as_micros()).unwrap_or(u64::MAX);
-        patient("Consumed", || {
-            let mut d = dispatcher.clone();
-            async move {
-                d.consumed(ConsumedRequest {
-                    job_id: job,
-                    epoch,
-                    step,
-                    busy_us,
-                })
-                .await
-            }
+/// A flag that SIGINT or SIGTERM sets, watched by a thread of its own.
+fn stop_flag() -> anyhow::Result<Arc<AtomicBool>> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the signal watcher")?;
+    let set = flag.clone();
+    std::thread::Builder::new()
+        .name("lode-signals".into())
+        .spawn(move || {
+            rt.block_on(stop_requested());
+            set.store(true, Ordering::SeqCst);
         })
-        .await?;
-    }
-    Ok(())
-}
-
-/// One line of the consumer's log.
-#[derive(Debug, Serialize)]
-struct LogLine {
-    epoch: u64,
-    step: u64,
-    records: Vec<u64>,
-    digest: String,
-}
-
-/// A step's digest: TensorFlow's Fingerprint64 over the TensorProto encoding of every tensor
-/// of every stage's part, in stage then send order.
-fn digest(step: &lode_dataworker::transfer::Step) -> anyhow::Result<String> {
-    let mut bytes = Vec::new();
-    for part in &step.parts {
-        for t in &part.tensors {
-            let encoded = lode_dataworker::convert::encode_tensor(t)?;
-            bytes.extend_from_slice(&(encoded.len() as u64).to_le_bytes());
-            bytes.extend_from_slice(&encoded);
-        }
-    }
-    Ok(format!(
-        "{:016x}",
-        lode_dataworker::hash::fingerprint64(&bytes)
-    ))
-}
-
-/// What a consumer did.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct ConsumeSummary {
-    pub steps: u64,
-    pub samples: u64,
-    pub seconds: f64,
-    pub end_of_data: bool,
-}
-
-/// The training-worker emulator: serves a receiver, registers it, consumes complete steps in
-/// order at `step_time`, logs each, and reports the watermark.
-pub async fn consume(
-    args: &ConsumeArgs,
-    progress: Option<Arc<std::sync::Mutex<ConsumeSummary>>>,
-) -> anyhow::Result<ConsumeSummary> {
-    let tls = server_tls(&args.tls)?;
-    let ca = client_tls(args.tls_client.tls_ca.as_deref())?;
-    let listener = tokio::net::TcpListener::bind(&args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
-    let receiver_addr = receiver_url(
-        listener.local_addr()?,
-        args.advertise.as_deref(),
-        tls.is_some(),
-    )
-    .map_err(anyhow::Error::msg)?;
-    let mut dispatcher = connect(&args.dispatcher, &args.token, ca.as_ref()).await?;
-    let reg = dispatcher
-        .register_consumer(RegisterConsumerRequest {
-            job_id: args.job,
-            receiver_addr,
-            resume_from: None,
-        })
-        .await
-        .map_err(RpcError::of("RegisterConsumer"))?
-        .into_inner();
-    let plan: lode_proto::plan::Plan =
-        serde_json::from_str(&reg.plan_json).context("the dispatcher's plan")?;
-    let per_epoch = reg.steps_per_epoch.max(1);
-    let first = reg.first_step.unwrap_or_default();
-    let first_global = first.epoch * per_epoch + first.step;
-    if let Some(resume) = args.resume_from {
-        if resume != first_global {
-            bail!(
-                "--resume-from {resume}, but the dispatcher's watermark says the next step is {first_global}"
-            );
-        }
-    }
-    let stages: BTreeSet<u32> = (0..u32::try_from(plan.stages.len()).unwrap_or(0)).collect();
-    if stages.is_empty() {
-        bail!("the plan has no data-worker stage");
-    }
-    let buffer = Arc::new(SharedReceiver::new(ReceiverConfig::new(
-        args.job,
-        stages,
-        first_global,
-        args.capacity,
-    ))?);
-    let service = ReceiverService::new(args.job, &args.token, buffer.clone());
-    if let Some(metrics_addr) = &args.metrics {
-        let metrics = tokio::net::TcpListener::bind(metrics_addr)
-            .await
-            .with_context(|| format!("cannot serve metrics on {metrics_addr}"))?;
-        tracing::info!(addr = %metrics.local_addr()?, "receiver metrics");
-        let (b, job) = (buffer.clone(), args.job);
-        tokio::spawn(lode_proto::metrics::serve_metrics(
-            metrics,
-            move || {
-                let text = lode_dataworker::service::metrics::render_prometheus(job, &b.metrics());
-                async move { text }
-            },
-            std::future::pending(),
-        ));
-    }
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve_receiver(listener, service, tls, async {
-        let _ = stop_rx.await;
-    }));
-    // Buffered: every report of the watermark flushes first, so the log always holds every
-    // step the dispatcher was told of (a consumer killed later loses only unreported lines,
-    // which the restarted consumer receives again).
-    let mut log = std::io::BufWriter::new(
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&args.log)
-            .with_context(|| format!("cannot open {}", args.log.display()))?,
-    );
-    let mut summary = ConsumeSummary::default();
-    let started = Instant::now();
-    let mut last_report = Instant::now();
-    let mut unreported = Unreported::default();
-    let step_time = args.step_time;
-    let mut done = reg.end_of_data;
-    while !done && args.steps.is_none_or(|n| summary.steps < n) {
-        let b = buffer.clone();
-        let step = tokio::task::spawn_blocking(move || b.pop(Duration::from_millis(200)))
-            .await
-            .context("the receiver thread")?;
-        let Some(step) = step else {
-            log.flush()?;
-            report_consumed(&dispatcher, args.job, &mut unreported).await?;
-            let status = patient("Status", || {
-                let mut d = dispatcher.clone();
-                async move { d.status(StatusRequest { job_id: args.job }).await }
-            })
-            .await?;
-            done = status.end_of_data;
-            continue;
-        };
-        let training = Instant::now();
-        let records = step
-            .parts
-            .first()
-            .map(|p| p.records.clone())
-            .unwrap_or_default();
-        let line = LogLine {
-            epoch: step.epoch,
-            step: step.step,
-            records,
-            digest: digest(&step)?,
-        };
-        summary.samples += line.records.len() as u64;
-        serde_json::to_writer(&mut log, &line)?;
-        log.write_all(b"\n")?;
-        if !step_time.is_zero() {
-            tokio::time::sleep(step_time).await;
-        }
-        summary.steps += 1;
-        let within = step.step % per_epoch;
-        unreported.watermark = Some((step.epoch, within));
-        unreported.busy += training.elapsed();
-        if last_report.elapsed() >= Duration::from_millis(50) {
-            log.flush()?;
-            report_consumed(&dispatcher, args.job, &mut unreported).await?;
-            last_report = Instant::now();
-        }
-        if let Some(p) = &progress {
-            if let Ok(mut p) = p.lock() {
-                *p = summary.clone();
-                p.seconds = started.elapsed().as_secs_f64();
-            }
-        }
-    }
-    log.flush()?;
-    report_consumed(&dispatcher, args.job, &mut unreported).await?;
-    summary.seconds = started.elapsed().as_secs_f64();
-    summary.end_of_data = done;
-    let _ = stop_tx.send(());
-    let _ = server.await;
-    Ok(summary)
+        .context("cannot start the signal watcher")?;
+    Ok(flag)
 }
 
 pub fn run_consume(args: ConsumeArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
-    let rt = runtime()?;
-    let summary = rt.block_on(consume(&args, None))?;
+    let config = emulator_config(&args)?;
+    let stop = stop_flag()?;
+    let summary = emulate(&config, None, &|| stop.load(Ordering::SeqCst))?;
     writeln!(
         out,
         "consumed {} steps ({} samples) in {:.2} s{}",
@@ -683,42 +490,39 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
             workers.push(child);
         }
         let progress = Arc::new(std::sync::Mutex::new(ConsumeSummary::default()));
-        let consume_args = ConsumeArgs {
-            dispatcher: addr.clone(),
-            token: token.clone(),
-            job,
+        let mut consumer_config = ConsumerConfig::new(&addr, &token, job);
+        consumer_config.server_tls = server_tls(&args.tls)?;
+        consumer_config.client_tls = client_tls(ca.as_deref())?;
+        consumer_config.capacity = 64;
+        let emulator = EmulatorConfig {
+            consumer: consumer_config,
             log: log.clone(),
             step_time: args.step_time,
-            listen: "127.0.0.1:0".into(),
-            advertise: None,
             steps: Some(steps_total),
-            resume_from: None,
-            capacity: 64,
+            expect_first: None,
             metrics: None,
-            tls: args.tls.clone(),
-            tls_client: args.tls_client.clone(),
         };
         let bar = indicatif::ProgressBar::new(steps_total);
         bar.set_style(
             indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}")
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
-        let consumer = tokio::spawn({
-            let progress = progress.clone();
-            async move { consume(&consume_args, Some(progress)).await }
-        });
-        // SIGINT or SIGTERM ends the job early, as cleanly as its end: workers stopped, the
-        // announcement removed.
-        let interrupted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // SIGINT or SIGTERM ends the job early, as cleanly as its end: the consumer reports
+        // what it logged, workers are stopped, the announcement removed.
+        let interrupted = Arc::new(AtomicBool::new(false));
         tokio::spawn({
             let interrupted = interrupted.clone();
             async move {
                 stop_requested().await;
-                interrupted.store(true, std::sync::atomic::Ordering::SeqCst);
+                interrupted.store(true, Ordering::SeqCst);
             }
         });
-        let stopped = || interrupted.load(std::sync::atomic::Ordering::SeqCst);
-        while !consumer.is_finished() && !stopped() {
+        let consumer = tokio::task::spawn_blocking({
+            let (progress, interrupted) = (progress.clone(), interrupted.clone());
+            move || emulate(&emulator, Some(&progress), &|| interrupted.load(Ordering::SeqCst))
+        });
+        let stopped = || interrupted.load(Ordering::SeqCst);
+        while !consumer.is_finished() {
             tokio::time::sleep(Duration::from_millis(200)).await;
             let p = progress.lock().map(|p| p.clone()).unwrap_or_default();
             let alive = workers
@@ -737,14 +541,10 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
             ));
         }
         bar.finish_and_clear();
-        let summary = if stopped() {
-            consumer.abort();
-            let _ = consumer.await;
+        let summary = consumer.await.context("the consumer thread")??;
+        if stopped() {
             tracing::warn!("interrupted");
-            progress.lock().map(|p| p.clone()).unwrap_or_default()
-        } else {
-            consumer.await.context("the consumer task")??
-        };
+        }
         for mut w in workers {
             let _ = w.kill();
             let _ = w.wait();

@@ -409,6 +409,49 @@ impl Consumer {
         }
     }
 
+    /// The next step if it is complete now, without waiting.
+    pub fn try_next(&self) -> Option<Step> {
+        self.served.buffer.try_pop()
+    }
+
+    /// Records that the training side consumed `global` (and every step before it), having
+    /// trained for `busy` since its last report (a caller that measures its own busy time);
+    /// the background reporter tells the dispatcher.
+    pub fn consumed_after(&self, global: u64, busy: Duration) {
+        let busy = u64::try_from(busy.as_micros()).unwrap_or(u64::MAX);
+        self.watermark.send_modify(|w| {
+            if w.consumed.is_none_or(|c| c < global) {
+                w.consumed = Some(global);
+                w.busy_us = w.busy_us.saturating_add(busy);
+            }
+        });
+    }
+
+    /// Serves the receiver's metrics (Prometheus text, `GET /metrics`) on `addr` until the
+    /// consumer is dropped; returns the bound address. The metrics are those of the receiver
+    /// serving now (a later [`Self::resume`] serves a new one, which this does not follow).
+    pub fn serve_metrics(&self, addr: &str) -> Result<SocketAddr, ConsumerError> {
+        let listen_error = |source| ConsumerError::Listen {
+            addr: addr.to_owned(),
+            source,
+        };
+        let listener = self
+            .rt
+            .block_on(tokio::net::TcpListener::bind(addr))
+            .map_err(listen_error)?;
+        let bound = listener.local_addr().map_err(listen_error)?;
+        let (buffer, job) = (self.served.buffer.clone(), self.config.job);
+        self.rt.spawn(lode_proto::metrics::serve_metrics(
+            listener,
+            move || {
+                let text = crate::service::metrics::render_prometheus(job, &buffer.metrics());
+                async move { text }
+            },
+            std::future::pending(),
+        ));
+        Ok(bound)
+    }
+
     /// Records that the training side consumed `global` (and every step before it); the
     /// background reporter tells the dispatcher.
     pub fn consumed(&self, global: u64) {

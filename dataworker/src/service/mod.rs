@@ -5,6 +5,8 @@
 //! - [`data_plane`]: step frames over TCP (inside TLS when the receiver serves TLS) on the
 //!   receiver's port (hello with job and token, then length-prefixed frames, one answer each):
 //!   the workers' push path.
+//! - [`emulator`]: the training side emulated (`lode consume`): a consumer that logs each
+//!   step, digested, and reports it only once the line is written.
 //! - [`metrics`]: the receiver's Prometheus exposition.
 //! - [`worker`]: the data-worker loop: register, load the stage, lease → read → execute →
 //!   push → complete, heartbeat, drain.
@@ -13,6 +15,7 @@
 
 pub mod consumer;
 pub mod data_plane;
+pub mod emulator;
 pub mod metrics;
 pub mod receiver;
 pub mod worker;

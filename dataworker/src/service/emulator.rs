@@ -1,0 +1,216 @@
+//! The training side emulated (`lode consume`, and the consumer of `lode run`): a [`Consumer`]
+//! whose caller takes each step for a fixed time, logs it (epoch, step, records and a digest of
+//! its tensors) and reports it consumed.
+//!
+//! # The log and the watermark
+//! A step is reported consumed only after its log line is on disk (flushed, not synced: the
+//! line survives the process, which is what a kill tests), so a consumer killed at any instant
+//! has logged every step the dispatcher counts as consumed; a restarted consumer receives the
+//! unreported ones again. Lines are flushed in groups (every [`REPORT_EVERY`], and whenever the
+//! next step is not ready yet), so a step costs no write of its own.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::service::consumer::{Consumer, ConsumerConfig, ConsumerError, Next};
+use crate::transfer::Step;
+
+/// Logged steps are flushed and reported at least this often while steps keep coming.
+pub const REPORT_EVERY: Duration = Duration::from_millis(50);
+
+/// What the emulator does.
+#[derive(Debug, Clone)]
+pub struct EmulatorConfig {
+    pub consumer: ConsumerConfig,
+    /// The log, appended to (one JSON object a line).
+    pub log: PathBuf,
+    /// Time each step "trains" before the next is taken.
+    pub step_time: Duration,
+    /// Stop after this many steps (else at the end of the data).
+    pub steps: Option<u64>,
+    /// The global step the caller expects to receive first (a restart's check); the
+    /// dispatcher's watermark decides it, and a mismatch is an error.
+    pub expect_first: Option<u64>,
+    /// Serve the receiver's metrics here (`GET /metrics`).
+    pub metrics: Option<String>,
+}
+
+/// What a consumer did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ConsumeSummary {
+    pub steps: u64,
+    pub samples: u64,
+    pub seconds: f64,
+    pub end_of_data: bool,
+}
+
+/// Why the emulator stopped short.
+#[derive(Debug, thiserror::Error)]
+pub enum EmulatorError {
+    #[error(transparent)]
+    Consumer(#[from] ConsumerError),
+    #[error("{}: cannot write the consumer log", path.display())]
+    Log {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("step {step}: cannot digest its tensors")]
+    Digest {
+        step: u64,
+        #[source]
+        source: crate::Error,
+    },
+    #[error("expected to resume at step {expected}, but the dispatcher's watermark says the next step is {next}")]
+    ResumeMismatch { expected: u64, next: u64 },
+}
+
+/// One line of the log.
+#[derive(Debug, Serialize)]
+struct LogLine<'a> {
+    epoch: u64,
+    /// The global step.
+    step: u64,
+    records: &'a [u64],
+    digest: String,
+}
+
+/// A step's digest: TensorFlow's Fingerprint64 over the TensorProto encoding of every tensor
+/// of every stage's part, in stage then send order, each prefixed with its length.
+pub fn digest(step: &Step) -> Result<String, crate::Error> {
+    let mut bytes = Vec::new();
+    for part in &step.parts {
+        for t in &part.tensors {
+            let encoded = crate::convert::encode_tensor(t)?;
+            let len = u64::try_from(encoded.len()).unwrap_or(u64::MAX);
+            bytes.extend_from_slice(&len.to_le_bytes());
+            bytes.extend_from_slice(&encoded);
+        }
+    }
+    Ok(format!("{:016x}", crate::hash::fingerprint64(&bytes)))
+}
+
+/// Runs the emulator until the data ends, `config.steps` were taken, or `cancelled()` (then
+/// what was logged is reported, and the summary says what was done). `progress`, when given,
+/// holds the summary so far after every step.
+pub fn emulate(
+    config: &EmulatorConfig,
+    progress: Option<&Mutex<ConsumeSummary>>,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<ConsumeSummary, EmulatorError> {
+    let consumer = Consumer::start(config.consumer.clone())?;
+    if let Some(addr) = &config.metrics {
+        let bound = consumer.serve_metrics(addr)?;
+        tracing::info!(addr = %bound, "receiver metrics");
+    }
+    if let Some(expected) = config.expect_first {
+        let next = consumer.next_step();
+        if next != expected {
+            return Err(EmulatorError::ResumeMismatch { expected, next });
+        }
+    }
+    let log_error = |source| EmulatorError::Log {
+        path: config.log.clone(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&config.log)
+        .map_err(log_error)?;
+    let mut log = Log {
+        out: std::io::BufWriter::new(file),
+        logged: None,
+        busy: Duration::ZERO,
+        last_report: Instant::now(),
+    };
+    let mut summary = ConsumeSummary::default();
+    let started = Instant::now();
+    let result = (|| -> Result<(), EmulatorError> {
+        while config.steps.is_none_or(|n| summary.steps < n) {
+            let step = match consumer.try_next() {
+                Some(step) => step,
+                None => {
+                    // About to wait: what is logged is reported first.
+                    log.report(&consumer).map_err(log_error)?;
+                    match consumer.next(cancelled) {
+                        Ok(Next::Step(step)) => step,
+                        Ok(Next::EndOfData) => {
+                            summary.end_of_data = true;
+                            break;
+                        }
+                        Err(ConsumerError::Cancelled) => break,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            };
+            let training = Instant::now();
+            let records = step.parts.first().map_or(&[][..], |p| &p.records[..]);
+            let line = LogLine {
+                epoch: step.epoch,
+                step: step.step,
+                records,
+                digest: digest(&step).map_err(|source| EmulatorError::Digest {
+                    step: step.step,
+                    source,
+                })?,
+            };
+            serde_json::to_writer(&mut log.out, &line)
+                .map_err(|e| log_error(std::io::Error::other(e)))?;
+            log.out.write_all(b"\n").map_err(log_error)?;
+            if !config.step_time.is_zero() {
+                std::thread::sleep(config.step_time);
+            }
+            summary.steps += 1;
+            summary.samples += u64::try_from(records.len()).unwrap_or(u64::MAX);
+            log.logged = Some(step.step);
+            log.busy += training.elapsed();
+            if log.last_report.elapsed() >= REPORT_EVERY {
+                log.report(&consumer).map_err(log_error)?;
+            }
+            if let Some(p) = progress {
+                if let Ok(mut p) = p.lock() {
+                    *p = summary.clone();
+                    p.seconds = started.elapsed().as_secs_f64();
+                }
+            }
+            if cancelled() {
+                break;
+            }
+        }
+        Ok(())
+    })();
+    let reported = log.report(&consumer).map_err(log_error);
+    let flushed = consumer.flush();
+    result?;
+    reported?;
+    flushed?;
+    summary.seconds = started.elapsed().as_secs_f64();
+    Ok(summary)
+}
+
+/// The log and what of it the dispatcher has not been told.
+struct Log {
+    out: std::io::BufWriter<std::fs::File>,
+    /// The last logged global step not reported yet.
+    logged: Option<u64>,
+    /// Time spent "training" since the last report.
+    busy: Duration,
+    last_report: Instant,
+}
+
+impl Log {
+    /// Flushes the log, then hands the last logged step to the consumer's reporter.
+    fn report(&mut self, consumer: &Consumer) -> std::io::Result<()> {
+        self.out.flush()?;
+        if let Some(global) = self.logged.take() {
+            consumer.consumed_after(global, std::mem::take(&mut self.busy));
+        }
+        self.last_report = Instant::now();
+        Ok(())
+    }
+}
