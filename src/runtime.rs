@@ -519,7 +519,11 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
         });
         let consumer = tokio::task::spawn_blocking({
             let (progress, interrupted) = (progress.clone(), interrupted.clone());
-            move || emulate(&emulator, Some(&progress), &|| interrupted.load(Ordering::SeqCst))
+            move || {
+                emulate(&emulator, Some(&progress), &|| {
+                    interrupted.load(Ordering::SeqCst)
+                })
+            }
         });
         let stopped = || interrupted.load(Ordering::SeqCst);
         while !consumer.is_finished() {
