@@ -14,7 +14,9 @@ pub struct Cli {
     /// More log output (-v info, -vv debug, -vvv trace); also LODE_LOG / RUST_LOG filters.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
-    /// Only errors.
+    /// Only errors: no logs, and no report of work done (partition, convert, consume, run,
+    /// drain, synthetic); commands whose output is the answer (inspect, status, exec, kernels,
+    /// simulate, the dispatcher's address, a worker's closing summary) still print it.
     #[arg(short, long, global = true, conflicts_with = "verbose")]
     pub quiet: bool,
     #[command(subcommand)]
@@ -404,6 +406,10 @@ pub struct RunArgs {
     /// Keep the consumer's log here.
     #[arg(long)]
     pub log: Option<PathBuf>,
+    /// Keep the dispatcher's journal in this directory (created; default: a temporary one,
+    /// removed at the end). A journal of an earlier run of the same plan resumes that run.
+    #[arg(long, value_name = "DIR")]
+    pub journal: Option<PathBuf>,
     /// Announce the job to `lode scheduler --jobs DIR`: write DIR/NAME.json (dispatcher
     /// address, job id and token; readable by this user only) while the job runs.
     #[arg(long, value_name = "DIR")]

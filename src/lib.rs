@@ -28,6 +28,20 @@ use crate::cli::{
     Command, ConvertArgs, GraphFormat, InspectArgs, ModelArgs, OutputFormat, PartitionArgs,
 };
 
+/// Whether a command's standard output is a report of work it did (which `-q` silences),
+/// rather than the answer it was asked for (an inspection, a status, a table, an address).
+pub fn reports_work(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::Convert(_)
+            | Command::Partition(_)
+            | Command::Consume(_)
+            | Command::Run(_)
+            | Command::Drain(_)
+            | Command::Synthetic(_)
+    )
+}
+
 /// Runs one command, writing its output to `out`.
 pub fn run(command: Command, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
     match command {

@@ -30,7 +30,12 @@ fn main() -> ExitCode {
         .init();
 
     let stdout = std::io::stdout();
-    let mut out = stdout.lock();
+    let mut out: Box<dyn std::io::Write> = if cli.quiet && lode::reports_work(&cli.command) {
+        // -q: only errors, on stderr; a command's answer (inspect, status, …) still prints.
+        Box::new(std::io::sink())
+    } else {
+        Box::new(stdout.lock())
+    };
     match lode::run(cli.command, &mut out).and_then(|()| Ok(out.flush()?)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,

@@ -434,13 +434,11 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
         },
     )?;
     let steps_total = args.steps;
-    let mut service = service_config(
-        &plan,
-        job,
-        &token,
-        config.clone(),
-        &scratch.path().join("journal"),
-    )?;
+    let journal = args
+        .journal
+        .clone()
+        .unwrap_or_else(|| scratch.path().join("journal"));
+    let mut service = service_config(&plan, job, &token, config.clone(), &journal)?;
     service.tls = tls;
     let rt = runtime()?;
     let exe = std::env::current_exe().context("cannot find the lode executable")?;
@@ -559,7 +557,7 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
     })?;
     writeln!(
         out,
-        "{}: {} steps, {} samples in {:.2} s ({:.0} samples/s) with {} worker(s); log {}",
+        "{}: {} steps, {} samples in {:.2} s ({:.0} samples/s) with {} worker(s); log {}; journal {}",
         input.display(),
         summary.steps,
         summary.samples,
@@ -572,6 +570,11 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
         args.workers,
         if args.log.is_some() {
             log.display().to_string()
+        } else {
+            "discarded".into()
+        },
+        if args.journal.is_some() {
+            journal.display().to_string()
         } else {
             "discarded".into()
         }

@@ -400,6 +400,64 @@ fn lode_run_runs_the_bundled_example() {
     assert!(out.contains("20 steps, 640 samples"), "{out}");
 }
 
+/// `--journal` keeps the dispatcher's journal where the user says (and a second run of the
+/// same plan resumes from it: the first run consumed 20 steps, so the next begins at step 20);
+/// `-q` silences the report of work done.
+#[test]
+fn lode_run_keeps_its_journal_where_asked_and_q_is_quiet() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let plan = tmp.path().join("plan");
+    let model = fixtures().join("wide_deep/model.pb");
+    let quiet = lode(&[
+        "partition",
+        model.to_str().expect("UTF-8"),
+        "-o",
+        plan.to_str().expect("UTF-8"),
+        "-q",
+    ]);
+    assert_eq!(quiet.status.code(), Some(0));
+    assert!(
+        quiet.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&quiet.stdout)
+    );
+    assert!(plan.join("plan.json").is_file());
+    let journal = tmp.path().join("journal");
+    let run = |log: &str| {
+        let log = tmp.path().join(log);
+        let out = ok(&lode(&[
+            "run",
+            plan.to_str().expect("UTF-8"),
+            "--steps",
+            "20",
+            "--journal",
+            journal.to_str().expect("UTF-8"),
+            "--log",
+            log.to_str().expect("UTF-8"),
+        ]));
+        assert!(
+            out.contains(&format!("journal {}", journal.display())),
+            "{out}"
+        );
+        let first: Value = serde_json::from_str(
+            std::fs::read_to_string(&log)
+                .expect("log")
+                .lines()
+                .next()
+                .expect("a line"),
+        )
+        .expect("JSON");
+        first["step"].as_u64().expect("step")
+    };
+    assert_eq!(run("a.jsonl"), 0);
+    assert!(std::fs::read_dir(&journal).expect("journal dir").count() > 0);
+    assert_eq!(
+        run("b.jsonl"),
+        20,
+        "the second run resumes from the journal"
+    );
+}
+
 #[test]
 fn synthetic_plans_run_through_the_runtime_exactly_once() {
     let tmp = tempfile::tempdir().expect("tmp");
