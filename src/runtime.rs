@@ -107,10 +107,6 @@ pub fn service_config(
     Ok(service)
 }
 
-async fn shutdown_signal() {
-    let _ = tokio::signal::ctrl_c().await;
-}
-
 /// SIGINT, or SIGTERM on Unix.
 async fn stop_requested() {
     #[cfg(unix)]
@@ -202,7 +198,7 @@ pub fn run_dispatcher(args: DispatcherArgs, out: &mut dyn std::io::Write) -> any
                 std::future::pending(),
             ));
         }
-        lode_dispatcher::serve(listener, service, shutdown_signal()).await?;
+        lode_dispatcher::serve(listener, service, stop_requested()).await?;
         anyhow::Ok(())
     })
 }
@@ -228,7 +224,7 @@ pub fn run_worker_command(args: WorkerArgs, out: &mut dyn std::io::Write) -> any
     };
     let rt = runtime()?;
     let summary = rt
-        .block_on(run_worker(config, shutdown_signal()))
+        .block_on(run_worker(config, stop_requested()))
         .with_context(|| format!("worker of {}", args.dispatcher))?;
     writeln!(
         out,
@@ -476,7 +472,9 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
         for i in 0..args.workers {
             let mut command = std::process::Command::new(&exe);
             command
-                .args(["worker", "--dispatcher", &addr, "--token", &token, "-q"])
+                .args(["worker", "--dispatcher", &addr, "-q"])
+                // Never in argv, where every user of the machine can read it.
+                .env("LODE_TOKEN", &token)
                 .args(["--name", &format!("worker-{i}")]);
             if let Some(ca) = &ca {
                 command.arg("--tls-ca").arg(ca);
