@@ -90,10 +90,16 @@ fn chain_steps(
     // The lease settings play no part in the order.
     let config =
         DispatcherConfig::for_chain(epoch_len, chain, epochs, Duration::from_secs(1), 1, 1)?;
-    let per_epoch = config.steps_per_epoch().max(1);
+    // An empty epoch has no step to walk.
+    let Ok(per_epoch) = lode_proto::step::steps_per_epoch(config.steps_per_epoch()) else {
+        return Ok(Vec::new());
+    };
     let mut order = config.step_order().context("the chain has no order")?;
     Ok(wanted
-        .map_while(|s| order.batch(s / per_epoch, s % per_epoch).map(|r| (s, r)))
+        .map_while(|s| {
+            let step = lode_proto::step::StepRef::from_global(s, per_epoch);
+            order.batch(step.epoch, step.in_epoch).map(|r| (s, r))
+        })
         .collect())
 }
 

@@ -16,6 +16,8 @@
 //! - [`plan`]: the plan directory's `plan.json`, shared by every crate that reads a plan.
 //! - [`service`]: Lode's service protocol (`lode.v1`: dispatcher RPCs), prost + tonic code
 //!   generated from `protos/lode/service/`, with the token interceptor and shared limits.
+//! - [`step`]: [`step::StepRef`], a step in both numberings (epoch and step within it; the
+//!   global step), with the one checked conversion every crate uses.
 //! - [`tls`]: optional TLS for every connection (rustls, ring): server identities, client
 //!   trust, the https-means-TLS rule, and the streams both ends use.
 //! - [`view`]: a zero-copy GraphDef view for large graphs; unchanged nodes are written back
@@ -35,6 +37,7 @@ pub mod names;
 pub mod ops;
 pub mod plan;
 pub mod service;
+pub mod step;
 pub mod text;
 pub mod tls;
 pub mod view;

@@ -23,13 +23,13 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
+use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use lode_proto::service::v1::{
-    ConsumedRequest, RegisterConsumerRequest, StatusRequest, StepRef as WireStep,
-};
+use lode_proto::service::v1::{ConsumedRequest, RegisterConsumerRequest, StatusRequest};
 use lode_proto::service::{connect, retry_unreachable, ClientError, DispatcherClient, RpcError};
+use lode_proto::step::{steps_per_epoch, StepError, StepRef};
 use lode_proto::tls::{ClientTls, ServerTls};
 use tokio::sync::{oneshot, watch};
 
@@ -113,6 +113,8 @@ pub enum ConsumerError {
     },
     #[error("the job's plan has no data-worker stage")]
     NoStage,
+    #[error("the dispatcher's first step: {0}")]
+    Step(#[from] StepError),
     #[error(transparent)]
     Receiver(#[from] TransferError),
     #[error("cancelled while waiting for the next step")]
@@ -125,15 +127,6 @@ pub enum Next {
     Step(Step),
     /// Every step of the job has been consumed.
     EndOfData,
-}
-
-/// A step as the dispatcher numbers it: epoch and step within the epoch.
-fn wire_step(global: u64, per_epoch: u64) -> WireStep {
-    let per_epoch = per_epoch.max(1);
-    WireStep {
-        epoch: global / per_epoch,
-        step: global % per_epoch,
-    }
 }
 
 /// A receiver being served, and how to stop it.
@@ -161,7 +154,7 @@ pub struct Consumer {
     rt: tokio::runtime::Runtime,
     dispatcher: DispatcherClient,
     plan_json: String,
-    per_epoch: u64,
+    per_epoch: NonZeroU64,
     stages: BTreeSet<u32>,
     served: Served,
     watermark: watch::Sender<Watermark>,
@@ -204,7 +197,7 @@ impl Consumer {
             rt,
             dispatcher,
             plan_json: String::new(),
-            per_epoch: 1,
+            per_epoch: NonZeroU64::MIN,
             stages: BTreeSet::new(),
             watermark,
             reported,
@@ -239,7 +232,7 @@ impl Consumer {
                 config.server_tls.is_some(),
             )
             .map_err(ConsumerError::Address)?,
-            resume_from: resume.map(|g| wire_step(g, self.per_epoch)),
+            resume_from: resume.map(|g| StepRef::from_global(g, self.per_epoch).to_wire()),
         };
         let reg = self.call("RegisterConsumer", |mut d| {
             let request = request.clone();
@@ -257,9 +250,9 @@ impl Consumer {
             }
             self.plan_json = reg.plan_json;
         }
-        self.per_epoch = reg.steps_per_epoch.max(1);
-        let first = reg.first_step.unwrap_or_default();
-        let first_global = first.epoch * self.per_epoch + first.step;
+        self.per_epoch = steps_per_epoch(reg.steps_per_epoch)?;
+        let first_global =
+            StepRef::from_wire(reg.first_step.unwrap_or_default(), self.per_epoch)?.global;
         self.serve(listener, first_global)
     }
 
@@ -359,7 +352,7 @@ impl Consumer {
 
     /// Steps per epoch: global step = epoch · steps_per_epoch + step within the epoch.
     pub fn steps_per_epoch(&self) -> u64 {
-        self.per_epoch
+        self.per_epoch.get()
     }
 
     /// The job's length in steps as the dispatcher runs it; None when it repeats forever.
@@ -516,7 +509,7 @@ impl Drop for Consumer {
 async fn report(
     dispatcher: &DispatcherClient,
     job: u64,
-    per_epoch: u64,
+    per_epoch: NonZeroU64,
     mark: Watermark,
     reported: &Mutex<Option<u64>>,
     patience: Duration,
@@ -528,7 +521,7 @@ async fn report(
     if done.is_some_and(|r| r >= global) {
         return Ok(());
     }
-    let at = wire_step(global, per_epoch);
+    let at = StepRef::from_global(global, per_epoch).to_wire();
     retry_unreachable(patience, || {
         let mut d = dispatcher.clone();
         async move {
