@@ -513,12 +513,10 @@ fn synthetic_plans_run_through_the_runtime_exactly_once() {
     assert!(crate::support::stderr(&bad).contains("batch is 0"));
 }
 
-#[test]
-fn a_worker_whose_job_is_gone_exits_on_its_own() {
-    // Dispatcher and consumer killed mid-run: the worker retries for its 30 s window, then
-    // exits with an error instead of waiting for a receiver forever.
-    let tmp = tempfile::tempdir().expect("tmp");
-    let plan = tmp.path().join("plan");
+/// A job of 12,500 steps of 2 ms each (synthetic plan in `dir`), its dispatcher running:
+/// the consumer log's path, the dispatcher and its address.
+fn long_job(dir: &Path) -> (PathBuf, Proc, String) {
+    let plan = dir.join("plan");
     ok(&lode(&[
         "synthetic",
         "-o",
@@ -530,9 +528,16 @@ fn a_worker_whose_job_is_gone_exits_on_its_own() {
         "--batch",
         "8",
     ]));
-    let journal = tmp.path().join("journal");
-    let log = tmp.path().join("log.jsonl");
-    let (mut d, addr) = dispatcher(&plan, &journal, "127.0.0.1:0");
+    let (d, addr) = dispatcher(&plan, &dir.join("journal"), "127.0.0.1:0");
+    (dir.join("log.jsonl"), d, addr)
+}
+
+#[test]
+fn a_worker_whose_job_is_gone_exits_on_its_own() {
+    // Dispatcher and consumer killed mid-run: the worker retries for its 30 s window, then
+    // exits with an error instead of waiting for a receiver forever.
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (log, mut d, addr) = long_job(tmp.path());
     let mut c = consumer(&addr, &log, &[]);
     let mut w = Proc(
         bin()
@@ -719,21 +724,7 @@ fn terminate(p: &mut Proc, limit: Duration) -> std::process::ExitStatus {
 #[test]
 fn sigterm_stops_every_long_running_command_cleanly() {
     let tmp = tempfile::tempdir().expect("tmp");
-    let plan = tmp.path().join("plan");
-    ok(&lode(&[
-        "synthetic",
-        "-o",
-        plan.to_str().expect("UTF-8"),
-        "--latency",
-        "2ms",
-        "--records",
-        "100000",
-        "--batch",
-        "8",
-    ]));
-    let journal = tmp.path().join("journal");
-    let log = tmp.path().join("log.jsonl");
-    let (mut d, addr) = dispatcher(&plan, &journal, "127.0.0.1:0");
+    let (log, mut d, addr) = long_job(tmp.path());
     let mut c = consumer(&addr, &log, &[]);
     let mut w = worker(&addr, "w0");
     wait_for_lines(&log, 20, Duration::from_secs(60));
