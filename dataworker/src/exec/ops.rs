@@ -16,13 +16,14 @@ use super::value::{Value, VariantTensor};
 use super::{ExecError, Failure, Result};
 use crate::kernels::lookup::{self, HashTable};
 use crate::kernels::math::segment::{self, SegmentOp};
-use crate::kernels::math::{self, BinaryOp, Comparison, Reduction};
+use crate::kernels::math::sparse_segment::{self, SparseSegmentOp};
+use crate::kernels::math::{self, BinaryOp, Comparison, Reduction, UnaryOp};
 use crate::kernels::parsing::{
     self, DecodeCsvAttrs, ParseExampleAttrs, ParseSingleExampleAttrs, SparseParts,
 };
 use crate::kernels::sparse::{self, SparseCrossAttrs};
 use crate::kernels::strings::{self, AsStringAttrs};
-use crate::kernels::{array, cast, slicing};
+use crate::kernels::{array, cast, indexing, slicing};
 use crate::tensor::{DType, Tensor};
 
 type KResult = std::result::Result<Vec<Value>, Failure>;
@@ -76,6 +77,7 @@ pub static KERNELS: &[KernelEntry] = &[
     entry("Mul", binary),
     entry("RealDiv", binary),
     entry("FloorMod", binary),
+    entry("FloorDiv", binary),
     entry("Maximum", binary),
     entry("Minimum", binary),
     entry("Neg", neg),
@@ -107,9 +109,18 @@ pub static KERNELS: &[KernelEntry] = &[
     entry("UnsortedSegmentProd", unsorted_segment),
     entry("UnsortedSegmentMax", unsorted_segment),
     entry("UnsortedSegmentMin", unsorted_segment),
+    entry("SparseSegmentSum", sparse_segment_),
+    entry("SparseSegmentMean", sparse_segment_),
+    entry("SparseSegmentSqrtN", sparse_segment_),
+    entry("SparseSegmentSumWithNumSegments", sparse_segment_),
+    entry("SparseSegmentMeanWithNumSegments", sparse_segment_),
+    entry("SparseSegmentSqrtNWithNumSegments", sparse_segment_),
     entry("Cumsum", cumulative),
     entry("Cumprod", cumulative),
     entry("Log1p", log1p),
+    entry("Ceil", unary),
+    entry("Floor", unary),
+    entry("Sqrt", unary),
     entry("Cast", cast_),
     entry("Reshape", reshape),
     entry("ExpandDims", expand_dims),
@@ -124,6 +135,12 @@ pub static KERNELS: &[KernelEntry] = &[
     entry("Slice", slice),
     entry("StridedSlice", strided_slice),
     entry("GatherV2", gather_v2),
+    entry("GatherNd", gather_nd),
+    entry("ScatterNd", scatter_nd),
+    entry("BroadcastTo", broadcast_to),
+    entry("Assert", assert_),
+    entry("If", if_),
+    entry("StatelessIf", if_),
     entry("Tile", tile),
     entry("Transpose", transpose),
     entry("OneHot", one_hot),
@@ -154,6 +171,7 @@ pub static KERNELS: &[KernelEntry] = &[
     entry("SparseReshape", sparse_reshape),
     entry("SparseToDense", sparse_to_dense),
     entry("DenseBincount", dense_bincount),
+    entry("Bincount", bincount),
     entry("SparseCross", sparse_cross),
     entry("SparseCrossHashed", sparse_cross_hashed),
     entry("HashTableV2", hash_table_v2),
@@ -365,11 +383,41 @@ fn binary(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
         "Mul" => BinaryOp::Mul,
         "RealDiv" => BinaryOp::RealDiv,
         "FloorMod" => BinaryOp::FloorMod,
+        "FloorDiv" => BinaryOp::FloorDiv,
         "Maximum" => BinaryOp::Maximum,
         _ => BinaryOp::Minimum,
     };
     Ok(built(1, move |a| {
         Ok(wrap(math::binary(op, t(a, 0)?, t(a, 1)?)?))
+    }))
+}
+
+fn unary(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let op = match node.op.as_str() {
+        "Ceil" => UnaryOp::Ceil,
+        "Floor" => UnaryOp::Floor,
+        _ => UnaryOp::Sqrt,
+    };
+    Ok(built(1, move |a| Ok(wrap(math::unary(op, t(a, 0)?)?))))
+}
+
+fn sparse_segment_(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let name = node.op.as_str();
+    let with_num = name.ends_with("WithNumSegments");
+    let op = match name.trim_end_matches("WithNumSegments") {
+        "SparseSegmentSum" => SparseSegmentOp::Sum,
+        "SparseSegmentMean" => SparseSegmentOp::Mean,
+        _ => SparseSegmentOp::SqrtN,
+    };
+    Ok(built(1, move |a| {
+        let num = if with_num { Some(t(a, 3)?) } else { None };
+        Ok(wrap(sparse_segment::sparse_segment(
+            op,
+            t(a, 0)?,
+            t(a, 1)?,
+            t(a, 2)?,
+            num,
+        )?))
     }))
 }
 
@@ -937,6 +985,102 @@ fn dense_bincount(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
     }))
 }
 
+fn bincount(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| {
+        Ok(wrap(sparse::bincount_op(t(a, 0)?, t(a, 1)?, t(a, 2)?)?))
+    }))
+}
+
+fn gather_nd(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| {
+        Ok(wrap(indexing::gather_nd(t(a, 0)?, t(a, 1)?)?))
+    }))
+}
+
+fn scatter_nd(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| {
+        Ok(wrap(indexing::scatter_nd(t(a, 0)?, t(a, 1)?, t(a, 2)?)?))
+    }))
+}
+
+fn broadcast_to(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| {
+        Ok(wrap(indexing::broadcast_to(t(a, 0)?, t(a, 1)?)?))
+    }))
+}
+
+fn assert_(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let n = node.attr_types("T")?.len();
+    let summarize = usize::try_from(int_or(node, "summarize", 3)?).unwrap_or(0);
+    Ok(built(0, move |a| {
+        indexing::assert(t(a, 0)?, &ts(a, 1..1 + n)?, summarize)?;
+        Ok(Vec::new())
+    }))
+}
+
+/// The function a `func` attribute names.
+fn func_attr(node: &NodeDef, name: &str) -> Result<String> {
+    match node.attr.get(name).and_then(|a| a.value.as_ref()) {
+        Some(AttrKind::Func(f)) => Ok(f.name.clone()),
+        _ => Err(attr_err(
+            node,
+            format!("attribute {name} is not a function"),
+        )),
+    }
+}
+
+/// `If` and `StatelessIf`: both branches compiled at load; each step runs the one the
+/// condition picks (TensorFlow's truth of a tensor: a scalar's value, non-zero or
+/// non-empty; a non-scalar's having elements).
+fn if_(node: &NodeDef, ctx: &BuildCtx<'_>) -> Result<Built> {
+    let outputs = node.attr_types("Tout")?.len();
+    let branch = |attr: &str| -> Result<super::program::Program> {
+        let name = func_attr(node, attr)?;
+        let f = ctx
+            .library
+            .get(name.as_str())
+            .ok_or_else(|| attr_err(node, format!("{attr} {name} is not in the library")))?;
+        super::dataset::compile_function(f, ctx)
+    };
+    let then_branch = Arc::new(branch("then_branch")?);
+    let else_branch = Arc::new(branch("else_branch")?);
+    let names = (
+        func_attr(node, "then_branch")?,
+        func_attr(node, "else_branch")?,
+    );
+    Ok(built(outputs, move |a| {
+        let cond = t(a, 0)?;
+        let holds = if cond.shape().is_empty() {
+            match cond.data() {
+                crate::TensorData::Bool(v) => v.first().copied().unwrap_or(false),
+                crate::TensorData::String(v) => v.first().is_some_and(|s| !s.is_empty()),
+                crate::TensorData::Int32(v) => v.first().is_some_and(|&x| x != 0),
+                crate::TensorData::Int64(v) => v.first().is_some_and(|&x| x != 0),
+                crate::TensorData::Float32(v) => v.first().is_some_and(|&x| x != 0.0),
+                crate::TensorData::Float64(v) => v.first().is_some_and(|&x| x != 0.0),
+                _ => {
+                    return Err(Failure::Input {
+                        index: 0,
+                        reason: "a condition of this dtype is not supported",
+                    })
+                }
+            }
+        } else {
+            cond.num_elements() > 0
+        };
+        let (program, function) = if holds {
+            (&then_branch, &names.0)
+        } else {
+            (&else_branch, &names.1)
+        };
+        let args: Vec<Value> = a[1..].iter().map(|v| (*v).clone()).collect();
+        program.run(args, false).map_err(|e| Failure::Function {
+            function: function.clone(),
+            source: Box::new(e),
+        })
+    }))
+}
+
 fn sparse_cross(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
     let n = count(node, "N")?;
     let nv = node.attr_types("sparse_types")?.len();
@@ -1179,7 +1323,7 @@ mod tests {
                 k.op
             );
         }
-        for op in ["Expm1", "SparseSegmentSum", "Identityx", ""] {
+        for op in ["Expm1", "SparseSegmentSumGrad", "Identityx", ""] {
             assert!(matches!(build(&node(op), &ctx), Ok(None)), "{op}");
             assert!(!has_kernel(op), "{op}");
         }

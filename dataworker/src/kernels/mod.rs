@@ -21,6 +21,7 @@
 
 pub mod array;
 pub mod cast;
+pub mod indexing;
 pub mod lookup;
 pub mod parsing;
 pub mod slicing;

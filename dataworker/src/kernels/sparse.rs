@@ -872,6 +872,69 @@ pub fn dense_bincount(
     Ok(vec![output(OP, dims, data)?])
 }
 
+/// `Bincount`: how often each value of `arr` (any shape, int32) in `[0, size)` occurs,
+/// weighted by `weights` (same number of elements) unless it is empty; the output has
+/// `weights`' dtype. Values `>= size` are ignored; errors are TensorFlow's messages.
+pub fn bincount_op(arr: &Tensor, size: &Tensor, weights: &Tensor) -> Result<Vec<Tensor>> {
+    const OP: &str = "Bincount";
+    if !size.shape().is_empty() {
+        return Err(shape_error(OP, "size", size, "must be a scalar"));
+    }
+    let size_v = int_values(OP, "size", size)?.first().copied().unwrap_or(0);
+    let bins = usize::try_from(size_v).map_err(|_| KernelError::InvalidInput {
+        op: OP,
+        input: "size",
+        reason: format!("size ({size_v}) must be non-negative"),
+    })?;
+    let values = int_values(OP, "arr", arr)?;
+    let weighted = weights.num_elements() != 0;
+    if weighted && weights.num_elements() != values.len() {
+        return Err(KernelError::InvalidInput {
+            op: OP,
+            input: "weights",
+            reason: "Input indices and weights must have the same size.".into(),
+        });
+    }
+    if values.iter().any(|&v| v < 0) {
+        return Err(KernelError::InvalidInput {
+            op: OP,
+            input: "arr",
+            reason: "Input arr must be non-negative!".into(),
+        });
+    }
+    checked_num_elements(weights.dtype(), &[bins])
+        .map_err(|source| KernelError::Output { op: OP, source })?;
+    let rows = usize::from(!values.is_empty());
+    macro_rules! count {
+        ($variant:ident, $x:expr) => {{
+            let mut v = bincount(
+                &values,
+                rows,
+                bins,
+                weighted.then_some($x.as_slice()),
+                false,
+            );
+            v.resize(bins, Default::default());
+            TensorData::$variant(v)
+        }};
+    }
+    let data = match weights.data() {
+        TensorData::Int32(x) => count!(Int32, x),
+        TensorData::Int64(x) => count!(Int64, x),
+        TensorData::Float32(x) => count!(Float32, x),
+        TensorData::Float64(x) => count!(Float64, x),
+        _ => {
+            return Err(KernelError::InputDtype {
+                op: OP,
+                input: "weights",
+                expected: "int32, int64, float or double",
+                actual: weights.dtype(),
+            })
+        }
+    };
+    Ok(vec![output(OP, vec![bins], data)?])
+}
+
 // ------------------------------------------------------------------------- SparseCross
 
 /// One feature of a crossed column: an int64 or a string.
