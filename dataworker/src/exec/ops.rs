@@ -21,8 +21,10 @@ use crate::kernels::math::{self, BinaryOp, Comparison, Reduction, UnaryOp};
 use crate::kernels::parsing::{
     self, DecodeCsvAttrs, ParseExampleAttrs, ParseSingleExampleAttrs, SparseParts,
 };
+use crate::kernels::ragged::{self, NGramAttrs};
 use crate::kernels::sparse::{self, SparseCrossAttrs};
 use crate::kernels::strings::{self, AsStringAttrs};
+use crate::kernels::unicode::{self, DecodeAttrs, Errors};
 use crate::kernels::{array, cast, indexing, slicing};
 use crate::tensor::{DType, Tensor};
 
@@ -81,6 +83,7 @@ pub static KERNELS: &[KernelEntry] = &[
     entry("Maximum", binary),
     entry("Minimum", binary),
     entry("Neg", neg),
+    entry("Abs", abs),
     entry("Equal", comparison),
     entry("NotEqual", comparison),
     entry("Less", comparison),
@@ -153,6 +156,12 @@ pub static KERNELS: &[KernelEntry] = &[
     entry("StringToNumber", string_to_number),
     entry("AsString", as_string),
     entry("StringSplitV2", string_split_v2),
+    entry("StringNGrams", string_ngrams),
+    entry("ReduceJoin", reduce_join),
+    entry("UnicodeDecode", unicode_decode),
+    entry("UnicodeTranscode", unicode_transcode),
+    entry("RaggedTensorToTensor", ragged_tensor_to_tensor),
+    entry("RaggedTensorToSparse", ragged_tensor_to_sparse),
     entry("RegexReplace", regex_replace),
     entry("StringLength", string_length),
     entry("StringStrip", string_strip),
@@ -168,6 +177,8 @@ pub static KERNELS: &[KernelEntry] = &[
     entry("UniqueWithCounts", unique_with_counts),
     entry("Bucketize", bucketize),
     entry("SparseFillEmptyRows", sparse_fill_empty_rows),
+    entry("SparseReorder", sparse_reorder),
+    entry("SparseSlice", sparse_slice),
     entry("SparseReshape", sparse_reshape),
     entry("SparseToDense", sparse_to_dense),
     entry("DenseBincount", dense_bincount),
@@ -419,6 +430,10 @@ fn sparse_segment_(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
             num,
         )?))
     }))
+}
+
+fn abs(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| Ok(wrap(math::abs(t(a, 0)?)?))))
 }
 
 fn neg(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
@@ -744,6 +759,91 @@ fn as_string(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
     }))
 }
 
+fn string_ngrams(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let attrs = NGramAttrs {
+        separator: bytes_attr(node, "separator", b" ")?,
+        ngram_widths: ints_attr(node, "ngram_widths")?,
+        left_pad: bytes_attr(node, "left_pad", b"")?,
+        right_pad: bytes_attr(node, "right_pad", b"")?,
+        pad_width: int_or(node, "pad_width", 0)?,
+        preserve_short_sequences: bool_or(node, "preserve_short_sequences", false)?,
+    };
+    Ok(built(2, move |a| {
+        Ok(wrap(ragged::string_ngrams(t(a, 0)?, t(a, 1)?, &attrs)?))
+    }))
+}
+
+fn reduce_join(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let keep_dims = bool_or(node, "keep_dims", false)?;
+    let separator = bytes_attr(node, "separator", b"")?;
+    Ok(built(1, move |a| {
+        Ok(wrap(strings::reduce_join(
+            t(a, 0)?,
+            t(a, 1)?,
+            keep_dims,
+            &separator,
+        )?))
+    }))
+}
+
+fn decode_attrs(node: &NodeDef) -> Result<DecodeAttrs> {
+    let errors = str_or(node, "errors", "replace")?;
+    Ok(DecodeAttrs {
+        input_encoding: str_or(node, "input_encoding", "")?,
+        errors: Errors::parse("UnicodeDecode", &errors)
+            .map_err(|e| attr_err(node, e.to_string()))?,
+        replacement_char: int_or(node, "replacement_char", 0xfffd)?,
+        replace_control_characters: bool_or(node, "replace_control_characters", false)?,
+    })
+}
+
+fn unicode_decode(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let attrs = decode_attrs(node)?;
+    let tsplits = if node.attr.contains_key("Tsplits") {
+        dtype(node, "Tsplits")?
+    } else {
+        DType::Int64
+    };
+    Ok(built(2, move |a| {
+        Ok(wrap(unicode::unicode_decode(t(a, 0)?, &attrs, tsplits)?))
+    }))
+}
+
+fn unicode_transcode(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let attrs = decode_attrs(node)?;
+    let out = str_or(node, "output_encoding", "UTF-8")?;
+    Ok(built(1, move |a| {
+        Ok(wrap(unicode::unicode_transcode(t(a, 0)?, &attrs, &out)?))
+    }))
+}
+
+fn ragged_tensor_to_tensor(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let types: Vec<String> = strings_attr(node, "row_partition_types")?
+        .into_iter()
+        .map(|s| String::from_utf8_lossy(&s).into_owned())
+        .collect();
+    let n = count(node, "num_row_partition_tensors")?;
+    Ok(built(1, move |a| {
+        Ok(wrap(ragged::ragged_tensor_to_tensor(
+            t(a, 0)?,
+            t(a, 1)?,
+            t(a, 2)?,
+            &ts(a, 3..3 + n)?,
+            &types,
+        )?))
+    }))
+}
+
+fn ragged_tensor_to_sparse(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let k = count(node, "RAGGED_RANK")?;
+    Ok(built(3, move |a| {
+        Ok(wrap(ragged::ragged_tensor_to_sparse(
+            &ts(a, 0..k)?,
+            t(a, k)?,
+        )?))
+    }))
+}
+
 fn string_split_v2(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
     let maxsplit = int_or(node, "maxsplit", -1)?;
     Ok(built(3, move |a| {
@@ -950,6 +1050,24 @@ fn sparse_fill_empty_rows(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built>
             t(a, 1)?,
             t(a, 2)?,
             t(a, 3)?,
+        )?))
+    }))
+}
+
+fn sparse_reorder(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(2, |a| {
+        Ok(wrap(sparse::sparse_reorder(t(a, 0)?, t(a, 1)?, t(a, 2)?)?))
+    }))
+}
+
+fn sparse_slice(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(3, |a| {
+        Ok(wrap(sparse::sparse_slice(
+            t(a, 0)?,
+            t(a, 1)?,
+            t(a, 2)?,
+            t(a, 3)?,
+            t(a, 4)?,
         )?))
     }))
 }

@@ -1269,6 +1269,24 @@ impl UnaryOp {
     }
 }
 
+/// `Abs`: integers wrap (`|MIN|` is `MIN`); floats clear the sign bit (an AND, which
+/// flush-to-zero does not touch, so subnormals and NaN payloads pass through).
+pub fn abs(x: &Tensor) -> Result<Vec<Tensor>> {
+    const OP: &str = "Abs";
+    let data = match x.data() {
+        TensorData::Int8(v) => TensorData::Int8(v.iter().map(|a| a.wrapping_abs()).collect()),
+        TensorData::Int16(v) => TensorData::Int16(v.iter().map(|a| a.wrapping_abs()).collect()),
+        TensorData::Int32(v) => TensorData::Int32(v.iter().map(|a| a.wrapping_abs()).collect()),
+        TensorData::Int64(v) => TensorData::Int64(v.iter().map(|a| a.wrapping_abs()).collect()),
+        TensorData::Float16(v) => TensorData::Float16(v.iter().map(|a| a & 0x7fff).collect()),
+        TensorData::BFloat16(v) => TensorData::BFloat16(v.iter().map(|a| a & 0x7fff).collect()),
+        TensorData::Float32(v) => TensorData::Float32(v.iter().map(|a| a.abs()).collect()),
+        TensorData::Float64(v) => TensorData::Float64(v.iter().map(|a| a.abs()).collect()),
+        _ => return Err(dtype_error(OP, "x", "a signed integer or float dtype", x)),
+    };
+    Ok(vec![output(OP, x.shape().to_vec(), data)?])
+}
+
 /// `Ceil`, `Floor` or `Sqrt` of a float or double tensor.
 pub fn unary(op: UnaryOp, x: &Tensor) -> Result<Vec<Tensor>> {
     let name = op.name();

@@ -24,8 +24,10 @@ pub mod cast;
 pub mod indexing;
 pub mod lookup;
 pub mod parsing;
+pub mod ragged;
 pub mod slicing;
 pub mod strings;
+pub mod unicode;
 
 mod number;
 mod printf;

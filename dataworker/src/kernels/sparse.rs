@@ -935,6 +935,130 @@ pub fn bincount_op(arr: &Tensor, size: &Tensor, weights: &Tensor) -> Result<Vec<
     Ok(vec![output(OP, vec![bins], data)?])
 }
 
+/// The checked parts of a sparse tensor: indices `[n, rank]` (int64), values `[n]`, and the
+/// dense shape `[rank]`.
+fn sparse_parts<'a>(
+    op: &'static str,
+    indices: &'a Tensor,
+    values: &Tensor,
+    shape: &'a Tensor,
+) -> Result<(&'a [i64], usize, &'a [i64])> {
+    let idx = int64s(op, "input_indices", indices)?;
+    let dims = int64s(op, "input_shape", shape)?;
+    let [n, rank] = indices.shape() else {
+        return Err(shape_error(
+            op,
+            "input_indices",
+            indices,
+            "Input indices should be a matrix",
+        ));
+    };
+    if values.shape() != [*n] {
+        return Err(shape_error(
+            op,
+            "input_values",
+            values,
+            "Input values should be a vector",
+        ));
+    }
+    if shape.shape() != [*rank] {
+        return Err(shape_error(
+            op,
+            "input_shape",
+            shape,
+            "Input shape should be a vector of the indices' rank",
+        ));
+    }
+    Ok((idx, *rank, dims))
+}
+
+/// `SparseReorder`: the entries sorted into row-major order of their indices (a stable sort:
+/// entries with equal indices keep their order).
+pub fn sparse_reorder(indices: &Tensor, values: &Tensor, shape: &Tensor) -> Result<Vec<Tensor>> {
+    const OP: &str = "SparseReorder";
+    let (idx, rank, dims) = sparse_parts(OP, indices, values, shape)?;
+    let n = values.num_elements();
+    for (i, row) in idx.chunks(rank.max(1)).take(n).enumerate() {
+        for (d, (&v, &lim)) in row.iter().zip(dims).enumerate() {
+            if v < 0 || v >= lim {
+                return Err(KernelError::InvalidInput {
+                    op: OP,
+                    input: "input_indices",
+                    reason: format!(
+                        "indices[{i}] = [{}] is out of bounds: need 0 <= index < [{}] (dimension {d})",
+                        row.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+                        dims.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+                    ),
+                });
+            }
+        }
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| idx[a * rank..(a + 1) * rank].cmp(&idx[b * rank..(b + 1) * rank]));
+    let new_idx: Vec<i64> = order
+        .iter()
+        .flat_map(|&i| idx[i * rank..(i + 1) * rank].iter().copied())
+        .collect();
+    Ok(vec![
+        output(OP, vec![n, rank], TensorData::Int64(new_idx))?,
+        output(OP, vec![n], take(values.data(), &order))?,
+    ])
+}
+
+/// `SparseSlice`: the entries inside `[start, start + size)` in every dimension, their
+/// indices shifted by `start`; the output shape is each dimension's part of the slice that
+/// lies inside the input's shape.
+pub fn sparse_slice(
+    indices: &Tensor,
+    values: &Tensor,
+    shape: &Tensor,
+    start: &Tensor,
+    size: &Tensor,
+) -> Result<Vec<Tensor>> {
+    const OP: &str = "SparseSlice";
+    let (idx, rank, dims) = sparse_parts(OP, indices, values, shape)?;
+    let start = int64s(OP, "start", start)?;
+    let size = int64s(OP, "size", size)?;
+    if start.len() != rank || size.len() != rank {
+        return Err(KernelError::InvalidInput {
+            op: OP,
+            input: "start",
+            reason: format!(
+                "Expected start and size to be vectors of the input's rank {rank}, got {} and {}",
+                start.len(),
+                size.len()
+            ),
+        });
+    }
+    let out_dims: Vec<i64> = (0..rank)
+        .map(|d| {
+            if start[d] >= dims[d] {
+                0
+            } else {
+                start[d].saturating_add(size[d]).min(dims[d]) - start[d]
+            }
+        })
+        .collect();
+    let n = values.num_elements();
+    let mut keep = Vec::new();
+    let mut new_idx = Vec::new();
+    for (i, row) in idx.chunks(rank.max(1)).take(n).enumerate() {
+        let inside = (0..rank).all(|d| {
+            row[d] >= start[d] && row[d] < start[d].saturating_add(size[d]) && row[d] < dims[d]
+        });
+        if inside {
+            keep.push(i);
+            new_idx.extend((0..rank).map(|d| row[d] - start[d]));
+        }
+    }
+    let k = keep.len();
+    Ok(vec![
+        output(OP, vec![k, rank], TensorData::Int64(new_idx))?,
+        output(OP, vec![k], take(values.data(), &keep))?,
+        output(OP, vec![rank], TensorData::Int64(out_dims))?,
+    ])
+}
+
 // ------------------------------------------------------------------------- SparseCross
 
 /// One feature of a crossed column: an int64 or a string.

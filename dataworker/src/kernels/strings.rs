@@ -767,3 +767,81 @@ pub fn string_strip(input: &Tensor) -> Result<Vec<Tensor>> {
         TensorData::String(out),
     )?])
 }
+
+/// `ReduceJoin`: the strings along `reduction_indices` joined with `separator`. Within an
+/// output element the first listed dimension varies fastest, as in TensorFlow's kernel
+/// (`reduction_indices = [1, 0]` of `[[a, b], [c, d]]` is `a,b,c,d`; `[0, 1]` is `a,c,b,d`).
+/// An empty list joins nothing (each string alone); `keep_dims` keeps reduced dims as 1.
+pub fn reduce_join(
+    inputs: &Tensor,
+    reduction_indices: &Tensor,
+    keep_dims: bool,
+    separator: &[u8],
+) -> Result<Vec<Tensor>> {
+    const OP: &str = "ReduceJoin";
+    let strings = strings_of(OP, "inputs", inputs)?;
+    let shape = inputs.shape();
+    let rank = i64::try_from(shape.len()).unwrap_or(i64::MAX);
+    let mut axes: Vec<usize> = Vec::new();
+    for &a in &int_values(OP, "reduction_indices", reduction_indices)? {
+        let d = if a < 0 { a + rank } else { a };
+        let d = usize::try_from(d)
+            .ok()
+            .filter(|&d| d < shape.len())
+            .ok_or_else(|| KernelError::InvalidInput {
+                op: OP,
+                input: "reduction_indices",
+                reason: format!(
+                    "Invalid reduction dimension {a} for input with {rank} dimension(s)"
+                ),
+            })?;
+        if axes.contains(&d) {
+            return Err(KernelError::InvalidInput {
+                op: OP,
+                input: "reduction_indices",
+                reason: format!("Duplicate reduction dimension {a}"),
+            });
+        }
+        axes.push(d);
+    }
+    let mut strides = vec![1usize; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * shape[d + 1];
+    }
+    let kept: Vec<usize> = (0..shape.len()).filter(|d| !axes.contains(d)).collect();
+    let out_count: usize = kept.iter().map(|&d| shape[d]).product();
+    let join_count: usize = axes.iter().map(|&d| shape[d]).product();
+    let mut out = Vec::with_capacity(out_count);
+    for o in 0..out_count {
+        let mut base = 0usize;
+        let mut rest = o;
+        for &d in kept.iter().rev() {
+            base += (rest % shape[d]) * strides[d];
+            rest /= shape[d];
+        }
+        let mut joined = Vec::new();
+        for j in 0..join_count {
+            let mut offset = base;
+            let mut rest = j;
+            for &d in &axes {
+                offset += (rest % shape[d]) * strides[d];
+                rest /= shape[d];
+            }
+            if j > 0 {
+                joined.extend_from_slice(separator);
+            }
+            joined.extend_from_slice(&strings[offset]);
+        }
+        out.push(joined);
+    }
+    let out_shape: Vec<usize> = (0..shape.len())
+        .filter_map(|d| {
+            if axes.contains(&d) {
+                keep_dims.then_some(1)
+            } else {
+                Some(shape[d])
+            }
+        })
+        .collect();
+    Ok(vec![output(OP, out_shape, TensorData::String(out))?])
+}
