@@ -183,6 +183,7 @@ pub static KERNELS: &[KernelEntry] = &[
     entry("SparseToDense", sparse_to_dense),
     entry("DenseBincount", dense_bincount),
     entry("Bincount", bincount),
+    entry("SparseCountSparseOutput", sparse_count_sparse_output),
     entry("SparseCross", sparse_cross),
     entry("SparseCrossHashed", sparse_cross_hashed),
     entry("HashTableV2", hash_table_v2),
@@ -1106,6 +1107,23 @@ fn dense_bincount(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
 fn bincount(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
     Ok(built(1, |a| {
         Ok(wrap(sparse::bincount_op(t(a, 0)?, t(a, 1)?, t(a, 2)?)?))
+    }))
+}
+
+fn sparse_count_sparse_output(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let binary = node.attr_bool("binary_output")?;
+    let minlength = int_or(node, "minlength", -1)?;
+    let maxlength = int_or(node, "maxlength", -1)?;
+    Ok(built(3, move |a| {
+        Ok(wrap(sparse::sparse_count_sparse_output(
+            t(a, 0)?,
+            t(a, 1)?,
+            t(a, 2)?,
+            t(a, 3)?,
+            binary,
+            minlength,
+            maxlength,
+        )?))
     }))
 }
 

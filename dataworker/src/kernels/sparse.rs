@@ -1059,6 +1059,146 @@ pub fn sparse_slice(
     ])
 }
 
+/// `SparseCountSparseOutput`: per row (the first index; one row for a 1-D input) how often
+/// each value occurs (weighted, or 1 for "present" with `binary_output`), as a sparse tensor
+/// sorted by value within each row. Values below 0, or at or above a positive `maxlength`,
+/// are ignored; the dense width is `maxlength` when positive, else
+/// `max(largest value + 1, minlength)`. The output has `weights`' dtype (`output_type`).
+pub fn sparse_count_sparse_output(
+    indices: &Tensor,
+    values: &Tensor,
+    dense_shape: &Tensor,
+    weights: &Tensor,
+    binary_output: bool,
+    minlength: i64,
+    maxlength: i64,
+) -> Result<Vec<Tensor>> {
+    const OP: &str = "SparseCountSparseOutput";
+    let idx = int64s(OP, "indices", indices)?;
+    let vals = int_values(OP, "values", values)?;
+    let dims = int64s(OP, "dense_shape", dense_shape)?;
+    let [n, rank] = indices.shape() else {
+        return Err(shape_error(
+            OP,
+            "indices",
+            indices,
+            "Input indices must be a 2-dimensional tensor",
+        ));
+    };
+    if *n != vals.len() {
+        return Err(KernelError::InvalidInput {
+            op: OP,
+            input: "values",
+            reason: format!(
+                "Number of values must match first dimension of indices. Got {} values, indices shape: [{n},{rank}]",
+                vals.len()
+            ),
+        });
+    }
+    let weighted = weights.num_elements() != 0;
+    if weighted && weights.shape() != values.shape() {
+        return Err(KernelError::IncompatibleShapes {
+            op: OP,
+            left: "weights",
+            left_shape: weights.shape().to_vec(),
+            right: "values",
+            right_shape: values.shape().to_vec(),
+        });
+    }
+    let is_1d = dims.len() == 1;
+    let batches = if is_1d {
+        1
+    } else {
+        dims.first().copied().unwrap_or(0)
+    };
+    let batches = usize::try_from(batches).map_err(|_| KernelError::InvalidInput {
+        op: OP,
+        input: "dense_shape",
+        reason: format!("Cannot have a negative batch count: {batches}"),
+    })?;
+    // Per row: value → (first position, count), kept in a map per row.
+    let mut rows: Vec<std::collections::BTreeMap<i64, Vec<usize>>> =
+        vec![std::collections::BTreeMap::new(); batches];
+    let mut max_value = 0i64;
+    for (i, &v) in vals.iter().enumerate() {
+        let b = if is_1d { 0 } else { idx[i * rank] };
+        let Some(row) = usize::try_from(b).ok().and_then(|b| rows.get_mut(b)) else {
+            return Err(KernelError::InvalidInput {
+                op: OP,
+                input: "indices",
+                reason: format!(
+                    "Indices value along the first dimension must be in [0, {batches}), got {b}"
+                ),
+            });
+        };
+        if v >= 0 && (maxlength <= 0 || v < maxlength) {
+            row.entry(v).or_default().push(i);
+            max_value = max_value.max(v);
+        }
+    }
+    let width = if maxlength > 0 {
+        maxlength
+    } else {
+        (max_value + 1).max(minlength)
+    };
+    let mut out_idx = Vec::new();
+    let mut order: Vec<&[usize]> = Vec::new();
+    for (b, row) in rows.iter().enumerate() {
+        for (&v, positions) in row {
+            if !is_1d {
+                out_idx.push(to_i64(b));
+            }
+            out_idx.push(v);
+            order.push(positions);
+        }
+    }
+    macro_rules! counts {
+        ($variant:ident, $t:ty, $w:expr) => {{
+            let w: Option<&[$t]> = $w;
+            TensorData::$variant(
+                order
+                    .iter()
+                    .map(|ps| match (binary_output, w) {
+                        (true, _) => <$t as Weight>::ONE,
+                        (false, Some(w)) => ps
+                            .iter()
+                            .fold(<$t>::default(), |acc, &p| Weight::add(acc, w[p])),
+                        (false, None) => ps.iter().fold(<$t>::default(), |acc, _| {
+                            Weight::add(acc, <$t as Weight>::ONE)
+                        }),
+                    })
+                    .collect(),
+            )
+        }};
+    }
+    let data = match weights.data() {
+        TensorData::Int32(x) => counts!(Int32, i32, weighted.then_some(x.as_slice())),
+        TensorData::Int64(x) => counts!(Int64, i64, weighted.then_some(x.as_slice())),
+        TensorData::Float32(x) => counts!(Float32, f32, weighted.then_some(x.as_slice())),
+        TensorData::Float64(x) => counts!(Float64, f64, weighted.then_some(x.as_slice())),
+        _ => {
+            return Err(KernelError::InputDtype {
+                op: OP,
+                input: "weights",
+                expected: "int32, int64, float or double",
+                actual: weights.dtype(),
+            })
+        }
+    };
+    let k = order.len();
+    let out_rank = if is_1d { 1 } else { 2 };
+    let shape = if is_1d {
+        vec![width]
+    } else {
+        vec![to_i64(batches), width]
+    };
+    Ok(vec![
+        output(OP, vec![k, out_rank], TensorData::Int64(out_idx))?,
+        output(OP, vec![k], data)?,
+        output(OP, vec![out_rank], TensorData::Int64(shape))?,
+    ])
+}
+
 // ------------------------------------------------------------------------- SparseCross
 
 /// One feature of a crossed column: an int64 or a string.
