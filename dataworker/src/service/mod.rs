@@ -51,6 +51,16 @@ pub enum ServiceError {
     BadAnswer { what: &'static str, reason: String },
     #[error(transparent)]
     Exec(#[from] crate::exec::ExecError),
+    /// Running a leased step failed: the error names the node (and op) that failed, this
+    /// names the step, so that a bad record can be found.
+    #[error("stage {stage}, step {step} (epoch {epoch}): {source}")]
+    Step {
+        stage: u32,
+        step: u64,
+        epoch: u64,
+        #[source]
+        source: crate::exec::ExecError,
+    },
     #[error(transparent)]
     Transfer(#[from] crate::transfer::TransferError),
     #[error(transparent)]
