@@ -373,7 +373,24 @@ pub fn string_ngrams(data: &Tensor, splits: &Tensor, attrs: &NGramAttrs) -> Resu
             output(OP, vec![1], splits_data(splits.dtype(), vec![0]))?,
         ]);
     }
-    check_splits(OP, "data_splits", &s, tokens.len())?;
+    // TensorFlow's own checks and messages for the splits of StringNGrams.
+    if s[0] != 0 {
+        return Err(invalid(
+            OP,
+            "data_splits",
+            format!("First split value must be 0, got {}", s[0]),
+        ));
+    }
+    let len = i64::try_from(tokens.len()).unwrap_or(i64::MAX);
+    for w in s.windows(2) {
+        if w[1] < w[0] || w[1] > len {
+            return Err(invalid(
+                OP,
+                "data_splits",
+                format!("Invalid split value {}, must be in [{}, {len}]", w[1], w[0]),
+            ));
+        }
+    }
     if let Some(&w) = attrs.ngram_widths.iter().find(|&&w| w <= 0) {
         return Err(KernelError::InvalidAttr {
             op: OP,

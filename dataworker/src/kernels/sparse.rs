@@ -973,26 +973,13 @@ fn sparse_parts<'a>(
 }
 
 /// `SparseReorder`: the entries sorted into row-major order of their indices (a stable sort:
-/// entries with equal indices keep their order).
+/// entries with equal indices keep their order). Indices outside the shape are sorted like
+/// any other, as TensorFlow does.
 pub fn sparse_reorder(indices: &Tensor, values: &Tensor, shape: &Tensor) -> Result<Vec<Tensor>> {
     const OP: &str = "SparseReorder";
-    let (idx, rank, dims) = sparse_parts(OP, indices, values, shape)?;
+    // TensorFlow reorders without checking the indices against the shape.
+    let (idx, rank, _) = sparse_parts(OP, indices, values, shape)?;
     let n = values.num_elements();
-    for (i, row) in idx.chunks(rank.max(1)).take(n).enumerate() {
-        for (d, (&v, &lim)) in row.iter().zip(dims).enumerate() {
-            if v < 0 || v >= lim {
-                return Err(KernelError::InvalidInput {
-                    op: OP,
-                    input: "input_indices",
-                    reason: format!(
-                        "indices[{i}] = [{}] is out of bounds: need 0 <= index < [{}] (dimension {d})",
-                        row.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
-                        dims.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
-                    ),
-                });
-            }
-        }
-    }
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_by(|&a, &b| idx[a * rank..(a + 1) * rank].cmp(&idx[b * rank..(b + 1) * rank]));
     let new_idx: Vec<i64> = order

@@ -1218,3 +1218,182 @@ mod slicing_robustness {
         }
     }
 }
+
+/// The kernels the construct graphs needed (issue 14, item 2): outputs against
+/// `golden_kernels.py`'s `gen_feature_kernels`, and for the ops whose refusals a pipeline
+/// meets on bad data (indices, segment ids, splits, sizes), TensorFlow's own message.
+mod feature_kernels {
+    use serde_json::Value;
+
+    use super::super::indexing;
+    use super::super::math::sparse_segment::{self, SparseSegmentOp};
+    use super::super::math::{self, BinaryOp, UnaryOp};
+    use super::super::ragged::{self, NGramAttrs};
+    use super::super::unicode::{self, DecodeAttrs, Errors};
+    use super::super::{cast, sparse, strings, Result};
+    use super::{check, dtype, load, tensor};
+    use crate::tensor::{DType, Tensor};
+
+    type Run = dyn Fn(&[Tensor], &Value) -> Result<Vec<Tensor>>;
+
+    /// Outputs as `check` compares them, then every refusal's message: Lode's ends with
+    /// TensorFlow's (its `, node name: …` suffix aside, as Lode names the node itself).
+    fn check_with_messages(op: &str, run: &Run) {
+        let n = check(op, |i, a, _| run(i, a));
+        assert!(n > 0, "{op}: no cases");
+        for case in load(op) {
+            let Some(msg) = case["error"]["message"].as_str() else {
+                continue;
+            };
+            let inputs: Vec<Tensor> = case["inputs"]
+                .as_array()
+                .expect("inputs")
+                .iter()
+                .flat_map(|i| match i.as_array() {
+                    Some(list) => list.iter().map(tensor).collect::<Vec<_>>(),
+                    None => vec![tensor(i)],
+                })
+                .collect();
+            let want = msg.split(", node name: ").next().expect("message");
+            let got = run(&inputs, &case["attrs"]).expect_err("TensorFlow refuses");
+            assert!(
+                got.to_string().ends_with(want),
+                "{op}/{}: Lode says {got:?}, TensorFlow {want:?}",
+                case["name"]
+            );
+        }
+    }
+
+    #[test]
+    fn sparse_segment_reductions() {
+        for (name, op) in [
+            ("SparseSegmentSum", SparseSegmentOp::Sum),
+            ("SparseSegmentMean", SparseSegmentOp::Mean),
+            ("SparseSegmentSqrtN", SparseSegmentOp::SqrtN),
+        ] {
+            check_with_messages(name, &move |i, _| {
+                sparse_segment::sparse_segment(op, &i[0], &i[1], &i[2], None)
+            });
+            check_with_messages(&format!("{name}WithNumSegments"), &move |i, _| {
+                sparse_segment::sparse_segment(op, &i[0], &i[1], &i[2], Some(&i[3]))
+            });
+        }
+    }
+
+    #[test]
+    fn index_ops() {
+        check_with_messages("GatherNd", &|i, _| indexing::gather_nd(&i[0], &i[1]));
+        check_with_messages("ScatterNd", &|i, _| {
+            indexing::scatter_nd(&i[0], &i[1], &i[2])
+        });
+        check_with_messages("BroadcastTo", &|i, _| indexing::broadcast_to(&i[0], &i[1]));
+        check_with_messages("Bincount", &|i, _| sparse::bincount_op(&i[0], &i[1], &i[2]));
+        check_with_messages("SparseReorder", &|i, _| {
+            sparse::sparse_reorder(&i[0], &i[1], &i[2])
+        });
+        check_with_messages("SparseSlice", &|i, _| {
+            sparse::sparse_slice(&i[0], &i[1], &i[2], &i[3], &i[4])
+        });
+        check_with_messages("SparseCountSparseOutput", &|i, a| {
+            sparse::sparse_count_sparse_output(
+                &i[0],
+                &i[1],
+                &i[2],
+                &i[3],
+                a["binary_output"].as_bool().expect("binary"),
+                a["minlength"].as_i64().expect("min"),
+                a["maxlength"].as_i64().expect("max"),
+            )
+        });
+    }
+
+    #[test]
+    fn element_wise_math_and_half_casts() {
+        check_with_messages("FloorDiv", &|i, _| {
+            math::binary(BinaryOp::FloorDiv, &i[0], &i[1])
+        });
+        for (name, op) in [
+            ("Ceil", UnaryOp::Ceil),
+            ("Floor", UnaryOp::Floor),
+            ("Sqrt", UnaryOp::Sqrt),
+        ] {
+            check_with_messages(name, &move |i, _| math::unary(op, &i[0]));
+        }
+        check_with_messages("Abs", &|i, _| math::abs(&i[0]));
+        check_with_messages("CastHalf", &|i, a| {
+            let dst = match a["DstT"].as_str().expect("DstT") {
+                "float16" => DType::Float16,
+                other => dtype(&other.replace("float32", "float")),
+            };
+            cast::cast(&i[0], dst, false)
+        });
+    }
+
+    #[test]
+    fn strings_ngrams_and_unicode() {
+        check_with_messages("StringNGrams", &|i, a| {
+            let s = |k: &str| a[k].as_str().expect("str").as_bytes().to_vec();
+            let attrs = NGramAttrs {
+                separator: s("separator"),
+                ngram_widths: a["ngram_widths"]
+                    .as_array()
+                    .expect("widths")
+                    .iter()
+                    .map(|w| w.as_i64().expect("width"))
+                    .collect(),
+                left_pad: s("left_pad"),
+                right_pad: s("right_pad"),
+                pad_width: a["pad_width"].as_i64().expect("pad"),
+                preserve_short_sequences: a["preserve_short_sequences"].as_bool().expect("b"),
+            };
+            ragged::string_ngrams(&i[0], &i[1], &attrs)
+        });
+        check_with_messages("ReduceJoin", &|i, a| {
+            strings::reduce_join(
+                &i[0],
+                &i[1],
+                a["keep_dims"].as_bool().expect("keep"),
+                a["separator"].as_str().expect("sep").as_bytes(),
+            )
+        });
+        let attrs = |a: &Value| DecodeAttrs {
+            input_encoding: "UTF-8".into(),
+            errors: Errors::parse("UnicodeDecode", a["errors"].as_str().expect("errors"))
+                .expect("errors"),
+            replacement_char: a["replacement_char"].as_i64().expect("char"),
+            replace_control_characters: a["replace_control_characters"].as_bool().expect("b"),
+        };
+        check_with_messages("UnicodeDecode", &move |i, a| {
+            unicode::unicode_decode(&i[0], &attrs(a), DType::Int64)
+        });
+        check_with_messages("UnicodeTranscode", &move |i, a| {
+            unicode::unicode_transcode(
+                &i[0],
+                &attrs(a),
+                a["output_encoding"].as_str().expect("enc"),
+            )
+        });
+        check("SubstrUtf8Char", |i, _, _| {
+            strings::substr(&i[0], &i[1], &i[2], "UTF8_CHAR")
+        });
+    }
+
+    #[test]
+    fn ragged_conversions() {
+        check_with_messages("RaggedTensorToTensor", &|i, a| {
+            let types: Vec<String> = a["row_partition_types"]
+                .as_array()
+                .expect("types")
+                .iter()
+                .map(|t| t.as_str().expect("type").to_owned())
+                .collect();
+            let parts: Vec<&Tensor> = i[3..].iter().collect();
+            ragged::ragged_tensor_to_tensor(&i[0], &i[1], &i[2], &parts, &types)
+        });
+        check_with_messages("RaggedTensorToSparse", &|i, _| {
+            let (values, splits) = i.split_last().expect("inputs");
+            let splits: Vec<&Tensor> = splits.iter().collect();
+            ragged::ragged_tensor_to_sparse(&splits, values)
+        });
+    }
+}
