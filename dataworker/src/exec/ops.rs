@@ -1169,6 +1169,26 @@ fn func_attr(node: &NodeDef, name: &str) -> Result<String> {
 /// condition picks (TensorFlow's truth of a tensor: a scalar's value, non-zero or
 /// non-empty; a non-scalar's having elements).
 fn if_(node: &NodeDef, ctx: &BuildCtx<'_>) -> Result<Built> {
+    /// Branches nested deeper than this are refused (a branch that holds an `If` of itself
+    /// would otherwise recurse until the stack overflows).
+    const MAX_IF_DEPTH: usize = 64;
+    thread_local! {
+        static DEPTH: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+    struct Nested;
+    impl Drop for Nested {
+        fn drop(&mut self) {
+            DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
+        }
+    }
+    if DEPTH.with(|d| {
+        d.set(d.get() + 1);
+        d.get() > MAX_IF_DEPTH
+    }) {
+        DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
+        return Err(attr_err(node, "If branches nested too deep"));
+    }
+    let _nested = Nested;
     let outputs = node.attr_types("Tout")?.len();
     let branch = |attr: &str| -> Result<super::program::Program> {
         let name = func_attr(node, attr)?;

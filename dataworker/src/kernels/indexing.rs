@@ -60,6 +60,10 @@ pub fn gather_nd(params: &Tensor, indices: &Tensor) -> Result<Vec<Tensor>> {
     }
     let slice: usize = pshape[k..].iter().product();
     let count: usize = outer.iter().product();
+    let mut shape = outer.to_vec();
+    shape.extend_from_slice(&pshape[k..]);
+    crate::tensor::checked_num_elements(params.dtype(), &shape)
+        .map_err(|source| KernelError::Output { op: OP, source })?;
     let mut flat = Vec::with_capacity(count.saturating_mul(slice));
     for (n, tuple) in idx.chunks(k.max(1)).take(count).enumerate() {
         let tuple = if k == 0 { &[][..] } else { tuple };
@@ -90,8 +94,6 @@ pub fn gather_nd(params: &Tensor, indices: &Tensor) -> Result<Vec<Tensor>> {
     if k == 0 {
         flat = (0..count).flat_map(|_| 0..slice).collect();
     }
-    let mut shape = outer.to_vec();
-    shape.extend_from_slice(&pshape[k..]);
     Ok(vec![output(OP, shape, take(params.data(), &flat))?])
 }
 

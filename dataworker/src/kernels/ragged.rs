@@ -291,6 +291,10 @@ pub fn ragged_tensor_to_sparse(splits: &[&Tensor], values: &Tensor) -> Result<Ve
     ])
 }
 
+/// The widest n-gram (and padding) Lode builds: a hostile attribute could otherwise ask for
+/// n-grams of billions of pads.
+pub const MAX_NGRAM_WIDTH: i64 = 1 << 16;
+
 /// `StringNGrams`' attributes.
 #[derive(Debug, Clone)]
 pub struct NGramAttrs {
@@ -391,12 +395,24 @@ pub fn string_ngrams(data: &Tensor, splits: &Tensor, attrs: &NGramAttrs) -> Resu
             ));
         }
     }
-    if let Some(&w) = attrs.ngram_widths.iter().find(|&&w| w <= 0) {
+    if let Some(&w) = attrs
+        .ngram_widths
+        .iter()
+        .find(|&&w| w <= 0 || w > MAX_NGRAM_WIDTH)
+    {
         return Err(KernelError::InvalidAttr {
             op: OP,
             attr: "ngram_widths",
             value: w.to_string(),
-            reason: "must be positive",
+            reason: "must be positive and at most MAX_NGRAM_WIDTH (Lode's bound)",
+        });
+    }
+    if attrs.pad_width > MAX_NGRAM_WIDTH {
+        return Err(KernelError::InvalidAttr {
+            op: OP,
+            attr: "pad_width",
+            value: attrs.pad_width.to_string(),
+            reason: "must be at most MAX_NGRAM_WIDTH (Lode's bound)",
         });
     }
     let mut out = Vec::new();
@@ -415,7 +431,7 @@ pub fn string_ngrams(data: &Tensor, splits: &Tensor, attrs: &NGramAttrs) -> Resu
         }
         if attrs.preserve_short_sequences && out.len() == before && length > 0 {
             // No width fits: one n-gram of the whole row with its padding.
-            let width = length + 2 * attrs.pad_width;
+            let width = length.saturating_add(2 * attrs.pad_width);
             attrs.create(row, 1, width, attrs.pad(width), &mut out);
         }
         out_splits.push(i64::try_from(out.len()).unwrap_or(i64::MAX));

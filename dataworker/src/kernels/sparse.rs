@@ -1017,6 +1017,16 @@ pub fn sparse_slice(
             ),
         });
     }
+    if let Some(d) = (0..rank).find(|&d| start[d] < 0 || size[d] < 0) {
+        return Err(KernelError::InvalidInput {
+            op: OP,
+            input: "start",
+            reason: format!(
+                "start[{d}] = {} and size[{d}] = {} must be non-negative",
+                start[d], size[d]
+            ),
+        });
+    }
     let out_dims: Vec<i64> = (0..rank)
         .map(|d| {
             if start[d] >= dims[d] {
@@ -1093,23 +1103,34 @@ pub fn sparse_count_sparse_output(
         });
     }
     let is_1d = dims.len() == 1;
+    if !is_1d && *rank == 0 {
+        return Err(shape_error(
+            OP,
+            "indices",
+            indices,
+            "indices of a batched input need the batch dimension",
+        ));
+    }
     let batches = if is_1d {
         1
     } else {
         dims.first().copied().unwrap_or(0)
     };
-    let batches = usize::try_from(batches).map_err(|_| KernelError::InvalidInput {
-        op: OP,
-        input: "dense_shape",
-        reason: format!("Cannot have a negative batch count: {batches}"),
-    })?;
-    // Per row: value → (first position, count), kept in a map per row.
-    let mut rows: Vec<std::collections::BTreeMap<i64, Vec<usize>>> =
-        vec![std::collections::BTreeMap::new(); batches];
+    if batches < 0 {
+        return Err(KernelError::InvalidInput {
+            op: OP,
+            input: "dense_shape",
+            reason: format!("Cannot have a negative batch count: {batches}"),
+        });
+    }
+    // Per row that has values: value → the positions holding it (rows without values take
+    // no memory, however large the dense shape says the batch is).
+    let mut rows: std::collections::BTreeMap<i64, std::collections::BTreeMap<i64, Vec<usize>>> =
+        std::collections::BTreeMap::new();
     let mut max_value = 0i64;
     for (i, &v) in vals.iter().enumerate() {
         let b = if is_1d { 0 } else { idx[i * rank] };
-        let Some(row) = usize::try_from(b).ok().and_then(|b| rows.get_mut(b)) else {
+        if !(0..batches).contains(&b) {
             return Err(KernelError::InvalidInput {
                 op: OP,
                 input: "indices",
@@ -1117,7 +1138,8 @@ pub fn sparse_count_sparse_output(
                     "Indices value along the first dimension must be in [0, {batches}), got {b}"
                 ),
             });
-        };
+        }
+        let row = rows.entry(b).or_default();
         if v >= 0 && (maxlength <= 0 || v < maxlength) {
             row.entry(v).or_default().push(i);
             max_value = max_value.max(v);
@@ -1126,14 +1148,14 @@ pub fn sparse_count_sparse_output(
     let width = if maxlength > 0 {
         maxlength
     } else {
-        (max_value + 1).max(minlength)
+        max_value.saturating_add(1).max(minlength)
     };
     let mut out_idx = Vec::new();
     let mut order: Vec<&[usize]> = Vec::new();
-    for (b, row) in rows.iter().enumerate() {
+    for (&b, row) in &rows {
         for (&v, positions) in row {
             if !is_1d {
-                out_idx.push(to_i64(b));
+                out_idx.push(b);
             }
             out_idx.push(v);
             order.push(positions);
@@ -1177,7 +1199,7 @@ pub fn sparse_count_sparse_output(
     let shape = if is_1d {
         vec![width]
     } else {
-        vec![to_i64(batches), width]
+        vec![batches, width]
     };
     Ok(vec![
         output(OP, vec![k, out_rank], TensorData::Int64(out_idx))?,

@@ -1397,3 +1397,83 @@ mod feature_kernels {
         });
     }
 }
+
+/// The kernels added for the construct graphs return errors, never panic, whatever the
+/// inputs (shapes, indices, splits and attributes drawn at random).
+mod robustness_feature_kernels {
+    use proptest::prelude::*;
+
+    use super::super::indexing;
+    use super::super::math::sparse_segment::{self, SparseSegmentOp};
+    use super::super::ragged::{self, NGramAttrs};
+    use super::super::unicode::{self, DecodeAttrs, Errors};
+    use super::super::{sparse, strings};
+    use crate::tensor::{DType, Tensor, TensorData};
+
+    fn i64s(shape: Vec<usize>, v: &[i64]) -> Tensor {
+        let n: usize = shape.iter().product();
+        let mut v = v.to_vec();
+        v.resize(n, 0);
+        Tensor::new(shape, TensorData::Int64(v)).expect("sized")
+    }
+
+    fn shape() -> impl Strategy<Value = Vec<usize>> {
+        prop::collection::vec(0usize..4, 0..4)
+    }
+
+    proptest! {
+        #[test]
+        fn feature_kernels_never_panic(
+            s1 in shape(), s2 in shape(), s3 in shape(),
+            v in prop::collection::vec(-6i64..9, 0..40),
+            bytes in prop::collection::vec(any::<u8>(), 0..24),
+            width in -2i64..5, pad in -2i64..4, flag in any::<bool>(),
+        ) {
+            let a = i64s(s1.clone(), &v);
+            let b = i64s(s2.clone(), &v.iter().rev().copied().collect::<Vec<_>>());
+            let c = i64s(s3.clone(), &v);
+            let f = Tensor::new(s1.clone(), TensorData::Float32(
+                v.iter().map(|&x| x as f32 / 2.0).chain(std::iter::repeat(0.0)).take(s1.iter().product()).collect(),
+            )).expect("sized");
+            let scalar = |x: i64| i64s(vec![], &[x]);
+            for op in [SparseSegmentOp::Sum, SparseSegmentOp::Mean, SparseSegmentOp::SqrtN] {
+                let _ = sparse_segment::sparse_segment(op, &f, &b, &c, None);
+                let _ = sparse_segment::sparse_segment(op, &a, &b, &b, Some(&scalar(width)));
+            }
+            let _ = indexing::gather_nd(&a, &b);
+            let _ = indexing::gather_nd(&f, &c);
+            let _ = indexing::scatter_nd(&a, &b, &c);
+            let _ = indexing::scatter_nd(&b, &f, &i64s(vec![s1.len()], &s1.iter().map(|&d| d as i64).collect::<Vec<_>>()));
+            let _ = indexing::broadcast_to(&a, &b);
+            let _ = sparse::bincount_op(&a, &scalar(width), &f);
+            let _ = sparse::sparse_reorder(&a, &b, &c);
+            let _ = sparse::sparse_slice(&a, &b, &c, &b, &c);
+            let _ = sparse::sparse_count_sparse_output(&a, &b, &c, &f, flag, width, pad);
+            let strs: Vec<Vec<u8>> = bytes.chunks(3).map(<[u8]>::to_vec).collect();
+            let st = Tensor::new(vec![strs.len()], TensorData::String(strs)).expect("strings");
+            let attrs = NGramAttrs {
+                separator: b" ".to_vec(),
+                ngram_widths: vec![width, 2],
+                left_pad: b"<".to_vec(),
+                right_pad: b">".to_vec(),
+                pad_width: pad,
+                preserve_short_sequences: flag,
+            };
+            let _ = ragged::string_ngrams(&st, &a, &attrs);
+            let _ = ragged::string_ngrams(&st, &i64s(vec![2], &[0, st.num_elements() as i64]), &attrs);
+            let types = vec!["FIRST_DIM_SIZE".to_owned(), "VALUE_ROWIDS".to_owned()];
+            let _ = ragged::ragged_tensor_to_tensor(&b, &a, &scalar(0), &[&scalar(width), &c], &types);
+            let _ = ragged::ragged_tensor_to_tensor(&scalar(-1), &st, &st, &[&a], &["ROW_SPLITS".to_owned()]);
+            let _ = ragged::ragged_tensor_to_sparse(&[&a], &f);
+            let _ = strings::reduce_join(&st, &a, flag, b",");
+            let decode = DecodeAttrs {
+                input_encoding: "UTF-8".into(),
+                errors: if flag { Errors::Replace } else { Errors::Ignore },
+                replacement_char: 0xfffd,
+                replace_control_characters: flag,
+            };
+            let _ = unicode::unicode_decode(&st, &decode, DType::Int32);
+            let _ = unicode::unicode_transcode(&st, &decode, "UTF-16-BE");
+        }
+    }
+}
