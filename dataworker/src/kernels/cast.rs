@@ -1,4 +1,4 @@
-//! `Cast` between bool, the integer types, half, float and double, as TensorFlow 2.18.1's x86-64
+//! `Cast` between bool, the integer types, half, bfloat16, float and double, as TensorFlow 2.18.1's x86-64
 //! CPU kernel computes it.
 //!
 //! - int → int wraps (two's complement), int → float rounds to nearest even, anything → bool
@@ -17,7 +17,8 @@
 //! - `truncate` (double → float only) clears the 29 low mantissa bits before rounding.
 //! - → half (float16): Eigen's `float_to_half_rtne` (round to nearest even, half subnormals
 //!   kept, beyond 65520 infinity, NaN → `0x7e00` with the sign); ints and doubles go through
-//!   float first, as Eigen's `half(float(x))`.
+//!   float first, as Eigen's `half(float(x))`. → bfloat16 likewise with Eigen's
+//!   `float_to_bfloat16_rtne` (NaN → `0x7fc0` with the sign).
 
 // Cast's job is narrowing: every `as` below is the conversion TensorFlow performs.
 #![allow(clippy::cast_possible_truncation)]
@@ -90,6 +91,17 @@ fn f32_to_f16(x: f32) -> u16 {
     (o | (sign >> 16)) as u16
 }
 
+/// Eigen's `float_to_bfloat16_rtne`: the high 16 bits rounded to nearest even; NaN is the
+/// quiet NaN `0x7fc0` with the input's sign.
+fn f32_to_bf16(x: f32) -> u16 {
+    if x.is_nan() {
+        return if x.is_sign_negative() { 0xffc0 } else { 0x7fc0 };
+    }
+    let bits = x.to_bits();
+    let lsb = (bits >> 16) & 1;
+    (bits.wrapping_add(0x7fff + lsb) >> 16) as u16
+}
+
 /// Half bits → float (exact).
 fn f16_to_f32(h: u16) -> f32 {
     let sign = u32::from(h & 0x8000) << 16;
@@ -145,6 +157,10 @@ fn read(d: &TensorData) -> Option<Vec<Num>> {
         TensorData::Float32(v) => v.iter().map(|&x| Num::F32(daz32(x))).collect(),
         TensorData::Float64(v) => v.iter().map(|&x| Num::F64(daz64(x))).collect(),
         TensorData::Float16(v) => v.iter().map(|&x| Num::F32(daz32(f16_to_f32(x)))).collect(),
+        TensorData::BFloat16(v) => v
+            .iter()
+            .map(|&x| Num::F32(daz32(f32::from_bits(u32::from(x) << 16))))
+            .collect(),
         _ => return None,
     })
 }
@@ -165,7 +181,7 @@ pub fn cast(x: &Tensor, dst: DType, truncate: bool) -> Result<Vec<Tensor>> {
     let unsupported = |what: &'static str, dtype: DType| KernelError::InputDtype {
         op: OP,
         input: what,
-        expected: "bool, an integer type, half, float or double",
+        expected: "bool, an integer type, half, bfloat16, float or double",
         actual: dtype,
     };
     let vals = read(x.data()).ok_or(unsupported("x", x.dtype()))?;
@@ -254,6 +270,22 @@ pub fn cast(x: &Tensor, dst: DType, truncate: bool) -> Result<Vec<Tensor>> {
                     Num::Int(i) => f32_to_f16(i as f32),
                     Num::F32(v) => f32_to_f16(v),
                     Num::F64(v) => f32_to_f16(daz32(v as f32)),
+                })
+                .collect(),
+        ),
+        // Float → bfloat16 is integer arithmetic on the bits: subnormals are kept.
+        DType::BFloat16 if matches!(x.data(), TensorData::Float32(_)) => match x.data() {
+            TensorData::Float32(v) => {
+                TensorData::BFloat16(v.iter().map(|&f| f32_to_bf16(f)).collect())
+            }
+            _ => return Err(unsupported("x", x.dtype())),
+        },
+        DType::BFloat16 => TensorData::BFloat16(
+            vals.iter()
+                .map(|&n| match n {
+                    Num::Int(i) => f32_to_bf16(i as f32),
+                    Num::F32(v) => f32_to_bf16(v),
+                    Num::F64(v) => f32_to_bf16(daz32(v as f32)),
                 })
                 .collect(),
         ),

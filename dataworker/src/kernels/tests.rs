@@ -1323,7 +1323,9 @@ mod feature_kernels {
         check_with_messages("CastHalf", &|i, a| {
             let dst = match a["DstT"].as_str().expect("DstT") {
                 "float16" => DType::Float16,
-                other => dtype(&other.replace("float32", "float")),
+                "float32" => DType::Float32,
+                "float64" => DType::Float64,
+                other => dtype(other),
             };
             cast::cast(&i[0], dst, false)
         });
