@@ -789,6 +789,13 @@ fn reduce_join(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
 
 fn decode_attrs(node: &NodeDef) -> Result<DecodeAttrs> {
     let errors = str_or(node, "errors", "replace")?;
+    let encoding = str_or(node, "input_encoding", "")?;
+    if encoding != "UTF-8" {
+        return Err(attr_err(
+            node,
+            format!("input_encoding {encoding:?}: only UTF-8 input is supported"),
+        ));
+    }
     Ok(DecodeAttrs {
         input_encoding: str_or(node, "input_encoding", "")?,
         errors: Errors::parse("UnicodeDecode", &errors)
@@ -813,6 +820,12 @@ fn unicode_decode(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
 fn unicode_transcode(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
     let attrs = decode_attrs(node)?;
     let out = str_or(node, "output_encoding", "UTF-8")?;
+    if !matches!(out.as_str(), "UTF-8" | "UTF-16-BE" | "UTF-32-BE") {
+        return Err(attr_err(
+            node,
+            format!("output_encoding {out:?} is not supported"),
+        ));
+    }
     Ok(built(1, move |a| {
         Ok(wrap(unicode::unicode_transcode(t(a, 0)?, &attrs, &out)?))
     }))
@@ -824,6 +837,18 @@ fn ragged_tensor_to_tensor(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built>
         .map(|s| String::from_utf8_lossy(&s).into_owned())
         .collect();
     let n = count(node, "num_row_partition_tensors")?;
+    // Refused at load, not at the first step: only ragged rank 1 is supported.
+    let kinds: Vec<&str> = types.iter().map(String::as_str).collect();
+    if !matches!(
+        kinds.as_slice(),
+        ["ROW_SPLITS"] | ["FIRST_DIM_SIZE", "VALUE_ROWIDS"]
+    ) || n != kinds.len()
+    {
+        return Err(attr_err(
+            node,
+            format!("row_partition_types {kinds:?}: only ragged rank 1 is supported"),
+        ));
+    }
     Ok(built(1, move |a| {
         Ok(wrap(ragged::ragged_tensor_to_tensor(
             t(a, 0)?,
@@ -837,6 +862,12 @@ fn ragged_tensor_to_tensor(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built>
 
 fn ragged_tensor_to_sparse(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
     let k = count(node, "RAGGED_RANK")?;
+    if k != 1 {
+        return Err(attr_err(
+            node,
+            format!("RAGGED_RANK {k}: only ragged rank 1 is supported"),
+        ));
+    }
     Ok(built(3, move |a| {
         Ok(wrap(ragged::ragged_tensor_to_sparse(
             &ts(a, 0..k)?,
@@ -1453,6 +1484,44 @@ mod tests {
             assert!(!has_kernel(op), "plumbing op {op} is also a kernel");
         }
         assert_eq!(supported().count(), KERNELS.len());
+    }
+
+    /// Attribute values the kernels do not support are refused when the stage loads (naming
+    /// the node), not at the first step: ragged rank 2, a non-UTF-8 input encoding.
+    #[test]
+    fn unsupported_attributes_are_refused_at_load() {
+        use lode_proto::tf::attr_value::attr_value::ListValue;
+        use lode_proto::tf::attr_value::AttrValue;
+        let library = HashMap::new();
+        let tables = Mutex::new(HashMap::new());
+        let ctx = BuildCtx {
+            library: &library,
+            data_root: std::path::Path::new("."),
+            tables: &tables,
+        };
+        let mut rtt = NodeDef::new();
+        rtt.name = "to_tensor".into();
+        rtt.op = "RaggedTensorToTensor".into();
+        let mut types = AttrValue::new();
+        let mut list = ListValue::new();
+        list.s = vec![b"ROW_SPLITS".to_vec(), b"ROW_SPLITS".to_vec()];
+        types.set_list(list);
+        rtt.attr.insert("row_partition_types".into(), types);
+        let mut n = AttrValue::new();
+        n.set_i(2);
+        rtt.attr.insert("num_row_partition_tensors".into(), n);
+        let err = build(&rtt, &ctx).expect_err("ragged rank 2 is refused");
+        assert!(err.to_string().contains("node to_tensor"), "{err}");
+        assert!(err.to_string().contains("ragged rank 1"), "{err}");
+
+        let mut decode = NodeDef::new();
+        decode.name = "decode".into();
+        decode.op = "UnicodeDecode".into();
+        let mut enc = AttrValue::new();
+        enc.set_s(b"UTF-16-BE".to_vec());
+        decode.attr.insert("input_encoding".into(), enc);
+        let err = build(&decode, &ctx).expect_err("UTF-16 input is refused");
+        assert!(err.to_string().contains("only UTF-8 input"), "{err}");
     }
 
     /// `build` finds exactly the registry's ops: each is built (or refuses its missing
