@@ -59,7 +59,8 @@ pub enum Command {
     /// queue metrics, on an interval.
     Scheduler(SchedulerArgs),
     /// List the ops data workers run natively (the kernel registry); a stage node of any other
-    /// op stays in training.
+    /// op stays in training. With --coverage, cut each construct graph and say whether its
+    /// whole data side runs natively.
     Kernels(KernelsArgs),
 }
 
@@ -67,6 +68,12 @@ pub enum Command {
 pub struct KernelsArgs {
     #[arg(long, value_enum, default_value_t = OutputFormat::Text, env = "LODE_FORMAT")]
     pub format: OutputFormat,
+    /// Report, per construct graph of DIR (its `constructs.json` and `<name>/model.pb`, as
+    /// `fixtures/gen/constructs.py` writes them), whether its whole data side runs natively or
+    /// which ops limited the cut and where it then falls. Exit 1 when a construct is neither
+    /// native nor a documented exception.
+    #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = "fixtures/constructs")]
+    pub coverage: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -303,6 +303,9 @@ impl std::error::Error for NegativeAnswer {}
 
 /// `lode kernels`: the ops data workers run natively (the production kernel registry).
 fn run_kernels(args: cli::KernelsArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    if let Some(dir) = &args.coverage {
+        return run_coverage(dir, args.format, out);
+    }
     let ops: Vec<&str> = lode_dataworker::exec::ops::supported().collect();
     match args.format {
         OutputFormat::Json => {
@@ -314,6 +317,57 @@ fn run_kernels(args: cli::KernelsArgs, out: &mut dyn std::io::Write) -> anyhow::
                 writeln!(out, "{op}")?;
             }
         }
+    }
+    Ok(())
+}
+
+/// `lode kernels --coverage DIR`: every construct graph of DIR cut with the data worker's
+/// kernels (decoupler's `coverage`).
+fn run_coverage(
+    dir: &std::path::Path,
+    format: OutputFormat,
+    out: &mut dyn std::io::Write,
+) -> anyhow::Result<()> {
+    use lode_decoupler::coverage::{self, ConstructIndex, Report};
+    let index_path = dir.join("constructs.json");
+    let text = std::fs::read_to_string(&index_path)
+        .with_context(|| format!("cannot read {}", index_path.display()))?;
+    let index: ConstructIndex = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a construct index", index_path.display()))?;
+    let options = lode_decoupler::Options {
+        simple: false,
+        stateful_ops: Vec::new(),
+        kernels: Some(
+            lode_dataworker::exec::stage::runs_natively as lode_decoupler::kernels::KernelCheck,
+        ),
+    };
+    let mut verdicts = Vec::with_capacity(index.constructs.len());
+    for construct in &index.constructs {
+        let path = dir.join(&construct.name).join("model.pb");
+        let bytes =
+            std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        let view = lode_proto::view::GraphView::parse(&bytes)
+            .with_context(|| format!("{}: not a valid binary GraphDef", path.display()))?;
+        verdicts.push(
+            coverage::check(construct, &view, &options)
+                .with_context(|| format!("{}: cannot partition", path.display()))?,
+        );
+    }
+    let report = Report::new(verdicts);
+    match format {
+        OutputFormat::Json => {
+            serde_json::to_writer_pretty(&mut *out, &report)?;
+            writeln!(out)?;
+        }
+        OutputFormat::Text => out.write_all(report.text().as_bytes())?,
+    }
+    if !report.problems.is_empty() {
+        return Err(NegativeAnswer(format!(
+            "{}: {} construct(s) neither native nor a documented exception",
+            dir.display(),
+            report.problems.len()
+        ))
+        .into());
     }
     Ok(())
 }

@@ -5,6 +5,8 @@
 //! - `one_shot`: the first pass: one-shot iterators made initializable (factory inlined).
 //! - `graph`: an indexed view of a GraphDef (edges both ways, output dtypes from TensorFlow's
 //!   op registry).
+//! - `coverage`: per construct graph, whether the kernel-aware cut keeps its whole data side
+//!   on the data worker (`lode kernels --coverage`).
 //! - `inspect`: what a model holds (`lode inspect`): signatures, variables, iterators and the
 //!   input pipeline traced into the function library.
 //! - `kernels`: the kernel-aware cut: data-side nodes the data worker cannot run stay in
@@ -33,6 +35,7 @@
 //! - Every name of the original graph that stays meaningful for the training program resolves
 //!   in the training graph.
 
+pub mod coverage;
 pub mod error;
 pub mod fold;
 pub mod graph;

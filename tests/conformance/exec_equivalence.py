@@ -11,7 +11,9 @@ For each fixture with an input pipeline, both cuts (full and --simple), and ever
   4. Every dumped tensor must equal TensorFlow's: dtype and shape exactly, integers, bools and
      strings exactly, floats bit for bit or within 1 ulp (the summary counts the 1-ulp ones).
 The fixtures hold 256 records and batch 32 with repeat(), so STEPS = 12 crosses an epoch
-boundary. A self-check first shows the comparison catches a changed value.
+boundary. The construct graphs of fixtures/constructs/ (one per feature-pipeline construct,
+listed in its constructs.json; 12 records in batches of 4) are checked the same way, as
+`constructs/<name>`. A self-check first shows the comparison catches a changed value.
 
 Usage: python tests/conformance/exec_equivalence.py --lode target/debug/lode [--only NAME]
 """
@@ -39,6 +41,14 @@ MODELS = [
     ("text_segments", "model.pb", None),
     ("tf1_savedmodel", "saved_model", "train"),
 ]
+
+
+def construct_models(fixtures):
+    """The construct graphs (fixtures/gen/constructs.py), as (dir under fixtures, form, tags)."""
+    index = os.path.join(fixtures, "constructs", "constructs.json")
+    with open(index) as f:
+        names = [c["name"] for c in json.load(f)["constructs"]]
+    return [(f"constructs/{name}", "model.pb", None) for name in names]
 
 
 def session_config():
@@ -129,7 +139,7 @@ def check(lode, fixtures, name, form, tags, simple, tmp):
     with open(os.path.join(model_dir, "facts.json")) as f:
         facts = json.load(f)
     label = f"{name} ({'simple' if simple else 'full'} cut)"
-    plan_dir = os.path.join(tmp, f"{name}{'-simple' if simple else ''}")
+    plan_dir = os.path.join(tmp, f"{name.replace('/', '_')}{'-simple' if simple else ''}")
     cmd = [lode, "partition", os.path.join(model_dir, form), "-o", plan_dir, "--format", "json"]
     if tags:
         cmd += ["--tags", tags]
@@ -153,7 +163,7 @@ def check(lode, fixtures, name, form, tags, simple, tmp):
     failures = []
     for stage in stages:
         i = stage["index"]
-        dump = os.path.join(tmp, f"dump-{name}-{int(simple)}-{i}")
+        dump = os.path.join(tmp, f"dump-{name.replace('/', '_')}-{int(simple)}-{i}")
         cmd = [lode, "exec", plan_dir, "--stage", str(i), "--steps", str(STEPS), "--dump", dump, "--threads", "2"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
@@ -198,8 +208,8 @@ def main():
     self_check()
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, form, tags in MODELS:
-            if args.only and name not in args.only:
+        for name, form, tags in MODELS + construct_models(fixtures):
+            if args.only and name not in args.only and name.split("/")[-1] not in args.only:
                 continue
             for simple in (False, True):
                 try:

@@ -10,7 +10,9 @@ For each TF1 fixture and both cuts (full and --simple):
      register) is stood in for by placeholders behind an IdentityN of the same name, fed with
      the captured tensors in DWRecv output order.
   4. The losses must be equal bit for bit, step by step.
-Graphs run from their fixture directory (data paths inside them are relative to it).
+Graphs run from their fixture directory (data paths inside them are relative to it). The
+construct graphs of fixtures/constructs/ (listed in its constructs.json) are checked too, as
+`constructs/<name>`.
 
 Usage: python tests/conformance/partition_equivalence.py --lode target/debug/lode [--only NAME]
 """
@@ -121,7 +123,7 @@ def check(lode, fixtures, name, simple, tmp):
     model_dir = os.path.join(fixtures, name)
     with open(os.path.join(model_dir, "facts.json")) as f:
         facts = json.load(f)
-    plan_dir = os.path.join(tmp, f"{name}{'-simple' if simple else ''}")
+    plan_dir = os.path.join(tmp, f"{name.replace('/', '_')}{'-simple' if simple else ''}")
     cmd = [lode, "partition", os.path.join(model_dir, "model.pb"), "-o", plan_dir, "--format", "json"]
     if simple:
         cmd.append("--simple")
@@ -170,8 +172,10 @@ def main():
     fixtures = os.path.abspath(args.fixtures)
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in MODELS:
-            if args.only and name not in args.only:
+        with open(os.path.join(fixtures, "constructs", "constructs.json")) as f:
+            constructs = [f"constructs/{c['name']}" for c in json.load(f)["constructs"]]
+        for name in MODELS + constructs:
+            if args.only and name not in args.only and name.split("/")[-1] not in args.only:
                 continue
             for simple in (False, True):
                 try:

@@ -16,13 +16,16 @@ use super::value::{Value, VariantTensor};
 use super::{ExecError, Failure, Result};
 use crate::kernels::lookup::{self, HashTable};
 use crate::kernels::math::segment::{self, SegmentOp};
-use crate::kernels::math::{self, BinaryOp, Comparison, Reduction};
+use crate::kernels::math::sparse_segment::{self, SparseSegmentOp};
+use crate::kernels::math::{self, BinaryOp, Comparison, Reduction, UnaryOp};
 use crate::kernels::parsing::{
     self, DecodeCsvAttrs, ParseExampleAttrs, ParseSingleExampleAttrs, SparseParts,
 };
+use crate::kernels::ragged::{self, NGramAttrs};
 use crate::kernels::sparse::{self, SparseCrossAttrs};
 use crate::kernels::strings::{self, AsStringAttrs};
-use crate::kernels::{array, cast, slicing};
+use crate::kernels::unicode::{self, DecodeAttrs, Errors};
+use crate::kernels::{array, cast, indexing, slicing};
 use crate::tensor::{DType, Tensor};
 
 type KResult = std::result::Result<Vec<Value>, Failure>;
@@ -76,9 +79,11 @@ pub static KERNELS: &[KernelEntry] = &[
     entry("Mul", binary),
     entry("RealDiv", binary),
     entry("FloorMod", binary),
+    entry("FloorDiv", binary),
     entry("Maximum", binary),
     entry("Minimum", binary),
     entry("Neg", neg),
+    entry("Abs", abs),
     entry("Equal", comparison),
     entry("NotEqual", comparison),
     entry("Less", comparison),
@@ -107,9 +112,18 @@ pub static KERNELS: &[KernelEntry] = &[
     entry("UnsortedSegmentProd", unsorted_segment),
     entry("UnsortedSegmentMax", unsorted_segment),
     entry("UnsortedSegmentMin", unsorted_segment),
+    entry("SparseSegmentSum", sparse_segment_),
+    entry("SparseSegmentMean", sparse_segment_),
+    entry("SparseSegmentSqrtN", sparse_segment_),
+    entry("SparseSegmentSumWithNumSegments", sparse_segment_),
+    entry("SparseSegmentMeanWithNumSegments", sparse_segment_),
+    entry("SparseSegmentSqrtNWithNumSegments", sparse_segment_),
     entry("Cumsum", cumulative),
     entry("Cumprod", cumulative),
     entry("Log1p", log1p),
+    entry("Ceil", unary),
+    entry("Floor", unary),
+    entry("Sqrt", unary),
     entry("Cast", cast_),
     entry("Reshape", reshape),
     entry("ExpandDims", expand_dims),
@@ -124,6 +138,12 @@ pub static KERNELS: &[KernelEntry] = &[
     entry("Slice", slice),
     entry("StridedSlice", strided_slice),
     entry("GatherV2", gather_v2),
+    entry("GatherNd", gather_nd),
+    entry("ScatterNd", scatter_nd),
+    entry("BroadcastTo", broadcast_to),
+    entry("Assert", assert_),
+    entry("If", if_),
+    entry("StatelessIf", if_),
     entry("Tile", tile),
     entry("Transpose", transpose),
     entry("OneHot", one_hot),
@@ -136,6 +156,12 @@ pub static KERNELS: &[KernelEntry] = &[
     entry("StringToNumber", string_to_number),
     entry("AsString", as_string),
     entry("StringSplitV2", string_split_v2),
+    entry("StringNGrams", string_ngrams),
+    entry("ReduceJoin", reduce_join),
+    entry("UnicodeDecode", unicode_decode),
+    entry("UnicodeTranscode", unicode_transcode),
+    entry("RaggedTensorToTensor", ragged_tensor_to_tensor),
+    entry("RaggedTensorToSparse", ragged_tensor_to_sparse),
     entry("RegexReplace", regex_replace),
     entry("StringLength", string_length),
     entry("StringStrip", string_strip),
@@ -151,9 +177,13 @@ pub static KERNELS: &[KernelEntry] = &[
     entry("UniqueWithCounts", unique_with_counts),
     entry("Bucketize", bucketize),
     entry("SparseFillEmptyRows", sparse_fill_empty_rows),
+    entry("SparseReorder", sparse_reorder),
+    entry("SparseSlice", sparse_slice),
     entry("SparseReshape", sparse_reshape),
     entry("SparseToDense", sparse_to_dense),
     entry("DenseBincount", dense_bincount),
+    entry("Bincount", bincount),
+    entry("SparseCountSparseOutput", sparse_count_sparse_output),
     entry("SparseCross", sparse_cross),
     entry("SparseCrossHashed", sparse_cross_hashed),
     entry("HashTableV2", hash_table_v2),
@@ -365,12 +395,46 @@ fn binary(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
         "Mul" => BinaryOp::Mul,
         "RealDiv" => BinaryOp::RealDiv,
         "FloorMod" => BinaryOp::FloorMod,
+        "FloorDiv" => BinaryOp::FloorDiv,
         "Maximum" => BinaryOp::Maximum,
         _ => BinaryOp::Minimum,
     };
     Ok(built(1, move |a| {
         Ok(wrap(math::binary(op, t(a, 0)?, t(a, 1)?)?))
     }))
+}
+
+fn unary(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let op = match node.op.as_str() {
+        "Ceil" => UnaryOp::Ceil,
+        "Floor" => UnaryOp::Floor,
+        _ => UnaryOp::Sqrt,
+    };
+    Ok(built(1, move |a| Ok(wrap(math::unary(op, t(a, 0)?)?))))
+}
+
+fn sparse_segment_(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let name = node.op.as_str();
+    let with_num = name.ends_with("WithNumSegments");
+    let op = match name.trim_end_matches("WithNumSegments") {
+        "SparseSegmentSum" => SparseSegmentOp::Sum,
+        "SparseSegmentMean" => SparseSegmentOp::Mean,
+        _ => SparseSegmentOp::SqrtN,
+    };
+    Ok(built(1, move |a| {
+        let num = if with_num { Some(t(a, 3)?) } else { None };
+        Ok(wrap(sparse_segment::sparse_segment(
+            op,
+            t(a, 0)?,
+            t(a, 1)?,
+            t(a, 2)?,
+            num,
+        )?))
+    }))
+}
+
+fn abs(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| Ok(wrap(math::abs(t(a, 0)?)?))))
 }
 
 fn neg(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
@@ -696,6 +760,122 @@ fn as_string(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
     }))
 }
 
+fn string_ngrams(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let attrs = NGramAttrs {
+        separator: bytes_attr(node, "separator", b" ")?,
+        ngram_widths: ints_attr(node, "ngram_widths")?,
+        left_pad: bytes_attr(node, "left_pad", b"")?,
+        right_pad: bytes_attr(node, "right_pad", b"")?,
+        pad_width: int_or(node, "pad_width", 0)?,
+        preserve_short_sequences: bool_or(node, "preserve_short_sequences", false)?,
+    };
+    Ok(built(2, move |a| {
+        Ok(wrap(ragged::string_ngrams(t(a, 0)?, t(a, 1)?, &attrs)?))
+    }))
+}
+
+fn reduce_join(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let keep_dims = bool_or(node, "keep_dims", false)?;
+    let separator = bytes_attr(node, "separator", b"")?;
+    Ok(built(1, move |a| {
+        Ok(wrap(strings::reduce_join(
+            t(a, 0)?,
+            t(a, 1)?,
+            keep_dims,
+            &separator,
+        )?))
+    }))
+}
+
+fn decode_attrs(node: &NodeDef) -> Result<DecodeAttrs> {
+    let errors = str_or(node, "errors", "replace")?;
+    let encoding = str_or(node, "input_encoding", "")?;
+    if encoding != "UTF-8" {
+        return Err(attr_err(
+            node,
+            format!("input_encoding {encoding:?}: only UTF-8 input is supported"),
+        ));
+    }
+    Ok(DecodeAttrs {
+        input_encoding: str_or(node, "input_encoding", "")?,
+        errors: Errors::parse("UnicodeDecode", &errors)
+            .map_err(|e| attr_err(node, e.to_string()))?,
+        replacement_char: int_or(node, "replacement_char", 0xfffd)?,
+        replace_control_characters: bool_or(node, "replace_control_characters", false)?,
+    })
+}
+
+fn unicode_decode(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let attrs = decode_attrs(node)?;
+    let tsplits = if node.attr.contains_key("Tsplits") {
+        dtype(node, "Tsplits")?
+    } else {
+        DType::Int64
+    };
+    Ok(built(2, move |a| {
+        Ok(wrap(unicode::unicode_decode(t(a, 0)?, &attrs, tsplits)?))
+    }))
+}
+
+fn unicode_transcode(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let attrs = decode_attrs(node)?;
+    let out = str_or(node, "output_encoding", "UTF-8")?;
+    if !matches!(out.as_str(), "UTF-8" | "UTF-16-BE" | "UTF-32-BE") {
+        return Err(attr_err(
+            node,
+            format!("output_encoding {out:?} is not supported"),
+        ));
+    }
+    Ok(built(1, move |a| {
+        Ok(wrap(unicode::unicode_transcode(t(a, 0)?, &attrs, &out)?))
+    }))
+}
+
+fn ragged_tensor_to_tensor(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let types: Vec<String> = strings_attr(node, "row_partition_types")?
+        .into_iter()
+        .map(|s| String::from_utf8_lossy(&s).into_owned())
+        .collect();
+    let n = count(node, "num_row_partition_tensors")?;
+    // Refused at load, not at the first step: only ragged rank 1 is supported.
+    let kinds: Vec<&str> = types.iter().map(String::as_str).collect();
+    if !matches!(
+        kinds.as_slice(),
+        ["ROW_SPLITS"] | ["FIRST_DIM_SIZE", "VALUE_ROWIDS"]
+    ) || n != kinds.len()
+    {
+        return Err(attr_err(
+            node,
+            format!("row_partition_types {kinds:?}: only ragged rank 1 is supported"),
+        ));
+    }
+    Ok(built(1, move |a| {
+        Ok(wrap(ragged::ragged_tensor_to_tensor(
+            t(a, 0)?,
+            t(a, 1)?,
+            t(a, 2)?,
+            &ts(a, 3..3 + n)?,
+            &types,
+        )?))
+    }))
+}
+
+fn ragged_tensor_to_sparse(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let k = count(node, "RAGGED_RANK")?;
+    if k != 1 {
+        return Err(attr_err(
+            node,
+            format!("RAGGED_RANK {k}: only ragged rank 1 is supported"),
+        ));
+    }
+    Ok(built(3, move |a| {
+        Ok(wrap(ragged::ragged_tensor_to_sparse(
+            &ts(a, 0..k)?,
+            t(a, k)?,
+        )?))
+    }))
+}
+
 fn string_split_v2(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
     let maxsplit = int_or(node, "maxsplit", -1)?;
     Ok(built(3, move |a| {
@@ -906,6 +1086,24 @@ fn sparse_fill_empty_rows(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built>
     }))
 }
 
+fn sparse_reorder(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(2, |a| {
+        Ok(wrap(sparse::sparse_reorder(t(a, 0)?, t(a, 1)?, t(a, 2)?)?))
+    }))
+}
+
+fn sparse_slice(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(3, |a| {
+        Ok(wrap(sparse::sparse_slice(
+            t(a, 0)?,
+            t(a, 1)?,
+            t(a, 2)?,
+            t(a, 3)?,
+            t(a, 4)?,
+        )?))
+    }))
+}
+
 fn sparse_reshape(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
     Ok(built(2, |a| {
         Ok(wrap(sparse::sparse_reshape(t(a, 0)?, t(a, 1)?, t(a, 2)?)?))
@@ -934,6 +1132,139 @@ fn dense_bincount(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
             t(a, 2)?,
             binary,
         )?))
+    }))
+}
+
+fn bincount(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| {
+        Ok(wrap(sparse::bincount_op(t(a, 0)?, t(a, 1)?, t(a, 2)?)?))
+    }))
+}
+
+fn sparse_count_sparse_output(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let binary = node.attr_bool("binary_output")?;
+    let minlength = int_or(node, "minlength", -1)?;
+    let maxlength = int_or(node, "maxlength", -1)?;
+    Ok(built(3, move |a| {
+        Ok(wrap(sparse::sparse_count_sparse_output(
+            t(a, 0)?,
+            t(a, 1)?,
+            t(a, 2)?,
+            t(a, 3)?,
+            binary,
+            minlength,
+            maxlength,
+        )?))
+    }))
+}
+
+fn gather_nd(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| {
+        Ok(wrap(indexing::gather_nd(t(a, 0)?, t(a, 1)?)?))
+    }))
+}
+
+fn scatter_nd(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| {
+        Ok(wrap(indexing::scatter_nd(t(a, 0)?, t(a, 1)?, t(a, 2)?)?))
+    }))
+}
+
+fn broadcast_to(_node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    Ok(built(1, |a| {
+        Ok(wrap(indexing::broadcast_to(t(a, 0)?, t(a, 1)?)?))
+    }))
+}
+
+fn assert_(node: &NodeDef, _ctx: &BuildCtx<'_>) -> Result<Built> {
+    let n = node.attr_types("T")?.len();
+    let summarize = usize::try_from(int_or(node, "summarize", 3)?).unwrap_or(0);
+    Ok(built(0, move |a| {
+        indexing::assert(t(a, 0)?, &ts(a, 1..1 + n)?, summarize)?;
+        Ok(Vec::new())
+    }))
+}
+
+/// The function a `func` attribute names.
+fn func_attr(node: &NodeDef, name: &str) -> Result<String> {
+    match node.attr.get(name).and_then(|a| a.value.as_ref()) {
+        Some(AttrKind::Func(f)) => Ok(f.name.clone()),
+        _ => Err(attr_err(
+            node,
+            format!("attribute {name} is not a function"),
+        )),
+    }
+}
+
+/// `If` and `StatelessIf`: both branches compiled at load; each step runs the one the
+/// condition picks (TensorFlow's truth of a tensor: a scalar's value, non-zero or
+/// non-empty; a non-scalar's having elements).
+fn if_(node: &NodeDef, ctx: &BuildCtx<'_>) -> Result<Built> {
+    /// Branches nested deeper than this are refused (a branch that holds an `If` of itself
+    /// would otherwise recurse until the stack overflows).
+    const MAX_IF_DEPTH: usize = 64;
+    thread_local! {
+        static DEPTH: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+    struct Nested;
+    impl Drop for Nested {
+        fn drop(&mut self) {
+            DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
+        }
+    }
+    if DEPTH.with(|d| {
+        d.set(d.get() + 1);
+        d.get() > MAX_IF_DEPTH
+    }) {
+        DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
+        return Err(attr_err(node, "If branches nested too deep"));
+    }
+    let _nested = Nested;
+    let outputs = node.attr_types("Tout")?.len();
+    let branch = |attr: &str| -> Result<super::program::Program> {
+        let name = func_attr(node, attr)?;
+        let f = ctx
+            .library
+            .get(name.as_str())
+            .ok_or_else(|| attr_err(node, format!("{attr} {name} is not in the library")))?;
+        super::dataset::compile_function(f, ctx)
+    };
+    let then_branch = Arc::new(branch("then_branch")?);
+    let else_branch = Arc::new(branch("else_branch")?);
+    let names = (
+        func_attr(node, "then_branch")?,
+        func_attr(node, "else_branch")?,
+    );
+    Ok(built(outputs, move |a| {
+        let cond = t(a, 0)?;
+        let holds = if cond.shape().is_empty() {
+            match cond.data() {
+                crate::TensorData::Bool(v) => v.first().copied().unwrap_or(false),
+                crate::TensorData::String(v) => v.first().is_some_and(|s| !s.is_empty()),
+                crate::TensorData::Int32(v) => v.first().is_some_and(|&x| x != 0),
+                crate::TensorData::Int64(v) => v.first().is_some_and(|&x| x != 0),
+                crate::TensorData::Float32(v) => v.first().is_some_and(|&x| x != 0.0),
+                crate::TensorData::Float64(v) => v.first().is_some_and(|&x| x != 0.0),
+                _ => {
+                    return Err(Failure::Input {
+                        index: 0,
+                        reason: "a condition of this dtype is not supported",
+                    })
+                }
+            }
+        } else {
+            cond.num_elements() > 0
+        };
+        let (program, function) = if holds {
+            (&then_branch, &names.0)
+        } else {
+            (&else_branch, &names.1)
+        };
+        let args: Vec<Value> = a[1..].iter().map(|v| (*v).clone()).collect();
+        program.run(args, false).map_err(|e| Failure::Function {
+            function: function.clone(),
+            source: Box::new(e),
+        })
     }))
 }
 
@@ -1155,6 +1486,44 @@ mod tests {
         assert_eq!(supported().count(), KERNELS.len());
     }
 
+    /// Attribute values the kernels do not support are refused when the stage loads (naming
+    /// the node), not at the first step: ragged rank 2, a non-UTF-8 input encoding.
+    #[test]
+    fn unsupported_attributes_are_refused_at_load() {
+        use lode_proto::tf::attr_value::attr_value::ListValue;
+        use lode_proto::tf::attr_value::AttrValue;
+        let library = HashMap::new();
+        let tables = Mutex::new(HashMap::new());
+        let ctx = BuildCtx {
+            library: &library,
+            data_root: std::path::Path::new("."),
+            tables: &tables,
+        };
+        let mut rtt = NodeDef::new();
+        rtt.name = "to_tensor".into();
+        rtt.op = "RaggedTensorToTensor".into();
+        let mut types = AttrValue::new();
+        let mut list = ListValue::new();
+        list.s = vec![b"ROW_SPLITS".to_vec(), b"ROW_SPLITS".to_vec()];
+        types.set_list(list);
+        rtt.attr.insert("row_partition_types".into(), types);
+        let mut n = AttrValue::new();
+        n.set_i(2);
+        rtt.attr.insert("num_row_partition_tensors".into(), n);
+        let err = build(&rtt, &ctx).expect_err("ragged rank 2 is refused");
+        assert!(err.to_string().contains("node to_tensor"), "{err}");
+        assert!(err.to_string().contains("ragged rank 1"), "{err}");
+
+        let mut decode = NodeDef::new();
+        decode.name = "decode".into();
+        decode.op = "UnicodeDecode".into();
+        let mut enc = AttrValue::new();
+        enc.set_s(b"UTF-16-BE".to_vec());
+        decode.attr.insert("input_encoding".into(), enc);
+        let err = build(&decode, &ctx).expect_err("UTF-16 input is refused");
+        assert!(err.to_string().contains("only UTF-8 input"), "{err}");
+    }
+
     /// `build` finds exactly the registry's ops: each is built (or refuses its missing
     /// attributes), and an op outside the registry has no kernel.
     #[test]
@@ -1179,7 +1548,7 @@ mod tests {
                 k.op
             );
         }
-        for op in ["Expm1", "SparseSegmentSum", "Identityx", ""] {
+        for op in ["Expm1", "SparseSegmentSumGrad", "Identityx", ""] {
             assert!(matches!(build(&node(op), &ctx), Ok(None)), "{op}");
             assert!(!has_kernel(op), "{op}");
         }

@@ -1,4 +1,4 @@
-//! `Cast` between bool, the integer types, float and double, as TensorFlow 2.18.1's x86-64
+//! `Cast` between bool, the integer types, half, bfloat16, float and double, as TensorFlow 2.18.1's x86-64
 //! CPU kernel computes it.
 //!
 //! - int → int wraps (two's complement), int → float rounds to nearest even, anything → bool
@@ -15,6 +15,10 @@
 //!   lengths) wraps instead, so TensorFlow itself gives different answers for the same value
 //!   depending on the tensor's length. In-range values agree everywhere.
 //! - `truncate` (double → float only) clears the 29 low mantissa bits before rounding.
+//! - → half (float16): Eigen's `float_to_half_rtne` (round to nearest even, half subnormals
+//!   kept, beyond 65520 infinity, NaN → `0x7e00` with the sign); ints and doubles go through
+//!   float first, as Eigen's `half(float(x))`. → bfloat16 likewise with Eigen's
+//!   `float_to_bfloat16_rtne` (NaN → `0x7fc0` with the sign).
 
 // Cast's job is narrowing: every `as` below is the conversion TensorFlow performs.
 #![allow(clippy::cast_possible_truncation)]
@@ -58,6 +62,65 @@ fn cvtt(x: f64, bits: u32) -> i64 {
     }
 }
 
+/// Eigen's `float_to_half_rtne`: float bits → half bits, round to nearest even.
+fn f32_to_f16(x: f32) -> u16 {
+    const F32_INFINITY: u32 = 255 << 23;
+    const F16_MAX: u32 = (127 + 16) << 23;
+    const DENORM_MAGIC: u32 = ((127 - 15) + (23 - 10) + 1) << 23;
+    let bits = x.to_bits();
+    let sign = bits & 0x8000_0000;
+    let u = bits ^ sign;
+    let o: u32 = if u >= F16_MAX {
+        if u > F32_INFINITY {
+            0x7e00
+        } else {
+            0x7c00
+        }
+    } else if u < (113 << 23) {
+        // A half subnormal or zero: the float addition aligns the mantissa and rounds.
+        let sum = f32::from_bits(u) + f32::from_bits(DENORM_MAGIC);
+        sum.to_bits().wrapping_sub(DENORM_MAGIC)
+    } else {
+        let mant_odd = (u >> 13) & 1;
+        let v = u
+            .wrapping_add((15u32.wrapping_sub(127)) << 23)
+            .wrapping_add(0xfff)
+            .wrapping_add(mant_odd);
+        v >> 13
+    };
+    (o | (sign >> 16)) as u16
+}
+
+/// Eigen's `float_to_bfloat16_rtne`: the high 16 bits rounded to nearest even; NaN is the
+/// quiet NaN `0x7fc0` with the input's sign.
+fn f32_to_bf16(x: f32) -> u16 {
+    if x.is_nan() {
+        return if x.is_sign_negative() { 0xffc0 } else { 0x7fc0 };
+    }
+    let bits = x.to_bits();
+    let lsb = (bits >> 16) & 1;
+    (bits.wrapping_add(0x7fff + lsb) >> 16) as u16
+}
+
+/// Half bits → float (exact).
+fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h & 0x8000) << 16;
+    let exp = u32::from((h >> 10) & 0x1f);
+    let mant = u32::from(h & 0x3ff);
+    let bits = match (exp, mant) {
+        (0, 0) => sign,
+        (0, m) => {
+            // Subnormal half: m · 2^-24, exact as a float.
+            let v = m as f32 * f32::from_bits(0x3380_0000);
+            return if sign != 0 { -v } else { v };
+        }
+        (31, 0) => sign | 0x7f80_0000,
+        (31, m) => sign | 0x7f80_0000 | (m << 13),
+        (e, m) => sign | ((e + 112) << 23) | (m << 13),
+    };
+    f32::from_bits(bits)
+}
+
 /// float → unsigned of `bits` (32 or 64) bits, as the vectorized loop computes it.
 fn to_unsigned(x: Num, bits: u32) -> u64 {
     let half = 2f64.powi(bits as i32 - 1);
@@ -93,6 +156,11 @@ fn read(d: &TensorData) -> Option<Vec<Num>> {
         TensorData::UInt64(v) => ints(v),
         TensorData::Float32(v) => v.iter().map(|&x| Num::F32(daz32(x))).collect(),
         TensorData::Float64(v) => v.iter().map(|&x| Num::F64(daz64(x))).collect(),
+        TensorData::Float16(v) => v.iter().map(|&x| Num::F32(daz32(f16_to_f32(x)))).collect(),
+        TensorData::BFloat16(v) => v
+            .iter()
+            .map(|&x| Num::F32(daz32(f32::from_bits(u32::from(x) << 16))))
+            .collect(),
         _ => return None,
     })
 }
@@ -113,7 +181,7 @@ pub fn cast(x: &Tensor, dst: DType, truncate: bool) -> Result<Vec<Tensor>> {
     let unsupported = |what: &'static str, dtype: DType| KernelError::InputDtype {
         op: OP,
         input: what,
-        expected: "bool, an integer type, float or double",
+        expected: "bool, an integer type, half, bfloat16, float or double",
         actual: dtype,
     };
     let vals = read(x.data()).ok_or(unsupported("x", x.dtype()))?;
@@ -193,6 +261,31 @@ pub fn cast(x: &Tensor, dst: DType, truncate: bool) -> Result<Vec<Tensor>> {
                     Num::Int(i) => i as f64,
                     Num::F32(v) => f64::from(v),
                     Num::F64(v) => v,
+                })
+                .collect(),
+        ),
+        DType::Float16 => TensorData::Float16(
+            vals.iter()
+                .map(|&n| match n {
+                    Num::Int(i) => f32_to_f16(i as f32),
+                    Num::F32(v) => f32_to_f16(v),
+                    Num::F64(v) => f32_to_f16(daz32(v as f32)),
+                })
+                .collect(),
+        ),
+        // Float → bfloat16 is integer arithmetic on the bits: subnormals are kept.
+        DType::BFloat16 if matches!(x.data(), TensorData::Float32(_)) => match x.data() {
+            TensorData::Float32(v) => {
+                TensorData::BFloat16(v.iter().map(|&f| f32_to_bf16(f)).collect())
+            }
+            _ => return Err(unsupported("x", x.dtype())),
+        },
+        DType::BFloat16 => TensorData::BFloat16(
+            vals.iter()
+                .map(|&n| match n {
+                    Num::Int(i) => f32_to_bf16(i as f32),
+                    Num::F32(v) => f32_to_bf16(v),
+                    Num::F64(v) => f32_to_bf16(daz32(v as f32)),
                 })
                 .collect(),
         ),

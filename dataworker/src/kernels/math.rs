@@ -17,6 +17,7 @@
 #![allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
 
 pub mod segment;
+pub mod sparse_segment;
 
 use super::{broadcast_index, broadcast_shapes, output, KernelError, Result};
 use crate::tensor::{DType, Tensor, TensorData};
@@ -42,6 +43,10 @@ trait Float: Copy + PartialOrd + std::fmt::Debug {
     fn raw_rem(self, o: Self) -> Self;
     fn is_nan(self) -> bool;
     fn from_count(n: usize) -> Self;
+    /// Rounding down, up and the square root of the flushed value, flushed.
+    fn floor(self) -> Self;
+    fn ceil(self) -> Self;
+    fn sqrt(self) -> Self;
 }
 
 macro_rules! float_impl {
@@ -87,6 +92,15 @@ macro_rules! float_impl {
             fn from_count(n: usize) -> Self {
                 n as $t
             }
+            fn floor(self) -> Self {
+                self.daz().floor().daz()
+            }
+            fn ceil(self) -> Self {
+                self.daz().ceil().daz()
+            }
+            fn sqrt(self) -> Self {
+                self.daz().sqrt().daz()
+            }
         }
     };
 }
@@ -103,6 +117,8 @@ trait Int: Copy + Ord + Default + std::fmt::Debug {
     fn mul(self, o: Self) -> Self;
     /// `FloorMod`: the remainder with the divisor's sign; `None` for a zero divisor.
     fn floor_mod(self, o: Self) -> Option<Self>;
+    /// `FloorDiv`: the quotient rounded toward negative infinity; `None` for a zero divisor.
+    fn floor_div(self, o: Self) -> Option<Self>;
     fn to_i128(self) -> i128;
     /// The low bits of `v` (wrapping).
     fn from_i128(v: i128) -> Self;
@@ -130,6 +146,18 @@ macro_rules! int_impl {
                 }
                 let r = self.wrapping_rem(o);
                 Some(if r != 0 && ((r < 0) != (o < 0)) { r.wrapping_add(o) } else { r })
+            }
+            #[allow(unused_comparisons)]
+            fn floor_div(self, o: Self) -> Option<Self> {
+                if o == 0 {
+                    return None;
+                }
+                let q = self.wrapping_div(o);
+                Some(if ((self < 0) != (o < 0)) && q.wrapping_mul(o) != self {
+                    q.wrapping_sub(1)
+                } else {
+                    q
+                })
             }
             fn to_i128(self) -> i128 {
                 i128::from(self)
@@ -259,6 +287,8 @@ pub enum BinaryOp {
     RealDiv,
     /// `FloorMod`: the remainder with the divisor's sign (`fmod` then `+ y` for floats).
     FloorMod,
+    /// `FloorDiv`: the quotient rounded down (`floor(x / y)` for floats).
+    FloorDiv,
     /// `Maximum`: a NaN operand gives NaN.
     Maximum,
     /// `Minimum`: a NaN operand gives NaN.
@@ -274,6 +304,7 @@ impl BinaryOp {
             BinaryOp::Mul => "Mul",
             BinaryOp::RealDiv => "RealDiv",
             BinaryOp::FloorMod => "FloorMod",
+            BinaryOp::FloorDiv => "FloorDiv",
             BinaryOp::Maximum => "Maximum",
             BinaryOp::Minimum => "Minimum",
         }
@@ -287,6 +318,7 @@ fn int_op<T: Int>(op: BinaryOp, a: T, b: T) -> Option<T> {
         BinaryOp::Mul => a.mul(b),
         BinaryOp::RealDiv => return None,
         BinaryOp::FloorMod => return a.floor_mod(b),
+        BinaryOp::FloorDiv => return a.floor_div(b),
         BinaryOp::Maximum => a.max(b),
         BinaryOp::Minimum => a.min(b),
     })
@@ -298,6 +330,7 @@ fn float_op<T: Float>(op: BinaryOp, a: T, b: T) -> T {
         BinaryOp::Sub => a.sub(b),
         BinaryOp::Mul => a.mul(b),
         BinaryOp::RealDiv => a.div(b),
+        BinaryOp::FloorDiv => a.div(b).floor(),
         BinaryOp::FloorMod => {
             // `std::fmod` is computed in software: it sees and returns subnormals as they
             // are; only the comparisons and the addition run under flush-to-zero.
@@ -335,7 +368,7 @@ pub fn binary(op: BinaryOp, x: &Tensor, y: &Tensor) -> Result<Vec<Tensor>> {
             for (&i, &j) in ix.iter().zip(&iy) {
                 match int_op(op, a[i], b[j]) {
                     Some(v) => out.push(v),
-                    None if op == BinaryOp::FloorMod => {
+                    None if matches!(op, BinaryOp::FloorMod | BinaryOp::FloorDiv) => {
                         return Err(KernelError::InvalidAttr {
                             op: name,
                             attr: "y",
@@ -1204,6 +1237,65 @@ fn cumulative(
         _ => return Err(dtype_error(op, "x", "an integer or float dtype", x)),
     };
     Ok(vec![output(op, shape.to_vec(), data)?])
+}
+
+// ------------------------------------------------------------------- Ceil, Floor, Sqrt
+
+/// Element-wise float functions that IEEE arithmetic rounds exactly (as Eigen's SSE/AVX
+/// `pceil`, `pfloor`, `psqrt` do), on flushed inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnaryOp {
+    Ceil,
+    Floor,
+    Sqrt,
+}
+
+impl UnaryOp {
+    /// TensorFlow's op name.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Ceil => "Ceil",
+            UnaryOp::Floor => "Floor",
+            UnaryOp::Sqrt => "Sqrt",
+        }
+    }
+
+    fn apply<T: Float>(self, x: T) -> T {
+        match self {
+            UnaryOp::Ceil => x.ceil(),
+            UnaryOp::Floor => x.floor(),
+            UnaryOp::Sqrt => x.sqrt(),
+        }
+    }
+}
+
+/// `Abs`: integers wrap (`|MIN|` is `MIN`); floats clear the sign bit (an AND, which
+/// flush-to-zero does not touch, so subnormals and NaN payloads pass through).
+pub fn abs(x: &Tensor) -> Result<Vec<Tensor>> {
+    const OP: &str = "Abs";
+    let data = match x.data() {
+        TensorData::Int8(v) => TensorData::Int8(v.iter().map(|a| a.wrapping_abs()).collect()),
+        TensorData::Int16(v) => TensorData::Int16(v.iter().map(|a| a.wrapping_abs()).collect()),
+        TensorData::Int32(v) => TensorData::Int32(v.iter().map(|a| a.wrapping_abs()).collect()),
+        TensorData::Int64(v) => TensorData::Int64(v.iter().map(|a| a.wrapping_abs()).collect()),
+        TensorData::Float16(v) => TensorData::Float16(v.iter().map(|a| a & 0x7fff).collect()),
+        TensorData::BFloat16(v) => TensorData::BFloat16(v.iter().map(|a| a & 0x7fff).collect()),
+        TensorData::Float32(v) => TensorData::Float32(v.iter().map(|a| a.abs()).collect()),
+        TensorData::Float64(v) => TensorData::Float64(v.iter().map(|a| a.abs()).collect()),
+        _ => return Err(dtype_error(OP, "x", "a signed integer or float dtype", x)),
+    };
+    Ok(vec![output(OP, x.shape().to_vec(), data)?])
+}
+
+/// `Ceil`, `Floor` or `Sqrt` of a float or double tensor.
+pub fn unary(op: UnaryOp, x: &Tensor) -> Result<Vec<Tensor>> {
+    let name = op.name();
+    let data = match x.data() {
+        TensorData::Float32(v) => TensorData::Float32(v.iter().map(|&a| op.apply(a)).collect()),
+        TensorData::Float64(v) => TensorData::Float64(v.iter().map(|&a| op.apply(a)).collect()),
+        _ => return Err(dtype_error(name, "x", "float or double", x)),
+    };
+    Ok(vec![output(name, x.shape().to_vec(), data)?])
 }
 
 // -------------------------------------------------------------------------------- Log1p

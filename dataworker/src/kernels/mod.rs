@@ -5,26 +5,35 @@
 //! the op, what was wrong and where. Outputs match TensorFlow 2.18.1 exactly; the golden
 //! vectors under `fixtures/golden/kernels/` come from `fixtures/gen/golden_kernels.py`.
 //!
-//! - [`strings`]: hashing, case, strip, join, substr, split, number ↔ string, `RegexReplace` (RE2).
+//! - [`strings`]: hashing, case, strip, join, `ReduceJoin`, substr (bytes or UTF-8 characters),
+//!   split, number ↔ string, `RegexReplace` (RE2).
 //! - [`lookup`]: `HashTableV2` and the ops that fill and read it.
 //! - [`array`]: shape and copy ops (`Reshape`, `ConcatV2`, `Pack`, `Range` …).
 //! - [`cast`]: `Cast`, including what TensorFlow's x86-64 kernel does out of range.
 //! - [`parsing`]: `DecodeCSV`, `ParseExampleV2`, `ParseSingleExample`, `DeserializeSparse`
 //!   (errors name the record or example and the field or key).
 //! - [`sparse`]: feature-column ops: `Unique`, `Bucketize`, `SparseFillEmptyRows`,
-//!   `SparseReshape`, `SparseToDense`, `DenseBincount`, `SparseCross(Hashed)`.
+//!   `SparseReshape`, `SparseToDense`, `SparseReorder`, `SparseSlice`, `DenseBincount`,
+//!   `Bincount`, `SparseCountSparseOutput`, `SparseCross(Hashed)`.
+//! - [`indexing`]: `GatherNd`, `ScatterNd`, `BroadcastTo`, `Assert`'s check.
+//! - [`ragged`]: `RaggedTensorToTensor`, `RaggedTensorToSparse` (ragged rank 1), `StringNGrams`.
+//! - [`unicode`]: `UnicodeDecode`, `UnicodeTranscode` (UTF-8 input).
 //! - [`math`]: element-wise math with broadcasting, comparisons, logic, `Select`, `Where`,
-//!   reductions, `Cumsum` and `Neg`. Five float reduction cases differ from TensorFlow in the
+//!   reductions, segment and sparse-segment reductions, `Cumsum`, `Neg`, `Abs`, `Ceil`,
+//!   `Floor`, `Sqrt`, `FloorDiv`. Five float reduction cases differ from TensorFlow in the
 //!   last bits (Eigen's summation order is not fully reproduced); the tests list them exactly.
 //! - [`slicing`]: `Slice`, `StridedSlice` (every mask), `GatherV2`, `Tile`, `Transpose`,
 //!   `OneHot`, `IdentityN`, with TensorFlow's CPU-kernel quirks (rank > 8, uint16 `Tile`).
 
 pub mod array;
 pub mod cast;
+pub mod indexing;
 pub mod lookup;
 pub mod parsing;
+pub mod ragged;
 pub mod slicing;
 pub mod strings;
+pub mod unicode;
 
 mod number;
 mod printf;

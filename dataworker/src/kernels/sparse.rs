@@ -872,6 +872,342 @@ pub fn dense_bincount(
     Ok(vec![output(OP, dims, data)?])
 }
 
+/// `Bincount`: how often each value of `arr` (any shape, int32) in `[0, size)` occurs,
+/// weighted by `weights` (same number of elements) unless it is empty; the output has
+/// `weights`' dtype. Values `>= size` are ignored; errors are TensorFlow's messages.
+pub fn bincount_op(arr: &Tensor, size: &Tensor, weights: &Tensor) -> Result<Vec<Tensor>> {
+    const OP: &str = "Bincount";
+    if !size.shape().is_empty() {
+        return Err(shape_error(OP, "size", size, "must be a scalar"));
+    }
+    let size_v = int_values(OP, "size", size)?.first().copied().unwrap_or(0);
+    let bins = usize::try_from(size_v).map_err(|_| KernelError::InvalidInput {
+        op: OP,
+        input: "size",
+        reason: format!("size ({size_v}) must be non-negative"),
+    })?;
+    let values = int_values(OP, "arr", arr)?;
+    let weighted = weights.num_elements() != 0;
+    if weighted && weights.num_elements() != values.len() {
+        return Err(KernelError::InvalidInput {
+            op: OP,
+            input: "weights",
+            reason: "Input indices and weights must have the same size.".into(),
+        });
+    }
+    if values.iter().any(|&v| v < 0) {
+        return Err(KernelError::InvalidInput {
+            op: OP,
+            input: "arr",
+            reason: "Input arr must be non-negative!".into(),
+        });
+    }
+    checked_num_elements(weights.dtype(), &[bins])
+        .map_err(|source| KernelError::Output { op: OP, source })?;
+    let rows = usize::from(!values.is_empty());
+    macro_rules! count {
+        ($variant:ident, $x:expr) => {{
+            let mut v = bincount(
+                &values,
+                rows,
+                bins,
+                weighted.then_some($x.as_slice()),
+                false,
+            );
+            v.resize(bins, Default::default());
+            TensorData::$variant(v)
+        }};
+    }
+    let data = match weights.data() {
+        TensorData::Int32(x) => count!(Int32, x),
+        TensorData::Int64(x) => count!(Int64, x),
+        TensorData::Float32(x) => count!(Float32, x),
+        TensorData::Float64(x) => count!(Float64, x),
+        _ => {
+            return Err(KernelError::InputDtype {
+                op: OP,
+                input: "weights",
+                expected: "int32, int64, float or double",
+                actual: weights.dtype(),
+            })
+        }
+    };
+    Ok(vec![output(OP, vec![bins], data)?])
+}
+
+/// The checked parts of a sparse tensor: indices `[n, rank]` (int64), values `[n]`, and the
+/// dense shape `[rank]`.
+fn sparse_parts<'a>(
+    op: &'static str,
+    indices: &'a Tensor,
+    values: &Tensor,
+    shape: &'a Tensor,
+) -> Result<(&'a [i64], usize, &'a [i64])> {
+    let idx = int64s(op, "input_indices", indices)?;
+    let dims = int64s(op, "input_shape", shape)?;
+    let [n, rank] = indices.shape() else {
+        return Err(shape_error(
+            op,
+            "input_indices",
+            indices,
+            "Input indices should be a matrix",
+        ));
+    };
+    if values.shape() != [*n] {
+        return Err(shape_error(
+            op,
+            "input_values",
+            values,
+            "Input values should be a vector",
+        ));
+    }
+    if shape.shape() != [*rank] {
+        return Err(shape_error(
+            op,
+            "input_shape",
+            shape,
+            "Input shape should be a vector of the indices' rank",
+        ));
+    }
+    Ok((idx, *rank, dims))
+}
+
+/// `SparseReorder`: the entries sorted into row-major order of their indices (a stable sort:
+/// entries with equal indices keep their order). Indices outside the shape are sorted like
+/// any other, as TensorFlow does.
+pub fn sparse_reorder(indices: &Tensor, values: &Tensor, shape: &Tensor) -> Result<Vec<Tensor>> {
+    const OP: &str = "SparseReorder";
+    // TensorFlow reorders without checking the indices against the shape.
+    let (idx, rank, _) = sparse_parts(OP, indices, values, shape)?;
+    let n = values.num_elements();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| idx[a * rank..(a + 1) * rank].cmp(&idx[b * rank..(b + 1) * rank]));
+    let new_idx: Vec<i64> = order
+        .iter()
+        .flat_map(|&i| idx[i * rank..(i + 1) * rank].iter().copied())
+        .collect();
+    Ok(vec![
+        output(OP, vec![n, rank], TensorData::Int64(new_idx))?,
+        output(OP, vec![n], take(values.data(), &order))?,
+    ])
+}
+
+/// `SparseSlice`: the entries inside `[start, start + size)` in every dimension, their
+/// indices shifted by `start`; the output shape is each dimension's part of the slice that
+/// lies inside the input's shape.
+pub fn sparse_slice(
+    indices: &Tensor,
+    values: &Tensor,
+    shape: &Tensor,
+    start: &Tensor,
+    size: &Tensor,
+) -> Result<Vec<Tensor>> {
+    const OP: &str = "SparseSlice";
+    let (idx, rank, dims) = sparse_parts(OP, indices, values, shape)?;
+    let start = int64s(OP, "start", start)?;
+    let size = int64s(OP, "size", size)?;
+    if start.len() != rank || size.len() != rank {
+        return Err(KernelError::InvalidInput {
+            op: OP,
+            input: "start",
+            reason: format!(
+                "Expected start and size to be vectors of the input's rank {rank}, got {} and {}",
+                start.len(),
+                size.len()
+            ),
+        });
+    }
+    if let Some(d) = (0..rank).find(|&d| start[d] < 0 || size[d] < 0) {
+        return Err(KernelError::InvalidInput {
+            op: OP,
+            input: "start",
+            reason: format!(
+                "start[{d}] = {} and size[{d}] = {} must be non-negative",
+                start[d], size[d]
+            ),
+        });
+    }
+    let out_dims: Vec<i64> = (0..rank)
+        .map(|d| {
+            if start[d] >= dims[d] {
+                0
+            } else {
+                start[d].saturating_add(size[d]).min(dims[d]) - start[d]
+            }
+        })
+        .collect();
+    let n = values.num_elements();
+    let mut keep = Vec::new();
+    let mut new_idx = Vec::new();
+    for (i, row) in idx.chunks(rank.max(1)).take(n).enumerate() {
+        let inside = (0..rank).all(|d| {
+            row[d] >= start[d] && row[d] < start[d].saturating_add(size[d]) && row[d] < dims[d]
+        });
+        if inside {
+            keep.push(i);
+            new_idx.extend((0..rank).map(|d| row[d] - start[d]));
+        }
+    }
+    let k = keep.len();
+    Ok(vec![
+        output(OP, vec![k, rank], TensorData::Int64(new_idx))?,
+        output(OP, vec![k], take(values.data(), &keep))?,
+        output(OP, vec![rank], TensorData::Int64(out_dims))?,
+    ])
+}
+
+/// `SparseCountSparseOutput`: per row (the first index; one row for a 1-D input) how often
+/// each value occurs (weighted, or 1 for "present" with `binary_output`), as a sparse tensor
+/// sorted by value within each row. Values below 0, or at or above a positive `maxlength`,
+/// are ignored; the dense width is `maxlength` when positive, else
+/// `max(largest value + 1, minlength)`. The output has `weights`' dtype (`output_type`).
+pub fn sparse_count_sparse_output(
+    indices: &Tensor,
+    values: &Tensor,
+    dense_shape: &Tensor,
+    weights: &Tensor,
+    binary_output: bool,
+    minlength: i64,
+    maxlength: i64,
+) -> Result<Vec<Tensor>> {
+    const OP: &str = "SparseCountSparseOutput";
+    let idx = int64s(OP, "indices", indices)?;
+    let vals = int_values(OP, "values", values)?;
+    let dims = int64s(OP, "dense_shape", dense_shape)?;
+    let [n, rank] = indices.shape() else {
+        return Err(shape_error(
+            OP,
+            "indices",
+            indices,
+            "Input indices must be a 2-dimensional tensor",
+        ));
+    };
+    if *n != vals.len() {
+        return Err(KernelError::InvalidInput {
+            op: OP,
+            input: "values",
+            reason: format!(
+                "Number of values must match first dimension of indices. Got {} values, indices shape: [{n},{rank}]",
+                vals.len()
+            ),
+        });
+    }
+    let weighted = weights.num_elements() != 0;
+    if weighted && weights.shape() != values.shape() {
+        return Err(KernelError::IncompatibleShapes {
+            op: OP,
+            left: "weights",
+            left_shape: weights.shape().to_vec(),
+            right: "values",
+            right_shape: values.shape().to_vec(),
+        });
+    }
+    let is_1d = dims.len() == 1;
+    if !is_1d && *rank == 0 {
+        return Err(shape_error(
+            OP,
+            "indices",
+            indices,
+            "indices of a batched input need the batch dimension",
+        ));
+    }
+    let batches = if is_1d {
+        1
+    } else {
+        dims.first().copied().unwrap_or(0)
+    };
+    if batches < 0 {
+        return Err(KernelError::InvalidInput {
+            op: OP,
+            input: "dense_shape",
+            reason: format!("Cannot have a negative batch count: {batches}"),
+        });
+    }
+    // Per row that has values: value → the positions holding it (rows without values take
+    // no memory, however large the dense shape says the batch is).
+    let mut rows: std::collections::BTreeMap<i64, std::collections::BTreeMap<i64, Vec<usize>>> =
+        std::collections::BTreeMap::new();
+    let mut max_value = 0i64;
+    for (i, &v) in vals.iter().enumerate() {
+        let b = if is_1d { 0 } else { idx[i * rank] };
+        if !(0..batches).contains(&b) {
+            return Err(KernelError::InvalidInput {
+                op: OP,
+                input: "indices",
+                reason: format!(
+                    "Indices value along the first dimension must be in [0, {batches}), got {b}"
+                ),
+            });
+        }
+        let row = rows.entry(b).or_default();
+        if v >= 0 && (maxlength <= 0 || v < maxlength) {
+            row.entry(v).or_default().push(i);
+            max_value = max_value.max(v);
+        }
+    }
+    let width = if maxlength > 0 {
+        maxlength
+    } else {
+        max_value.saturating_add(1).max(minlength)
+    };
+    let mut out_idx = Vec::new();
+    let mut order: Vec<&[usize]> = Vec::new();
+    for (&b, row) in &rows {
+        for (&v, positions) in row {
+            if !is_1d {
+                out_idx.push(b);
+            }
+            out_idx.push(v);
+            order.push(positions);
+        }
+    }
+    macro_rules! counts {
+        ($variant:ident, $t:ty, $w:expr) => {{
+            let w: Option<&[$t]> = $w;
+            TensorData::$variant(
+                order
+                    .iter()
+                    .map(|ps| match (binary_output, w) {
+                        (true, _) => <$t as Weight>::ONE,
+                        (false, Some(w)) => ps
+                            .iter()
+                            .fold(<$t>::default(), |acc, &p| Weight::add(acc, w[p])),
+                        (false, None) => ps.iter().fold(<$t>::default(), |acc, _| {
+                            Weight::add(acc, <$t as Weight>::ONE)
+                        }),
+                    })
+                    .collect(),
+            )
+        }};
+    }
+    let data = match weights.data() {
+        TensorData::Int32(x) => counts!(Int32, i32, weighted.then_some(x.as_slice())),
+        TensorData::Int64(x) => counts!(Int64, i64, weighted.then_some(x.as_slice())),
+        TensorData::Float32(x) => counts!(Float32, f32, weighted.then_some(x.as_slice())),
+        TensorData::Float64(x) => counts!(Float64, f64, weighted.then_some(x.as_slice())),
+        _ => {
+            return Err(KernelError::InputDtype {
+                op: OP,
+                input: "weights",
+                expected: "int32, int64, float or double",
+                actual: weights.dtype(),
+            })
+        }
+    };
+    let k = order.len();
+    let out_rank = if is_1d { 1 } else { 2 };
+    let shape = if is_1d {
+        vec![width]
+    } else {
+        vec![batches, width]
+    };
+    Ok(vec![
+        output(OP, vec![k, out_rank], TensorData::Int64(out_idx))?,
+        output(OP, vec![k], data)?,
+        output(OP, vec![out_rank], TensorData::Int64(shape))?,
+    ])
+}
+
 // ------------------------------------------------------------------------- SparseCross
 
 /// One feature of a crossed column: an int64 or a string.

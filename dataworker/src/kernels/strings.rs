@@ -208,19 +208,44 @@ pub fn string_join(inputs: &[&Tensor], separator: &[u8]) -> Result<Vec<Tensor>> 
     Ok(vec![output(OP, shape, TensorData::String(out))?])
 }
 
-/// `Substr` with `unit="BYTE"`: `len` bytes from `pos` (negative `pos` counts from the end,
-/// negative `len` takes the rest). `pos` and `len` have one shape, which broadcasts with
-/// `input`'s; a `pos` outside `[-size, size]` is an error naming the string and its index.
+/// Whether a byte continues a UTF-8 character (`10xxxxxx`).
+fn is_trail_byte(b: u8) -> bool {
+    b & 0xc0 == 0x80
+}
+
+/// TensorFlow's `ForwardNUTF8CharPositions`: from byte `pos`, `n` characters forward (each a
+/// byte and the trail bytes after it), stopping at the end.
+fn forward_utf8_chars(s: &[u8], mut pos: usize, n: i64) -> usize {
+    let mut counted = 0i64;
+    while counted < n && pos < s.len() {
+        pos += 1;
+        while pos < s.len() && is_trail_byte(s[pos]) {
+            pos += 1;
+        }
+        counted += 1;
+    }
+    pos
+}
+
+/// `Substr`: `len` units from `pos` (negative `pos` counts from the end). With
+/// `unit="BYTE"` a negative `len` takes the rest; with `"UTF8_CHAR"` positions count
+/// characters as TensorFlow does (bytes that are not UTF-8 trail bytes) and a negative `len`
+/// takes nothing. `pos` and `len` have one shape, which broadcasts with `input`'s; a `pos`
+/// outside `[-size, size]` is an error naming the string and its index.
 pub fn substr(input: &Tensor, pos: &Tensor, len: &Tensor, unit: &str) -> Result<Vec<Tensor>> {
     const OP: &str = "Substr";
-    if unit != "BYTE" {
-        return Err(KernelError::InvalidAttr {
-            op: OP,
-            attr: "unit",
-            value: format!("{unit:?}"),
-            reason: "only \"BYTE\" is supported",
-        });
-    }
+    let utf8 = match unit {
+        "BYTE" => false,
+        "UTF8_CHAR" => true,
+        _ => {
+            return Err(KernelError::InvalidAttr {
+                op: OP,
+                attr: "unit",
+                value: format!("{unit:?}"),
+                reason: "must be \"BYTE\" or \"UTF8_CHAR\"",
+            })
+        }
+    };
     let strings = strings_of(OP, "input", input)?;
     if pos.dtype() != len.dtype() {
         return Err(KernelError::InputDtype {
@@ -257,7 +282,11 @@ pub fn substr(input: &Tensor, pos: &Tensor, len: &Tensor, unit: &str) -> Result<
     let mut out = Vec::with_capacity(si.len());
     for (i, (&s_idx, &p_idx)) in si.iter().zip(&pi).enumerate() {
         let s = &strings[s_idx];
-        let size = s.len() as i64;
+        let size = if utf8 {
+            s.iter().filter(|&&b| !is_trail_byte(b)).count() as i64
+        } else {
+            s.len() as i64
+        };
         let p = positions[p_idx];
         let start = if p < 0 { p + size } else { p };
         if !(0..=size).contains(&start) {
@@ -269,6 +298,12 @@ pub fn substr(input: &Tensor, pos: &Tensor, len: &Tensor, unit: &str) -> Result<
             });
         }
         let l = lengths[p_idx];
+        if utf8 {
+            let from = forward_utf8_chars(s, 0, start);
+            let to = forward_utf8_chars(s, from, l);
+            out.push(s[from..to].to_vec());
+            continue;
+        }
         let avail = size - start;
         let take = if l < 0 { avail } else { l.min(avail) };
         let from = usize::try_from(start).unwrap_or(0);
@@ -731,4 +766,82 @@ pub fn string_strip(input: &Tensor) -> Result<Vec<Tensor>> {
         input.shape().to_vec(),
         TensorData::String(out),
     )?])
+}
+
+/// `ReduceJoin`: the strings along `reduction_indices` joined with `separator`. Within an
+/// output element the first listed dimension varies fastest, as in TensorFlow's kernel
+/// (`reduction_indices = [1, 0]` of `[[a, b], [c, d]]` is `a,b,c,d`; `[0, 1]` is `a,c,b,d`).
+/// An empty list joins nothing (each string alone); `keep_dims` keeps reduced dims as 1.
+pub fn reduce_join(
+    inputs: &Tensor,
+    reduction_indices: &Tensor,
+    keep_dims: bool,
+    separator: &[u8],
+) -> Result<Vec<Tensor>> {
+    const OP: &str = "ReduceJoin";
+    let strings = strings_of(OP, "inputs", inputs)?;
+    let shape = inputs.shape();
+    let rank = i64::try_from(shape.len()).unwrap_or(i64::MAX);
+    let mut axes: Vec<usize> = Vec::new();
+    for &a in &int_values(OP, "reduction_indices", reduction_indices)? {
+        let d = if a < 0 { a + rank } else { a };
+        let d = usize::try_from(d)
+            .ok()
+            .filter(|&d| d < shape.len())
+            .ok_or_else(|| KernelError::InvalidInput {
+                op: OP,
+                input: "reduction_indices",
+                reason: format!(
+                    "Invalid reduction dimension {a} for input with {rank} dimension(s)"
+                ),
+            })?;
+        if axes.contains(&d) {
+            return Err(KernelError::InvalidInput {
+                op: OP,
+                input: "reduction_indices",
+                reason: format!("Duplicate reduction dimension {a}"),
+            });
+        }
+        axes.push(d);
+    }
+    let mut strides = vec![1usize; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * shape[d + 1];
+    }
+    let kept: Vec<usize> = (0..shape.len()).filter(|d| !axes.contains(d)).collect();
+    let out_count: usize = kept.iter().map(|&d| shape[d]).product();
+    let join_count: usize = axes.iter().map(|&d| shape[d]).product();
+    let mut out = Vec::with_capacity(out_count);
+    for o in 0..out_count {
+        let mut base = 0usize;
+        let mut rest = o;
+        for &d in kept.iter().rev() {
+            base += (rest % shape[d]) * strides[d];
+            rest /= shape[d];
+        }
+        let mut joined = Vec::new();
+        for j in 0..join_count {
+            let mut offset = base;
+            let mut rest = j;
+            for &d in &axes {
+                offset += (rest % shape[d]) * strides[d];
+                rest /= shape[d];
+            }
+            if j > 0 {
+                joined.extend_from_slice(separator);
+            }
+            joined.extend_from_slice(&strings[offset]);
+        }
+        out.push(joined);
+    }
+    let out_shape: Vec<usize> = (0..shape.len())
+        .filter_map(|d| {
+            if axes.contains(&d) {
+                keep_dims.then_some(1)
+            } else {
+                Some(shape[d])
+            }
+        })
+        .collect();
+    Ok(vec![output(OP, out_shape, TensorData::String(out))?])
 }

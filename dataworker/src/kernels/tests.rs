@@ -1218,3 +1218,264 @@ mod slicing_robustness {
         }
     }
 }
+
+/// The kernels the construct graphs needed (issue 14, item 2): outputs against
+/// `golden_kernels.py`'s `gen_feature_kernels`, and for the ops whose refusals a pipeline
+/// meets on bad data (indices, segment ids, splits, sizes), TensorFlow's own message.
+mod feature_kernels {
+    use serde_json::Value;
+
+    use super::super::indexing;
+    use super::super::math::sparse_segment::{self, SparseSegmentOp};
+    use super::super::math::{self, BinaryOp, UnaryOp};
+    use super::super::ragged::{self, NGramAttrs};
+    use super::super::unicode::{self, DecodeAttrs, Errors};
+    use super::super::{cast, sparse, strings, Result};
+    use super::{check, dtype, load, tensor};
+    use crate::tensor::{DType, Tensor};
+
+    type Run = dyn Fn(&[Tensor], &Value) -> Result<Vec<Tensor>>;
+
+    /// Outputs as `check` compares them, then every refusal's message: Lode's ends with
+    /// TensorFlow's (its `, node name: …` suffix aside, as Lode names the node itself).
+    fn check_with_messages(op: &str, run: &Run) {
+        let n = check(op, |i, a, _| run(i, a));
+        assert!(n > 0, "{op}: no cases");
+        for case in load(op) {
+            let Some(msg) = case["error"]["message"].as_str() else {
+                continue;
+            };
+            let inputs: Vec<Tensor> = case["inputs"]
+                .as_array()
+                .expect("inputs")
+                .iter()
+                .flat_map(|i| match i.as_array() {
+                    Some(list) => list.iter().map(tensor).collect::<Vec<_>>(),
+                    None => vec![tensor(i)],
+                })
+                .collect();
+            let want = msg.split(", node name: ").next().expect("message");
+            let got = run(&inputs, &case["attrs"]).expect_err("TensorFlow refuses");
+            assert!(
+                got.to_string().ends_with(want),
+                "{op}/{}: Lode says {got:?}, TensorFlow {want:?}",
+                case["name"]
+            );
+        }
+    }
+
+    #[test]
+    fn sparse_segment_reductions() {
+        for (name, op) in [
+            ("SparseSegmentSum", SparseSegmentOp::Sum),
+            ("SparseSegmentMean", SparseSegmentOp::Mean),
+            ("SparseSegmentSqrtN", SparseSegmentOp::SqrtN),
+        ] {
+            check_with_messages(name, &move |i, _| {
+                sparse_segment::sparse_segment(op, &i[0], &i[1], &i[2], None)
+            });
+            check_with_messages(&format!("{name}WithNumSegments"), &move |i, _| {
+                sparse_segment::sparse_segment(op, &i[0], &i[1], &i[2], Some(&i[3]))
+            });
+        }
+    }
+
+    #[test]
+    fn index_ops() {
+        check_with_messages("GatherNd", &|i, _| indexing::gather_nd(&i[0], &i[1]));
+        check_with_messages("ScatterNd", &|i, _| {
+            indexing::scatter_nd(&i[0], &i[1], &i[2])
+        });
+        check_with_messages("BroadcastTo", &|i, _| indexing::broadcast_to(&i[0], &i[1]));
+        check_with_messages("Bincount", &|i, _| sparse::bincount_op(&i[0], &i[1], &i[2]));
+        check_with_messages("SparseReorder", &|i, _| {
+            sparse::sparse_reorder(&i[0], &i[1], &i[2])
+        });
+        check_with_messages("SparseSlice", &|i, _| {
+            sparse::sparse_slice(&i[0], &i[1], &i[2], &i[3], &i[4])
+        });
+        check_with_messages("SparseCountSparseOutput", &|i, a| {
+            sparse::sparse_count_sparse_output(
+                &i[0],
+                &i[1],
+                &i[2],
+                &i[3],
+                a["binary_output"].as_bool().expect("binary"),
+                a["minlength"].as_i64().expect("min"),
+                a["maxlength"].as_i64().expect("max"),
+            )
+        });
+    }
+
+    #[test]
+    fn element_wise_math_and_half_casts() {
+        check_with_messages("FloorDiv", &|i, _| {
+            math::binary(BinaryOp::FloorDiv, &i[0], &i[1])
+        });
+        for (name, op) in [
+            ("Ceil", UnaryOp::Ceil),
+            ("Floor", UnaryOp::Floor),
+            ("Sqrt", UnaryOp::Sqrt),
+        ] {
+            check_with_messages(name, &move |i, _| math::unary(op, &i[0]));
+        }
+        check_with_messages("Abs", &|i, _| math::abs(&i[0]));
+        check_with_messages("CastHalf", &|i, a| {
+            let dst = match a["DstT"].as_str().expect("DstT") {
+                "float16" => DType::Float16,
+                "float32" => DType::Float32,
+                "float64" => DType::Float64,
+                other => dtype(other),
+            };
+            cast::cast(&i[0], dst, false)
+        });
+    }
+
+    #[test]
+    fn strings_ngrams_and_unicode() {
+        check_with_messages("StringNGrams", &|i, a| {
+            let s = |k: &str| a[k].as_str().expect("str").as_bytes().to_vec();
+            let attrs = NGramAttrs {
+                separator: s("separator"),
+                ngram_widths: a["ngram_widths"]
+                    .as_array()
+                    .expect("widths")
+                    .iter()
+                    .map(|w| w.as_i64().expect("width"))
+                    .collect(),
+                left_pad: s("left_pad"),
+                right_pad: s("right_pad"),
+                pad_width: a["pad_width"].as_i64().expect("pad"),
+                preserve_short_sequences: a["preserve_short_sequences"].as_bool().expect("b"),
+            };
+            ragged::string_ngrams(&i[0], &i[1], &attrs)
+        });
+        check_with_messages("ReduceJoin", &|i, a| {
+            strings::reduce_join(
+                &i[0],
+                &i[1],
+                a["keep_dims"].as_bool().expect("keep"),
+                a["separator"].as_str().expect("sep").as_bytes(),
+            )
+        });
+        let attrs = |a: &Value| DecodeAttrs {
+            input_encoding: "UTF-8".into(),
+            errors: Errors::parse("UnicodeDecode", a["errors"].as_str().expect("errors"))
+                .expect("errors"),
+            replacement_char: a["replacement_char"].as_i64().expect("char"),
+            replace_control_characters: a["replace_control_characters"].as_bool().expect("b"),
+        };
+        check_with_messages("UnicodeDecode", &move |i, a| {
+            unicode::unicode_decode(&i[0], &attrs(a), DType::Int64)
+        });
+        check_with_messages("UnicodeTranscode", &move |i, a| {
+            unicode::unicode_transcode(
+                &i[0],
+                &attrs(a),
+                a["output_encoding"].as_str().expect("enc"),
+            )
+        });
+        check("SubstrUtf8Char", |i, _, _| {
+            strings::substr(&i[0], &i[1], &i[2], "UTF8_CHAR")
+        });
+    }
+
+    #[test]
+    fn ragged_conversions() {
+        check_with_messages("RaggedTensorToTensor", &|i, a| {
+            let types: Vec<String> = a["row_partition_types"]
+                .as_array()
+                .expect("types")
+                .iter()
+                .map(|t| t.as_str().expect("type").to_owned())
+                .collect();
+            let parts: Vec<&Tensor> = i[3..].iter().collect();
+            ragged::ragged_tensor_to_tensor(&i[0], &i[1], &i[2], &parts, &types)
+        });
+        check_with_messages("RaggedTensorToSparse", &|i, _| {
+            let (values, splits) = i.split_last().expect("inputs");
+            let splits: Vec<&Tensor> = splits.iter().collect();
+            ragged::ragged_tensor_to_sparse(&splits, values)
+        });
+    }
+}
+
+/// The kernels added for the construct graphs return errors, never panic, whatever the
+/// inputs (shapes, indices, splits and attributes drawn at random).
+mod robustness_feature_kernels {
+    use proptest::prelude::*;
+
+    use super::super::indexing;
+    use super::super::math::sparse_segment::{self, SparseSegmentOp};
+    use super::super::ragged::{self, NGramAttrs};
+    use super::super::unicode::{self, DecodeAttrs, Errors};
+    use super::super::{sparse, strings};
+    use crate::tensor::{DType, Tensor, TensorData};
+
+    fn i64s(shape: Vec<usize>, v: &[i64]) -> Tensor {
+        let n: usize = shape.iter().product();
+        let mut v = v.to_vec();
+        v.resize(n, 0);
+        Tensor::new(shape, TensorData::Int64(v)).expect("sized")
+    }
+
+    fn shape() -> impl Strategy<Value = Vec<usize>> {
+        prop::collection::vec(0usize..4, 0..4)
+    }
+
+    proptest! {
+        #[test]
+        fn feature_kernels_never_panic(
+            s1 in shape(), s2 in shape(), s3 in shape(),
+            v in prop::collection::vec(-6i64..9, 0..40),
+            bytes in prop::collection::vec(any::<u8>(), 0..24),
+            width in -2i64..5, pad in -2i64..4, flag in any::<bool>(),
+        ) {
+            let a = i64s(s1.clone(), &v);
+            let b = i64s(s2.clone(), &v.iter().rev().copied().collect::<Vec<_>>());
+            let c = i64s(s3.clone(), &v);
+            let f = Tensor::new(s1.clone(), TensorData::Float32(
+                v.iter().map(|&x| x as f32 / 2.0).chain(std::iter::repeat(0.0)).take(s1.iter().product()).collect(),
+            )).expect("sized");
+            let scalar = |x: i64| i64s(vec![], &[x]);
+            for op in [SparseSegmentOp::Sum, SparseSegmentOp::Mean, SparseSegmentOp::SqrtN] {
+                let _ = sparse_segment::sparse_segment(op, &f, &b, &c, None);
+                let _ = sparse_segment::sparse_segment(op, &a, &b, &b, Some(&scalar(width)));
+            }
+            let _ = indexing::gather_nd(&a, &b);
+            let _ = indexing::gather_nd(&f, &c);
+            let _ = indexing::scatter_nd(&a, &b, &c);
+            let _ = indexing::scatter_nd(&b, &f, &i64s(vec![s1.len()], &s1.iter().map(|&d| d as i64).collect::<Vec<_>>()));
+            let _ = indexing::broadcast_to(&a, &b);
+            let _ = sparse::bincount_op(&a, &scalar(width), &f);
+            let _ = sparse::sparse_reorder(&a, &b, &c);
+            let _ = sparse::sparse_slice(&a, &b, &c, &b, &c);
+            let _ = sparse::sparse_count_sparse_output(&a, &b, &c, &f, flag, width, pad);
+            let strs: Vec<Vec<u8>> = bytes.chunks(3).map(<[u8]>::to_vec).collect();
+            let st = Tensor::new(vec![strs.len()], TensorData::String(strs)).expect("strings");
+            let attrs = NGramAttrs {
+                separator: b" ".to_vec(),
+                ngram_widths: vec![width, 2],
+                left_pad: b"<".to_vec(),
+                right_pad: b">".to_vec(),
+                pad_width: pad,
+                preserve_short_sequences: flag,
+            };
+            let _ = ragged::string_ngrams(&st, &a, &attrs);
+            let _ = ragged::string_ngrams(&st, &i64s(vec![2], &[0, st.num_elements() as i64]), &attrs);
+            let types = vec!["FIRST_DIM_SIZE".to_owned(), "VALUE_ROWIDS".to_owned()];
+            let _ = ragged::ragged_tensor_to_tensor(&b, &a, &scalar(0), &[&scalar(width), &c], &types);
+            let _ = ragged::ragged_tensor_to_tensor(&scalar(-1), &st, &st, &[&a], &["ROW_SPLITS".to_owned()]);
+            let _ = ragged::ragged_tensor_to_sparse(&[&a], &f);
+            let _ = strings::reduce_join(&st, &a, flag, b",");
+            let decode = DecodeAttrs {
+                input_encoding: "UTF-8".into(),
+                errors: if flag { Errors::Replace } else { Errors::Ignore },
+                replacement_char: 0xfffd,
+                replace_control_characters: flag,
+            };
+            let _ = unicode::unicode_decode(&st, &decode, DType::Int32);
+            let _ = unicode::unicode_transcode(&st, &decode, "UTF-16-BE");
+        }
+    }
+}

@@ -56,6 +56,16 @@ pub enum ServiceError {
     BadAnswer { what: &'static str, reason: String },
     #[error(transparent)]
     Exec(#[from] crate::exec::ExecError),
+    /// Running a leased step failed: the error names the node (and op) that failed, this
+    /// names the step, so that a bad record can be found.
+    #[error("stage {stage}, step {step} (epoch {epoch}): {source}")]
+    Step {
+        stage: u32,
+        step: u64,
+        epoch: u64,
+        #[source]
+        source: crate::exec::ExecError,
+    },
     #[error(transparent)]
     Transfer(#[from] crate::transfer::TransferError),
     #[error(transparent)]
@@ -73,5 +83,38 @@ pub enum ServiceError {
 impl ServiceError {
     pub(crate) fn rpc(rpc: &'static str) -> impl FnOnce(tonic::Status) -> ServiceError {
         move |status| ServiceError::Rpc(lode_proto::service::RpcError { rpc, status })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ServiceError;
+    use crate::exec::{ExecError, Failure};
+    use crate::kernels::KernelError;
+
+    /// A worker's failed step names the stage, the step and its epoch, then the node and op,
+    /// then the kernel's message (TensorFlow's own for an out-of-range index).
+    #[test]
+    fn a_failed_step_names_stage_step_node_and_tensorflows_message() {
+        let source = ExecError::Kernel {
+            node: "emb/GatherV2".into(),
+            op: "GatherV2".into(),
+            source: Box::new(Failure::Kernel(KernelError::InvalidInput {
+                op: "GatherV2",
+                input: "indices",
+                reason: "indices[0] = 19 is not in [0, 19)".into(),
+            })),
+        };
+        let err = ServiceError::Step {
+            stage: 0,
+            step: 7,
+            epoch: 2,
+            source,
+        };
+        assert_eq!(
+            err.to_string(),
+            "stage 0, step 7 (epoch 2): node emb/GatherV2 (GatherV2): GatherV2: input indices: \
+             indices[0] = 19 is not in [0, 19)"
+        );
     }
 }

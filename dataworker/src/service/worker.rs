@@ -356,7 +356,13 @@ pub async fn run_worker(
             })
         })
         .await
-        .map_err(|e| ServiceError::Join(e.to_string()))??;
+        .map_err(|e| ServiceError::Join(e.to_string()))?
+        .map_err(|source| ServiceError::Step {
+            stage: stage_index,
+            step: global,
+            epoch: lease.epoch,
+            source,
+        })?;
         let compute_us = u64::try_from(computing.elapsed().as_micros()).unwrap_or(u64::MAX);
         let tensors: Vec<Tensor> = output
             .tensors
