@@ -27,7 +27,6 @@ columns and the index preprocessing of the gradients Lode moves.
 import argparse
 import json
 import os
-import signal
 import statistics
 import struct
 import subprocess
@@ -88,7 +87,13 @@ def result(label, a, b, batch, extra):
     return row
 
 
+def plural(n):
+    return f"{n} worker" if n == 1 else f"{n} workers"
+
+
 def emit(path, row):
+    if not row.get("samples_per_sec"):
+        die(f"{row.get('model')}: {row.get('config')}: no samples delivered")
     line = json.dumps(row)
     print(line, flush=True)
     with open(path, "a") as f:
@@ -444,7 +449,8 @@ def quiet_tf():
 
 
 def serve_until_stopped(server, ready_file, text):
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    # SIGTERM keeps its default action (the process ends at once): a Python handler would
+    # never run while the main thread waits in server.join()
     tmp = ready_file + ".tmp"
     with open(tmp, "w") as f:
         f.write(text)
@@ -477,11 +483,14 @@ def cmd_tf_consume(args):
     tf = quiet_tf()
     pids = parse_pids(args.pids) + [("consumer", os.getpid())]
     for cfg in args.config:
-        model, mode, loop = cfg.split(":")
+        try:
+            model, cut, mode, loop = cfg.split(":")
+        except ValueError:
+            die(f"--config {cfg}: not MODEL:CUT:MODE:LOOP")
         model_dir = os.path.join(args.data, model)
         files = (shard_files(model_dir, model) if mode == "distributed_epoch"
                  else [os.path.join(model_dir, MODELS[model][0])])
-        ds, region, _ = make_dataset(model_dir, os.path.join(model_dir, args.plan), files)
+        ds, region, _ = make_dataset(model_dir, os.path.join(model_dir, f"plan-{cut}"), files)
         ds = ds.apply(tf.data.experimental.service.distribute(
             processing_mode=mode, service=args.dispatcher))
         it = iter(ds)
@@ -501,12 +510,12 @@ def cmd_tf_consume(args):
             def chunk(n):
                 for _ in range(n):
                     next(it)
-        label = f"tf.data service {mode}, {args.workers} worker(s), consumer in " + (
+        label = f"tf.data service, {mode}, {plural(args.workers)}, consumer in " + (
             "a tf.function" if loop == "function" else "a Python loop")
         row = measure(chunk, pids, args, steps_per_chunk=args.chunk)
         faulthandler.cancel_dump_traceback_later()
         extra = {"model": model, "engine": "tf.data service", "mode": mode, "loop": loop,
-                 "workers": args.workers, "round": args.round, "cut": args.plan}
+                 "workers": args.workers, "round": args.round, "cut": cut}
         emit(args.out, result(label, row[0], row[1], BATCH, extra))
         del it, ds, chunk
         gc.collect()
@@ -610,41 +619,50 @@ def cmd_table(args):
         die(f"{args.results}: no results")
     groups = {}
     for r in rows:
-        groups.setdefault((r["model"], r["config"], r.get("cut")), []).append(r)
+        groups.setdefault((r["model"], r["cut"], r["config"]), []).append(r)
     med = statistics.median
+    engines = {"tf.data service": 0, "lode": 1, "lode exec": 2}
+
+    def order(key):
+        r = groups[key][0]
+        return (key[0] != "wide_deep", key[1] != "simple", engines[r["engine"]],
+                r.get("mode", "") != "parallel_epochs", r.get("loop", "") != "function",
+                r.get("workers", 0))
 
     def fmt(v, digits=1):
         return "–" if v is None else f"{v:,.{digits}f}"
 
-    print("| model | configuration | rounds | samples/s (median) | dispatcher µs/sample "
-          "| worker µs/sample (each) | consumer µs/sample | all processes µs/sample |")
-    print("| --- | --- | ---: | ---: | ---: | --- | ---: | ---: |")
-    exec_rate = {}
-    worker_rate = {}
-    for (model, config, cut), rs in groups.items():
+    print("| model | work | configuration | rounds | samples/s | dispatcher | worker (each) "
+          "| consumer | all processes |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    exec_rate, worker_rate = {}, {}
+    for key in sorted(groups, key=order):
+        model, cut, config = key
+        rs = groups[key]
+        rate = med(r["samples_per_sec"] for r in rs)
+        head = f"| {model} | {cut} | {config} | {len(rs)} | {rate:,.0f} |"
         if rs[0]["engine"] == "lode exec":
             exec_rate[(model, cut)] = med(r["samples_per_cpu_sec"] for r in rs)
-            print(f"| {model} | {config}, {cut} cut | {len(rs)} | "
-                  f"{med(r['samples_per_sec'] for r in rs):,.0f} | – | "
-                  f"{1e6 / exec_rate[(model, cut)]:.1f} (CPU of the whole process) | – | "
-                  f"{1e6 / exec_rate[(model, cut)]:.1f} |")
+            us = 1e6 / exec_rate[(model, cut)]
+            print(f"{head} – | {us:.1f} (the whole process) | – | {us:.1f} |")
             continue
         names = list(rs[0]["cpu_us_per_sample"])
-        per = {n: med(r["cpu_us_per_sample"][n] for r in rs
-                      if r["cpu_us_per_sample"].get(n) is not None) for n in names}
+        per = {n: med(r["cpu_us_per_sample"][n] for r in rs) for n in names}
         workers = [n for n in names if n.startswith("worker")]
-        total = sum(per.values())
         if rs[0]["engine"] == "lode" and len(workers) == 1:
             worker_rate[(model, cut)] = 1e6 / per[workers[0]]
-        print(f"| {model} | {config} | {len(rs)} | {med(r['samples_per_sec'] for r in rs):,.0f} | "
-              f"{fmt(per.get('dispatcher'))} | {' / '.join(fmt(per[w]) for w in workers)} | "
-              f"{fmt(per.get('consumer'))} | {fmt(total)} |")
+        print(f"{head} {fmt(per.get('dispatcher'))} | {' / '.join(fmt(per[w]) for w in workers)} "
+              f"| {fmt(per.get('consumer'))} | {fmt(sum(per.values()))} |")
+    print()
+    print("samples/s: median over rounds of the steady-state window; the other columns: CPU µs "
+          "per sample of each process (utime + stime over the window), medians over rounds.")
     if exec_rate:
         print()
-        print("| model | cut | `lode worker` samples per CPU-s (1 worker) "
+        print("| model | work | `lode worker` samples per CPU-s (1 worker) "
               "| `lode exec --threads 1` samples per CPU-s | ratio (target ≥ 0.90) |")
         print("| --- | --- | ---: | ---: | ---: |")
-        for (model, cut), e in sorted(exec_rate.items()):
+        for (model, cut), e in sorted(exec_rate.items(), key=lambda kv: (kv[0][0] != "wide_deep",
+                                                                         kv[0][1] != "simple")):
             w = worker_rate.get((model, cut))
             print(f"| {model} | {cut} | {fmt(w, 0)} | {e:,.0f} | "
                   f"{'–' if w is None else f'{w / e:.2f}'} |")
@@ -680,9 +698,9 @@ def main():
         if name == "tf-consume":
             p.add_argument("--dispatcher", required=True)
             p.add_argument("--data", required=True, help="the directory of the model dirs")
-            p.add_argument("--plan", required=True, help="plan dir name inside the model dir")
             p.add_argument("--config", action="append", required=True,
-                           help="MODEL:parallel_epochs|distributed_epoch:function|python")
+                           help="MODEL:simple|full:parallel_epochs|distributed_epoch:function|python"
+                                " (the cut's plan is MODEL/plan-CUT)")
             p.add_argument("--chunk", type=int, default=50, help="steps between clock reads")
             p.add_argument("--settle", type=float, default=1.0)
         else:
