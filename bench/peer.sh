@@ -20,6 +20,7 @@ WORKERS="1 2"
 WARMUP=1.5
 WINDOW=3
 SHORT=0
+TIMEOUT=120
 ENGINES="tf lode exec"
 
 usage() { sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
@@ -33,6 +34,7 @@ while [[ $# -gt 0 ]]; do
         --window) WINDOW="$2"; shift 2 ;;
         --engines) ENGINES="$2"; shift 2 ;;
         --short) SHORT=1; ROUNDS=1; RECORDS=4096; MODELS=wide_deep; WORKERS=1; WARMUP=0.5; WINDOW=0.5
+                 TIMEOUT=60
                  shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "peer.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
@@ -133,14 +135,14 @@ run_tf() { # round workers
     done; done; done; done
     echo "round $r: tf.data service, $n worker(s)" >&2
     "${PEER[@]}" tf-consume --dispatcher "$(cat "$dir/dispatcher.addr")" --data "$DATA" "${configs[@]}" \
-        --pids "$pids" --workers "$n" --round "$r" --warmup "$WARMUP" --window "$WINDOW" --out "$RESULTS" \
+        --pids "$pids" --workers "$n" --round "$r" --warmup "$WARMUP" --window "$WINDOW" --timeout "$TIMEOUT" --out "$RESULTS" \
         > /dev/null 2>"$dir/consumer.err" || fail "tf.data service, $n worker(s), round $r" "$dir/consumer.err"
     stop_started
 }
 
 run_lode() { # round workers model cut
     local r="$1" n="$2" m="$3" cut="$4" dir="$OUT/lode-r$1-n$2-$3-$4" i pids label
-    label="Lode $cut cut, $n worker$( ((n > 1)) && echo s)"
+    label="Lode $cut cut, $n worker"; ((n == 1)) || label+=s
     mkdir -p "$dir/journal"
     "$LODE" dispatcher --plan "$DATA/$m/plan-$cut" --journal "$dir/journal" --token peer-bench \
         --addr-file "$dir/dispatcher.addr" -q >/dev/null 2>"$dir/dispatcher.err" &
@@ -156,7 +158,7 @@ run_lode() { # round workers model cut
     STARTED+=($!); pids="$pids,consumer=$!"
     echo "round $r: $label, $m" >&2
     "${PEER[@]}" lode-sample --log "$dir/consumer.jsonl" --pids "$pids" --label "$label" --model "$m" --cut "$cut" \
-        --workers "$n" --round "$r" --warmup "$WARMUP" --window "$WINDOW" --out "$RESULTS" >/dev/null 2>"$dir/sample.err" \
+        --workers "$n" --round "$r" --warmup "$WARMUP" --window "$WINDOW" --timeout "$TIMEOUT" --out "$RESULTS" >/dev/null 2>"$dir/sample.err" \
         || fail "$label, $m, round $r" "$dir/sample.err" "$dir/dispatcher.err" "$dir/worker1.err" "$dir/consumer.err"
     stop_started
     rm -rf "$dir/journal" "$dir/consumer.jsonl"
