@@ -702,7 +702,7 @@ def main():
                            help="MODEL:simple|full:parallel_epochs|distributed_epoch:function|python"
                                 " (the cut's plan is MODEL/plan-CUT)")
             p.add_argument("--chunk", type=int, default=50, help="steps between clock reads")
-            p.add_argument("--settle", type=float, default=1.0)
+            p.add_argument("--settle", type=float, default=0.5)
         else:
             p.add_argument("--log", required=True)
             p.add_argument("--label", required=True)
