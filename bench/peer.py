@@ -385,20 +385,22 @@ class Region:
         return tuple(cut(s) if s in self.cuts else outs[s] for s in self.sends)
 
 
-def make_dataset(model_dir, plan_dir, files):
-    """The fixture's pipeline over `files`, then the plan's region, then repeat()."""
-    import tensorflow as tf
-
+def make_dataset(model_dir, plan_dir, files, regions=None):
+    """The fixture's pipeline over `files`, then the plan's region, then repeat(). `regions`
+    caches the imported regions (and their tables) by plan."""
     model = os.path.basename(os.path.normpath(model_dir))
     cwd = os.getcwd()
     os.chdir(model_dir)  # the fixture's relative paths (the vocabulary file) resolve here
     try:
         source = fixture_source(model, files)
-        region = Region(model_dir, plan_dir, source.element_spec)
+        regions = {} if regions is None else regions
+        if plan_dir not in regions:
+            regions[plan_dir] = Region(model_dir, plan_dir, source.element_spec)
+        region = regions[plan_dir]
         ds = source.map(region).repeat()
     finally:
         os.chdir(cwd)
-    return ds, region, tf
+    return ds, region
 
 
 # --------------------------------------------------------------------------- check
@@ -411,7 +413,7 @@ def cmd_check(args):
 
     model = os.path.basename(os.path.normpath(args.model_dir))
     rel = MODELS[model][0]
-    ds, region, _ = make_dataset(args.model_dir, args.plan, [os.path.join(args.model_dir, rel)])
+    ds, region = make_dataset(args.model_dir, args.plan, [os.path.join(args.model_dir, rel)])
     for step, element in enumerate(ds.take(args.steps)):
         for k, got in enumerate(element):
             path = os.path.join(args.dump, f"step_{step}", f"{k}.pb")
@@ -482,6 +484,7 @@ def cmd_tf_consume(args):
 
     tf = quiet_tf()
     pids = parse_pids(args.pids) + [("consumer", os.getpid())]
+    regions = {}
     for cfg in args.config:
         try:
             model, cut, mode, loop = cfg.split(":")
@@ -490,7 +493,8 @@ def cmd_tf_consume(args):
         model_dir = os.path.join(args.data, model)
         files = (shard_files(model_dir, model) if mode == "distributed_epoch"
                  else [os.path.join(model_dir, MODELS[model][0])])
-        ds, region, _ = make_dataset(model_dir, os.path.join(model_dir, f"plan-{cut}"), files)
+        ds, region = make_dataset(model_dir, os.path.join(model_dir, f"plan-{cut}"), files,
+                                  regions)
         ds = ds.apply(tf.data.experimental.service.distribute(
             processing_mode=mode, service=args.dispatcher))
         it = iter(ds)
