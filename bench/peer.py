@@ -660,6 +660,7 @@ def cmd_table(args):
     print()
     print("samples/s: median over rounds of the steady-state window; the other columns: CPU µs "
           "per sample of each process (utime + stime over the window), medians over rounds.")
+    targets(groups)
     if exec_rate:
         print()
         print("| model | work | `lode worker` samples per CPU-s (1 worker) "
@@ -670,6 +671,31 @@ def cmd_table(args):
             w = worker_rate.get((model, cut))
             print(f"| {model} | {cut} | {fmt(w, 0)} | {e:,.0f} | "
                   f"{'–' if w is None else f'{w / e:.2f}'} |")
+
+
+def targets(groups):
+    """Issue 17's throughput targets as ratios of median samples/s, 2 workers each."""
+    rate = {}
+    for (model, cut, _), rs in groups.items():
+        r = rs[0]
+        key = (model, cut, r["engine"], r.get("mode"), r.get("loop"), r.get("workers"))
+        rate[key] = statistics.median(x["samples_per_sec"] for x in rs)
+    lines = []
+    for model in ("wide_deep", "deepfm"):
+        for lode_cut, tf_cut, want in (("simple", "simple", 1.5), ("full", "full", 1.0),
+                                       ("full", "simple", 1.0)):
+            lode = rate.get((model, lode_cut, "lode", None, None, 2))
+            for mode in ("parallel_epochs", "distributed_epoch"):
+                tf = rate.get((model, tf_cut, "tf.data service", mode, "function", 2))
+                if lode and tf:
+                    lines.append(f"| {model} | Lode {lode_cut} cut | tf.data service, {mode}, "
+                                 f"{tf_cut} work | {lode / tf:.2f}x | {want:.1f}x |")
+    if lines:
+        print()
+        print("| model | Lode, 2 workers | against tf.data service, 2 workers, consumer in a "
+              "tf.function | ratio of samples/s | issue 17's target |")
+        print("| --- | --- | --- | ---: | ---: |")
+        print("\n".join(lines))
 
 
 # --------------------------------------------------------------------------- main
