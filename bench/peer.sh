@@ -133,7 +133,7 @@ run_tf() { # round workers
     for m in $MODELS; do for cut in simple full; do for mode in parallel_epochs distributed_epoch; do for loop in function python; do
         configs+=(--config "$m:$cut:$mode:$loop")
     done; done; done; done
-    echo "round $r: tf.data service, $n worker(s)" >&2
+    echo "round $r: tf.data service, N = $n" >&2
     "${PEER[@]}" tf-consume --dispatcher "$(cat "$dir/dispatcher.addr")" --data "$DATA" "${configs[@]}" \
         --pids "$pids" --workers "$n" --round "$r" --warmup "$WARMUP" --window "$WINDOW" --timeout "$TIMEOUT" --out "$RESULTS" \
         > /dev/null 2>"$dir/consumer.err" || fail "tf.data service, $n worker(s), round $r" "$dir/consumer.err"
@@ -176,7 +176,7 @@ run_exec() { # round model cut
     echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "machine: $(grep -m1 '^model name' /proc/cpuinfo | sed 's/^model name[[:space:]]*:[[:space:]]*//'), nproc $(nproc)"
     echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-    echo "lode: $LODE ($(git -C "$REPO" rev-parse --short HEAD 2>/dev/null)$([[ -n "$(git -C "$REPO" status --porcelain 2>/dev/null | head -1)" ]] && echo ' dirty'))"
+    echo "lode: $LODE (built $(date -u -r "$LODE" '+%Y-%m-%d %H:%M UTC'); tree at $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null)$([[ -n "$(git -C "$REPO" status --porcelain 2>/dev/null | head -1)" ]] && echo ' dirty' || true))"
     echo "tensorflow: $TF_VERSION"
     echo "workload: $ROUNDED records per model, batch 32; $ROUNDS round(s); warmup ${WARMUP} s, window ${WINDOW} s"
 } > "$OUT/meta.txt"
