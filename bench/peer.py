@@ -233,7 +233,6 @@ class Region:
         keys = sorted(element_spec) if isinstance(element_spec, dict) else None
         if keys is None:
             die("the source's element is not a dict")
-        self.components = keys
         self.sparse = {k for k in keys if isinstance(element_spec[k], tf.SparseTensorSpec)}
         types = nodes[get_next].attr["output_types"].list.type
         if len(types) != len(flat):
@@ -291,8 +290,11 @@ class Region:
                 new = "lode_peer/table/" + src
                 placeholders[new] = src
                 return ("^" + new) if ctrl else new
-            if ctrl and (src in cut_nodes):
-                return None
+            if src in cut_nodes:
+                if ctrl:
+                    return None
+                die(f"the region reads {ref}, which is neither a dense output of {get_next} "
+                    "nor a DeserializeSparse of a sparse one")
             return inp
 
         for name in sorted(keep):
@@ -388,6 +390,8 @@ class Region:
 def make_dataset(model_dir, plan_dir, files, regions=None):
     """The fixture's pipeline over `files`, then the plan's region, then repeat(). `regions`
     caches the imported regions (and their tables) by plan."""
+    model_dir, plan_dir = os.path.abspath(model_dir), os.path.abspath(plan_dir)
+    files = [os.path.abspath(f) for f in files]
     model = os.path.basename(os.path.normpath(model_dir))
     cwd = os.getcwd()
     os.chdir(model_dir)  # the fixture's relative paths (the vocabulary file) resolve here
