@@ -51,7 +51,7 @@ pub enum Command {
     /// creates its session, and data workers feed its training graph.
     Train(TrainArgs),
     /// Simulate a GPU cluster's jobs under Lode's schedulers and the paper's baselines.
-    Simulate(crate::simulate::SimulateArgs),
+    Simulate(SimulateArgs),
     /// Write a synthetic one-stage plan whose steps take a fixed time (for benchmarks and
     /// scheduler tests); run it with `lode run PLANDIR` or `lode dispatcher --plan PLANDIR`.
     Synthetic(SyntheticArgs),
@@ -531,4 +531,44 @@ pub struct TrainArgs {
     /// The program and its arguments, after `--`.
     #[arg(required = true, last = true, value_name = "PROGRAM")]
     pub program: Vec<String>,
+}
+
+/// `lode simulate`.
+#[derive(Debug, clap::Args)]
+pub struct SimulateArgs {
+    /// Job trace CSV: `job,arrival_s,gpus,steps,model` per line (see scheduler/README.md).
+    #[arg(long, conflicts_with = "synthetic")]
+    pub trace: Option<PathBuf>,
+    /// Seed of a synthetic 8-hour Philly-like trace (the default when no --trace is given).
+    #[arg(long)]
+    pub synthetic: Option<u64>,
+    /// Machines: `[N x] G gpu C cpu [M gb]` groups joined by `+`, e.g. `8x8gpu64cpu` or
+    /// `4x8gpu64cpu+2x4gpu96cpu512gb` (memory defaults to 8 GB per CPU).
+    #[arg(long, default_value = "8x8gpu64cpu")]
+    pub cluster: String,
+    /// Which scheduler to simulate.
+    #[arg(long, value_enum, default_value_t = SimPolicyArg::All)]
+    pub policy: SimPolicyArg,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text, env = "LODE_FORMAT")]
+    pub format: OutputFormat,
+    /// Allocate data workers by the policy's metric alone, without first bringing every
+    /// decoupled job to its measured baseline (the modelling choice "Floors" in
+    /// scheduler/README.md; with it off a policy may leave a job with no data workers).
+    #[arg(long)]
+    pub no_floors: bool,
+    /// Directory for utilisation.svg, jobs.csv, summary.json and trace.csv (created if
+    /// missing).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SimPolicyArg {
+    All,
+    NoDwTuned,
+    NoDwHw,
+    FixedDw,
+    Maxtp,
+    Srtf,
+    Fair,
 }

@@ -7,64 +7,24 @@
 //! `utilisation.svg` (GPU and CPU utilisation over time per scheduler), `jobs.csv` (per-job
 //! results), `summary.json` and `trace.csv` (the trace that ran, in the input format).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::Context as _;
-use clap::{Args, ValueEnum};
 use lode_scheduler::report::{jobs_csv, summarize, table, utilisation_svg};
 use lode_scheduler::{simulate, ClusterSpec, SchedulerKind, SimConfig, SyntheticConfig, Trace};
 
-use crate::cli::OutputFormat;
+use crate::cli::{OutputFormat, SimPolicyArg, SimulateArgs};
 
-#[derive(Debug, Args)]
-pub struct SimulateArgs {
-    /// Job trace CSV: `job,arrival_s,gpus,steps,model` per line (see scheduler/README.md).
-    #[arg(long, conflicts_with = "synthetic")]
-    pub trace: Option<PathBuf>,
-    /// Seed of a synthetic 8-hour Philly-like trace (the default when no --trace is given).
-    #[arg(long)]
-    pub synthetic: Option<u64>,
-    /// Machines: `[N x] G gpu C cpu [M gb]` groups joined by `+`, e.g. `8x8gpu64cpu` or
-    /// `4x8gpu64cpu+2x4gpu96cpu512gb` (memory defaults to 8 GB per CPU).
-    #[arg(long, default_value = "8x8gpu64cpu")]
-    pub cluster: String,
-    /// Which scheduler to simulate.
-    #[arg(long, value_enum, default_value_t = PolicyArg::All)]
-    pub policy: PolicyArg,
-    #[arg(long, value_enum, default_value_t = OutputFormat::Text, env = "LODE_FORMAT")]
-    pub format: OutputFormat,
-    /// Allocate data workers by the policy's metric alone, without first bringing every
-    /// decoupled job to its measured baseline (the modelling choice "Floors" in
-    /// scheduler/README.md; with it off a policy may leave a job with no data workers).
-    #[arg(long)]
-    pub no_floors: bool,
-    /// Directory for utilisation.svg, jobs.csv, summary.json and trace.csv (created if
-    /// missing).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum PolicyArg {
-    All,
-    NoDwTuned,
-    NoDwHw,
-    FixedDw,
-    Maxtp,
-    Srtf,
-    Fair,
-}
-
-impl PolicyArg {
+impl SimPolicyArg {
     fn schedulers(self) -> Vec<SchedulerKind> {
         let name = match self {
-            PolicyArg::All => return SchedulerKind::ALL.to_vec(),
-            PolicyArg::NoDwTuned => "no-dw-tuned",
-            PolicyArg::NoDwHw => "no-dw-hw",
-            PolicyArg::FixedDw => "fixed-dw",
-            PolicyArg::Maxtp => "maxtp",
-            PolicyArg::Srtf => "srtf",
-            PolicyArg::Fair => "fair",
+            SimPolicyArg::All => return SchedulerKind::ALL.to_vec(),
+            SimPolicyArg::NoDwTuned => "no-dw-tuned",
+            SimPolicyArg::NoDwHw => "no-dw-hw",
+            SimPolicyArg::FixedDw => "fixed-dw",
+            SimPolicyArg::Maxtp => "maxtp",
+            SimPolicyArg::Srtf => "srtf",
+            SimPolicyArg::Fair => "fair",
         };
         SchedulerKind::ALL
             .into_iter()
@@ -157,12 +117,12 @@ pub fn run_simulate(args: SimulateArgs, out: &mut dyn std::io::Write) -> anyhow:
 mod tests {
     use super::*;
 
-    fn args(trace: Option<PathBuf>) -> SimulateArgs {
+    fn args(trace: Option<std::path::PathBuf>) -> SimulateArgs {
         SimulateArgs {
             trace,
             synthetic: None,
             cluster: "8x8gpu64cpu".to_owned(),
-            policy: PolicyArg::Srtf,
+            policy: SimPolicyArg::Srtf,
             format: OutputFormat::Json,
             no_floors: false,
             out: None,
