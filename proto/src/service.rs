@@ -84,6 +84,38 @@ pub fn check_bearer(metadata: &tonic::metadata::MetadataMap, expected: &str) -> 
     }
 }
 
+/// What a server checks before it reads a request: plaintext refused where TLS is served, the
+/// job's token (constant time), then the job. A refused request is logged with `rpc`, the
+/// peer and why, and touches no state. `server` names the server in the refusal
+/// ("this dispatcher serves job-1, not job-2").
+#[allow(clippy::result_large_err)] // tonic's handlers answer with a `Status` as it is
+pub fn authorize<T>(
+    request: &tonic::Request<T>,
+    rpc: &'static str,
+    token: &str,
+    (served, asked): (u64, u64),
+    server: &str,
+) -> Result<(), Status> {
+    crate::tls::refuse_plaintext(request)?;
+    let remote = crate::tls::peer(request);
+    if let Err(status) = check_bearer(request.metadata(), token) {
+        tracing::warn!(rpc, ?remote, "rejected: {}", status.message());
+        return Err(status);
+    }
+    if asked != served {
+        tracing::warn!(
+            rpc,
+            ?remote,
+            job = asked,
+            "rejected: request for another job"
+        );
+        return Err(Status::permission_denied(format!(
+            "this {server} serves job-{served}, not job-{asked}"
+        )));
+    }
+    Ok(())
+}
+
 /// Whether a status means the peer could not be reached (restarting, gone): tonic reports a
 /// refused connection as UNAVAILABLE and a connection dropped mid-call as UNKNOWN.
 pub fn is_unreachable(status: &Status) -> bool {

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use lode_proto::service::v1::receiver_server::{Receiver, ReceiverServer};
 use lode_proto::service::v1::{FetchRequest, FetchResponse, PushRequest, PushResponse, PushStatus};
-use lode_proto::service::{check_bearer, MAX_MESSAGE_BYTES};
+use lode_proto::service::MAX_MESSAGE_BYTES;
 use lode_proto::tls::{peek_exact, plaintext_refusal, ServerConnectInfo, ServerStream, ServerTls};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -98,20 +98,7 @@ impl ReceiverService {
         request: &Request<T>,
         job: u64,
     ) -> Result<(), Status> {
-        lode_proto::tls::refuse_plaintext(request)?;
-        let remote = lode_proto::tls::peer(request);
-        if let Err(status) = check_bearer(request.metadata(), &self.token) {
-            tracing::warn!(rpc, ?remote, "rejected: {}", status.message());
-            return Err(status);
-        }
-        if job != self.job {
-            tracing::warn!(rpc, ?remote, job, "rejected: another job");
-            return Err(Status::permission_denied(format!(
-                "this receiver serves job-{}, not job-{job}",
-                self.job
-            )));
-        }
-        Ok(())
+        lode_proto::service::authorize(request, rpc, &self.token, (self.job, job), "receiver")
     }
 }
 

@@ -9,7 +9,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lode_proto::service::check_bearer;
 use lode_proto::service::v1::{self, dispatcher_server::Dispatcher, lease_response::Outcome};
 use prost::bytes::Bytes;
 use std::collections::BTreeSet;
@@ -155,20 +154,13 @@ impl DispatcherService {
         request: &Request<T>,
         job_id: u64,
     ) -> Result<(), Status> {
-        lode_proto::tls::refuse_plaintext(request)?;
-        let remote = lode_proto::tls::peer(request);
-        if let Err(status) = check_bearer(request.metadata(), &self.inner.token) {
-            tracing::warn!(rpc, ?remote, "rejected: {}", status.message());
-            return Err(status);
-        }
-        if job_id != self.inner.job.0 {
-            tracing::warn!(rpc, ?remote, job_id, "rejected: request for another job");
-            return Err(Status::permission_denied(format!(
-                "this dispatcher serves {}, not job-{job_id}",
-                self.inner.job
-            )));
-        }
-        Ok(())
+        lode_proto::service::authorize(
+            request,
+            rpc,
+            &self.inner.token,
+            (self.inner.job.0, job_id),
+            "dispatcher",
+        )
     }
 }
 
