@@ -1,6 +1,6 @@
 //! Unicode kernels over UTF-8 input: `UnicodeDecode` (code points as a ragged int32
-//! tensor), `UnicodeTranscode` (to UTF-8, UTF-16-BE or UTF-32-BE) . Invalid input follows TensorFlow's ICU converter
-//! with `errors`: `replace` puts `replacement_char` for each maximal ill-formed subpart
+//! tensor) and `UnicodeTranscode` (to UTF-8, UTF-16-BE or UTF-32-BE). Invalid input follows
+//! TensorFlow's ICU converter with `errors`: `replace` puts `replacement_char` for each maximal ill-formed subpart
 //! (the Unicode "best practice" ICU implements), `ignore` drops it, `strict` fails with
 //! TensorFlow's message. `replace_control_characters` replaces U+0000–U+001F as well.
 

@@ -82,6 +82,8 @@ macro_rules! int_element {
             fn mul(self, o: Self) -> Self {
                 Int::mul(self, o)
             }
+            // Integers only sum (TensorFlow registers Mean and SqrtN for floats): the scale is
+            // always 1 and nothing is divided.
             fn div(self, _o: Self) -> Self {
                 self
             }
