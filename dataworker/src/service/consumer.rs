@@ -143,7 +143,8 @@ struct Served {
 struct Watermark {
     /// The last consumed global step, if any.
     consumed: Option<u64>,
-    /// Time spent between deliveries since the last report (the training side's busy time).
+    /// Time spent between deliveries since the receiver was served (the training side's busy
+    /// time), cumulative: a report sends what was not sent before.
     busy_us: u64,
 }
 
@@ -159,7 +160,7 @@ pub struct Consumer {
     served: Served,
     watermark: watch::Sender<Watermark>,
     /// The last watermark the dispatcher acknowledged.
-    reported: Arc<Mutex<Option<u64>>>,
+    reported: Arc<tokio::sync::Mutex<Reported>>,
     delivered_at: Mutex<Option<Instant>>,
 }
 
@@ -181,7 +182,7 @@ impl Consumer {
                 source,
             })?;
         let (watermark, _) = watch::channel(Watermark::default());
-        let reported = Arc::new(Mutex::new(None));
+        let reported = Arc::new(tokio::sync::Mutex::new(Reported::default()));
         let mut consumer = Consumer {
             served: Served {
                 buffer: Arc::new(SharedReceiver::new(ReceiverConfig::new(
@@ -288,9 +289,10 @@ impl Consumer {
             },
         );
         self.stop_served(old);
-        if let Ok(mut r) = self.reported.lock() {
-            *r = first_global.checked_sub(1);
-        }
+        *self.reported.blocking_lock() = Reported {
+            step: first_global.checked_sub(1),
+            busy_us: 0,
+        };
         self.watermark.send_replace(Watermark {
             consumed: first_global.checked_sub(1),
             busy_us: 0,
@@ -505,23 +507,36 @@ impl Drop for Consumer {
     }
 }
 
-/// Sends `mark` to the dispatcher unless it acknowledged it (or a later one) already.
+/// What the dispatcher has acknowledged.
+#[derive(Debug, Default, Clone, Copy)]
+struct Reported {
+    /// The last consumed global step.
+    step: Option<u64>,
+    /// The busy time (cumulative, as [`Watermark::busy_us`] counts it) reported so far: the
+    /// protocol's `busy_us` is the time since the last report, so each report sends the
+    /// difference.
+    busy_us: u64,
+}
+
+/// Sends `mark` to the dispatcher unless it acknowledged it (or a later one) already. Reports
+/// are one at a time (the lock is held across the call), so that no busy time is sent twice.
 async fn report(
     dispatcher: &DispatcherClient,
     job: u64,
     per_epoch: NonZeroU64,
     mark: Watermark,
-    reported: &Mutex<Option<u64>>,
+    reported: &tokio::sync::Mutex<Reported>,
     patience: Duration,
 ) -> Result<(), RpcError> {
     let Some(global) = mark.consumed else {
         return Ok(());
     };
-    let done = *reported.lock().unwrap_or_else(PoisonError::into_inner);
-    if done.is_some_and(|r| r >= global) {
+    let mut done = reported.lock().await;
+    if done.step.is_some_and(|r| r >= global) {
         return Ok(());
     }
     let at = StepRef::from_global(global, per_epoch).to_wire();
+    let busy_us = mark.busy_us.saturating_sub(done.busy_us);
     retry_unreachable(patience, || {
         let mut d = dispatcher.clone();
         async move {
@@ -529,17 +544,15 @@ async fn report(
                 job_id: job,
                 epoch: at.epoch,
                 step: at.step,
-                busy_us: mark.busy_us,
+                busy_us,
             })
             .await
         }
     })
     .await
     .map_err(RpcError::of("Consumed"))?;
-    let mut r = reported.lock().unwrap_or_else(PoisonError::into_inner);
-    if r.is_none_or(|r| r < global) {
-        *r = Some(global);
-    }
+    done.step = Some(global);
+    done.busy_us = done.busy_us.max(mark.busy_us);
     Ok(())
 }
 
