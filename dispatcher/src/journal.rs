@@ -9,7 +9,9 @@
 //!   only reopened under the same job and config; the events would mean another data order
 //!   otherwise.
 //! - Every later line is a [`Batch`]: the records one request produced and the time it was
-//!   applied. A batch is written with one `write` and fsync'ed before the request is answered.
+//!   applied. A batch is written with one `write`; [`SyncPoint::sync_to`] makes it durable
+//!   (group commit) for the requests that must be durable before their answer (the crate
+//!   docs' "Durability" says which).
 //!
 //! # Recovery
 //! A crash mid-write leaves a torn last line: without its newline, or failing its CRC or its
@@ -117,7 +119,8 @@ pub struct Recovered {
     pub torn: Option<TornTail>,
 }
 
-/// An open journal; every [`Journal::append`] is durable when it returns.
+/// An open journal; every [`Journal::append`] is durable when it returns, an
+/// [`Journal::append_unsynced`] once a later [`SyncPoint::sync_to`] covers it.
 #[derive(Debug)]
 pub struct Journal {
     path: PathBuf,

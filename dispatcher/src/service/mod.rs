@@ -6,8 +6,11 @@
 //!
 //! Every request is checked before it can touch state: the token first (`UNAUTHENTICATED`),
 //! then the job id (`PERMISSION_DENIED`). A handler then changes the state only through
-//! `Core::apply`, which journals the events (one fsync'ed line per request) before
-//! the handler answers: whatever a client was told survives a crash.
+//! `Core::apply`, which journals the events (one line per request) before the handler
+//! answers; the requests that must be durable first (registration, watermark, consumer,
+//! drain, ticks) also wait for an `fdatasync` shared with every request before them, while
+//! `Lease`, `Complete` and `Heartbeat`, whose loss a restart recomputes, do not (see the
+//! crate docs, "Durability").
 //!
 //! With [`ServiceConfig::tls`] the port serves TLS only: every accepted connection completes a
 //! handshake (on its own task, within [`lode_proto::tls::HANDSHAKE_TIMEOUT`], holding one of
@@ -15,7 +18,8 @@
 //! and closed.
 //!
 //! A background task ticks every [`TICK_INTERVAL`]: it expires leases whose deadline passed
-//! and declares lost every worker silent for `missed_heartbeats` heartbeat intervals.
+//! and declares lost every worker silent for `missed_heartbeats` heartbeat intervals; its
+//! sync is the periodic one that bounds what an OS crash can take of the unsynced answers.
 //!
 //! # Limits
 //! Every bound is a named constant: [`MAX_MESSAGE_BYTES`], [`MAX_WORKERS_PER_JOB`],
@@ -25,6 +29,8 @@
 mod clock;
 mod convert;
 mod core;
+#[cfg(test)]
+mod crash_tests;
 mod rpc;
 
 use std::fmt;

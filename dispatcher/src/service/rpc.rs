@@ -47,6 +47,18 @@ struct Inner {
     core: Arc<Mutex<Core>>,
 }
 
+/// What a change must reach before it is answered (the crate docs' "Durability" says why
+/// each request gets the one it gets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    /// The journal is on disk through the change's line (`fdatasync`, shared by group commit).
+    Synced,
+    /// The change's line is written to the file (the page cache): it survives a kill of the
+    /// process at any instant; what an OS crash may take is bounded by the next synced change
+    /// or tick, and is recomputed (see the crate docs).
+    Written,
+}
+
 /// What [`DispatcherService::new`] needs beyond the core.
 pub(crate) struct Parts {
     pub(crate) job: JobId,
@@ -98,17 +110,26 @@ impl DispatcherService {
         self.inner.resume_at.saturating_add_millis(elapsed)
     }
 
-    /// Runs `change` on the core under the lock, on a blocking thread (it may fsync the
-    /// journal). The time is read under the lock, so the journal's times never go backwards.
-    /// The change runs to its end even if the caller is dropped: a journaled change is never
-    /// half done.
-    async fn mutate<T, F>(&self, change: F) -> Result<T, Status>
+    /// Runs `change` on the core under the lock and answers as `durability` says (see the
+    /// crate docs, "Durability"). The time is read under the lock, so the journal's times never
+    /// go backwards. The change runs to its end even if the caller is dropped: a journaled
+    /// change is never half done.
+    ///
+    /// [`Durability::Written`] changes run inline: they append one short line to the page
+    /// cache (no `fdatasync`) and touch only in-memory state, so a thread hop would cost more
+    /// than the change. [`Durability::Synced`] changes run on a blocking thread and answer
+    /// once the journal is on disk through their line (one `fdatasync` shared by every change
+    /// written before it: group commit).
+    async fn mutate<T, F>(&self, durability: Durability, change: F) -> Result<T, Status>
     where
         T: Send + 'static,
         F: FnOnce(&mut Core, Time) -> Result<T, Status> + Send + 'static,
     {
         let mut core = Arc::clone(&self.inner.core).lock_owned().await;
         let now = self.now();
+        if durability == Durability::Written {
+            return change(&mut core, now);
+        }
         let (result, sync) = tokio::task::spawn_blocking(move || {
             let result = change(&mut core, now);
             let sync = core.sync_point();
@@ -143,8 +164,12 @@ impl DispatcherService {
     /// Expires leases and declares silent workers lost; called by the ticker.
     pub(crate) async fn tick(&self) -> Result<(), Status> {
         let silence_ms = self.inner.silence_ms;
-        self.mutate(move |core, now| core.tick(now, silence_ms).map_err(Status::from))
-            .await
+        // Synced: the ticker's sync is also the periodic one that bounds what an OS crash can
+        // take of the changes answered without one.
+        self.mutate(Durability::Synced, move |core, now| {
+            core.tick(now, silence_ms).map_err(Status::from)
+        })
+        .await
     }
 
     /// Checks the token, then the job, before anything else: a refused request touches no
@@ -192,7 +217,7 @@ impl Dispatcher for DispatcherService {
         let protocol_version = req.protocol_version;
         let name = req.worker_name.clone();
         let (worker, stage, receiver_addr) = self
-            .mutate(move |core, now| {
+            .mutate(Durability::Synced, move |core, now| {
                 if core.state().workers().count() >= MAX_WORKERS_PER_JOB {
                     return Err(Status::resource_exhausted(format!(
                         "the job has {MAX_WORKERS_PER_JOB} workers, the most a job may have"
@@ -247,7 +272,7 @@ impl Dispatcher for DispatcherService {
         self.authorize("Lease", &request, request.get_ref().job_id)?;
         let worker = WorkerId(request.into_inner().worker_id);
         let outcome = self
-            .mutate(move |core, now| {
+            .mutate(Durability::Written, move |core, now| {
                 let wait = || {
                     Outcome::Wait(v1::Wait {
                         retry_after_ms: u64::try_from(LEASE_RETRY_AFTER.as_millis())
@@ -306,7 +331,7 @@ impl Dispatcher for DispatcherService {
         self.authorize("Heartbeat", &request, request.get_ref().job_id)?;
         let worker = WorkerId(request.into_inner().worker_id);
         let (draining, receiver_addr) = self
-            .mutate(move |core, now| {
+            .mutate(Durability::Written, move |core, now| {
                 let addr = core.receiver_addr().to_owned();
                 if core.is_drained(worker) {
                     return Ok((true, addr));
@@ -338,7 +363,7 @@ impl Dispatcher for DispatcherService {
         };
         let compute_us = req.compute_us;
         let worker = WorkerId(req.worker_id);
-        self.mutate(move |core, now| {
+        self.mutate(Durability::Written, move |core, now| {
             core.apply(command, now)?;
             core.counters.steps_computed += 1;
             core.counters.compute_us = core.counters.compute_us.saturating_add(compute_us);
@@ -360,8 +385,18 @@ impl Dispatcher for DispatcherService {
         let watermark = StepId::new(req.epoch, req.step);
         let busy_us = req.busy_us;
         let events = self
-            .mutate(move |core, now| {
-                let events = core.apply(Command::Consumed { watermark }, now)?;
+            .mutate(Durability::Synced, move |core, now| {
+                let events = match core.apply(Command::Consumed { watermark }, now) {
+                    Ok(events) => events,
+                    // After a crash that lost grants answered without a sync, the training side
+                    // may have consumed steps this dispatcher no longer remembers leasing; they
+                    // are leased again (and dropped by the receiver) within moments, so the
+                    // report is retryable rather than refused.
+                    Err(ApplyError::State(err @ Error::WatermarkAhead { .. })) => {
+                        return Err(Status::unavailable(err.to_string()));
+                    }
+                    Err(err) => return Err(err.into()),
+                };
                 core.counters.consumer_busy_us =
                     core.counters.consumer_busy_us.saturating_add(busy_us);
                 Ok(events)
@@ -388,7 +423,7 @@ impl Dispatcher for DispatcherService {
         }
         tracing::info!(receiver = ?addr, "consumer registered");
         let (first_step, end_of_data) = self
-            .mutate(move |core, now| {
+            .mutate(Durability::Synced, move |core, now| {
                 core.register_consumer(addr, now)?;
                 if let Some(next) = resume {
                     core.apply(Command::Rewind { next }, now)?;
@@ -412,7 +447,7 @@ impl Dispatcher for DispatcherService {
     ) -> Result<Response<v1::DrainResponse>, Status> {
         self.authorize("Drain", &request, request.get_ref().job_id)?;
         let worker = WorkerId(request.into_inner().worker_id);
-        self.mutate(move |core, now| {
+        self.mutate(Durability::Synced, move |core, now| {
             if !core.is_drained(worker) {
                 core.apply(Command::Drain { worker }, now)?;
             }
