@@ -160,6 +160,7 @@ async fn worker(
             .lease(v1::LeaseRequest {
                 job_id: JOB,
                 worker_id,
+                max_steps: 0,
             })
             .await
             .expect("lease")
@@ -180,6 +181,7 @@ async fn worker(
                         epoch: lease.epoch,
                         step: lease.step,
                         compute_us: 0,
+                        steps: Vec::new(),
                     })
                     .await
                     .expect("complete");

@@ -534,6 +534,13 @@ impl DispatcherState {
                 }
             }
             Command::Tick => {
+                let due = self
+                    .stages
+                    .iter()
+                    .any(|st| st.leases.values().any(|l| l.deadline <= now));
+                if !due {
+                    return Ok(out);
+                }
                 let mut touched = Vec::new();
                 for (stage, step, lease) in self.leases() {
                     if lease.deadline <= now {

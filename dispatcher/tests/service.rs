@@ -121,6 +121,7 @@ async fn lease(client: &mut DispatcherClient, worker: u64) -> Outcome {
         .lease(v1::LeaseRequest {
             job_id: JOB,
             worker_id: worker,
+            max_steps: 0,
         })
         .await
         .expect("lease")
@@ -151,6 +152,7 @@ async fn complete(
             epoch,
             step,
             compute_us: 1_000,
+            steps: Vec::new(),
         })
         .await
         .map(drop)
@@ -355,6 +357,7 @@ async fn bad_credentials_and_other_jobs_are_rejected_without_touching_state() {
                     c.lease(v1::LeaseRequest {
                         job_id,
                         worker_id: worker,
+                        max_steps: 0,
                     })
                     .await
                     .map(drop),
@@ -371,6 +374,7 @@ async fn bad_credentials_and_other_jobs_are_rejected_without_touching_state() {
                         epoch: held.epoch,
                         step: held.step,
                         compute_us: 0,
+                        steps: Vec::new(),
                     })
                     .await
                     .map(drop),
@@ -745,4 +749,126 @@ async fn a_corrupt_or_foreign_journal_stops_the_start_with_a_clear_error() {
         message.contains(JOURNAL_FILE) && message.contains("line 2"),
         "{message}"
     );
+}
+
+/// Batches on the wire: one `Lease` grants up to `max_steps` (within the worker's limit), each
+/// with its own batch; one `Complete` reports several and lists those not held as refused;
+/// an expired step of a batch goes to another worker alone, with the same records.
+#[tokio::test]
+async fn a_batch_is_leased_and_completed_in_one_request_each() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut dispatcher = config(1);
+    dispatcher.max_leases_per_worker = 3;
+    let server = Server::start(dir.path(), dispatcher.clone()).await;
+    let mut client = server.client().await;
+    let worker = register(&mut client, 0).await.worker_id;
+    let answer = client
+        .lease(v1::LeaseRequest {
+            job_id: JOB,
+            worker_id: worker,
+            max_steps: 8,
+        })
+        .await
+        .expect("lease")
+        .into_inner()
+        .outcome;
+    let Some(Outcome::Leases(batch)) = answer else {
+        panic!("expected a batch, got {answer:?}");
+    };
+    let steps: Vec<(u64, u64)> = batch.steps.iter().map(|l| (l.epoch, l.step)).collect();
+    assert_eq!(
+        steps,
+        vec![(0, 0), (0, 1), (0, 2)],
+        "three, the worker's limit"
+    );
+    for lease in &batch.steps {
+        assert_eq!(
+            lease.records,
+            batch_of(&dispatcher, lease.epoch, lease.step)
+        );
+    }
+
+    // Step 1's lease expires and goes to another worker, alone.
+    server.clock.advance(Duration::from_millis(LEASE_MS + 1));
+    let other = register(&mut client, 0).await.worker_id;
+    let relet = leased(&mut client, other).await;
+    assert_eq!((relet.epoch, relet.step), (0, 0));
+    assert_eq!(relet.records, batch.steps[0].records);
+
+    // The first worker reports all three (and a step it never held) in one request.
+    let reported: Vec<v1::CompletedStep> = [(0, 0), (0, 1), (0, 2), (1, 0)]
+        .iter()
+        .map(|&(epoch, step)| v1::CompletedStep {
+            epoch,
+            step,
+            compute_us: 10,
+        })
+        .collect();
+    let refused = client
+        .complete(v1::CompleteRequest {
+            job_id: JOB,
+            worker_id: worker,
+            stage: 0,
+            epoch: 0,
+            step: 0,
+            compute_us: 0,
+            steps: reported,
+        })
+        .await
+        .expect("complete")
+        .into_inner()
+        .refused;
+    let refused: Vec<(u64, u64)> = refused.iter().map(|s| (s.epoch, s.step)).collect();
+    // Every lease of the first worker expired with the clock; only the re-let step 0 is held,
+    // by the other worker.
+    assert_eq!(refused, vec![(0, 0), (0, 1), (0, 2), (1, 0)]);
+    let now = status(&mut client).await;
+    assert_eq!(now.leases.len(), 1, "{now:?}");
+    assert_eq!(now.steps_computed, 0);
+
+    // Within their deadline, a batch completes in one request.
+    let answer = client
+        .lease(v1::LeaseRequest {
+            job_id: JOB,
+            worker_id: worker,
+            max_steps: 2,
+        })
+        .await
+        .expect("lease")
+        .into_inner()
+        .outcome;
+    let Some(Outcome::Leases(batch)) = answer else {
+        panic!("expected a batch, got {answer:?}");
+    };
+    let steps: Vec<(u64, u64)> = batch.steps.iter().map(|l| (l.epoch, l.step)).collect();
+    assert_eq!(steps, vec![(0, 1), (0, 2)], "returned steps first");
+    let reported = batch
+        .steps
+        .iter()
+        .map(|l| v1::CompletedStep {
+            epoch: l.epoch,
+            step: l.step,
+            compute_us: 10,
+        })
+        .collect();
+    let answer = client
+        .complete(v1::CompleteRequest {
+            job_id: JOB,
+            worker_id: worker,
+            stage: 0,
+            epoch: 0,
+            step: 0,
+            compute_us: 0,
+            steps: reported,
+        })
+        .await
+        .expect("complete")
+        .into_inner();
+    assert!(answer.refused.is_empty());
+    let now = status(&mut client).await;
+    assert_eq!(
+        (now.leases.len(), now.steps_computed, now.compute_us),
+        (1, 2, 20)
+    );
+    server.stop().await;
 }

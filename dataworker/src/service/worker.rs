@@ -259,6 +259,7 @@ pub async fn run_worker(
                         d.lease(LeaseRequest {
                             job_id: job,
                             worker_id,
+                            max_steps: 0,
                         })
                         .await
                     }
@@ -297,6 +298,7 @@ pub async fn run_worker(
             }
             Some(Outcome::EndOfData(_)) => break WorkerEnd::EndOfData,
             Some(Outcome::Drained(_)) => break WorkerEnd::Drained,
+            Some(Outcome::Leases(_)) => return Err(bad("lease", "several steps for one asked")),
             None => return Err(bad("lease", "no outcome")),
         };
         // The lease's deadline on this machine's clock (the dispatcher's clock is not ours).
@@ -435,12 +437,13 @@ pub async fn run_worker(
             epoch: lease.epoch,
             step: lease.step,
             compute_us,
+            steps: Vec::new(),
         };
         let client = dispatcher.clone();
         completions.spawn(async move {
             if let Err(status) = retrying("Complete", || {
                 let mut d = client.clone();
-                let request = complete;
+                let request = complete.clone();
                 async move { d.complete(request).await }
             })
             .await

@@ -24,7 +24,7 @@
 //! # Limits
 //! Every bound is a named constant: [`MAX_MESSAGE_BYTES`], [`MAX_WORKERS_PER_JOB`],
 //! [`MAX_CONNECTIONS`], [`MAX_CONCURRENT_REQUESTS_PER_CONNECTION`], [`MAX_BATCH_RECORDS`],
-//! [`MAX_ADDR_BYTES`], [`MAX_WORKER_NAME_BYTES`].
+//! [`MAX_ADDR_BYTES`], [`MAX_WORKER_NAME_BYTES`], [`MAX_STEPS_PER_REQUEST`].
 
 mod clock;
 mod convert;
@@ -74,6 +74,12 @@ pub const MAX_CONCURRENT_REQUESTS_PER_CONNECTION: usize = 32;
 /// The most records in one step: bounds a lease answer (at most 10 bytes a record) and a
 /// journal line well below their limits.
 pub const MAX_BATCH_RECORDS: u64 = 1 << 20;
+
+/// The most steps one `Lease` grants or one `Complete` reports: bounds an answer (with
+/// [`MAX_BATCH_RECORDS`] records a step it stays far below [`MAX_MESSAGE_BYTES`] only for small
+/// batches, so a worker's `max_leases` is the limit that matters in practice) and the work
+/// one request does under the service's lock.
+pub const MAX_STEPS_PER_REQUEST: u32 = 256;
 
 /// The longest receiver address accepted.
 pub const MAX_ADDR_BYTES: usize = 1024;

@@ -20,7 +20,10 @@ use tonic::{Request, Response, Status};
 use super::clock::Clock;
 use super::convert::{self, StageChoice};
 use super::core::{ApplyError, Core};
-use super::{LEASE_RETRY_AFTER, MAX_ADDR_BYTES, MAX_WORKERS_PER_JOB, MAX_WORKER_NAME_BYTES};
+use super::{
+    LEASE_RETRY_AFTER, MAX_ADDR_BYTES, MAX_MESSAGE_BYTES, MAX_STEPS_PER_REQUEST,
+    MAX_WORKERS_PER_JOB, MAX_WORKER_NAME_BYTES,
+};
 use crate::{Command, Error, Event, JobId, StageId, StepId, Time, WorkerId, WorkerStatus};
 
 /// The dispatcher's gRPC service for one job. Cheap to clone: clones share one [`Core`].
@@ -39,6 +42,9 @@ struct Inner {
     lease_duration_ms: u64,
     max_leases: u32,
     steps_per_epoch: u64,
+    /// The most steps one `Lease` answer carries: [`MAX_STEPS_PER_REQUEST`], fewer when the
+    /// job's batches are so large that as many would not fit a message.
+    max_steps: u32,
     /// A worker silent for longer than this is lost.
     silence_ms: u64,
     clock: Arc<dyn Clock>,
@@ -86,6 +92,12 @@ impl DispatcherService {
             u64::try_from(config.lease_duration.as_millis()).unwrap_or(u64::MAX);
         let max_leases = config.max_leases_per_worker;
         let steps_per_epoch = config.steps_per_epoch();
+        // A lease answer carries at most 10 bytes a record, plus a little per step.
+        let per_step = config.batch_size.saturating_mul(10).saturating_add(64);
+        let fit = u64::try_from(MAX_MESSAGE_BYTES).unwrap_or(u64::MAX) / per_step.max(1);
+        let max_steps = u32::try_from(fit)
+            .unwrap_or(u32::MAX)
+            .clamp(1, MAX_STEPS_PER_REQUEST);
         Self {
             inner: Arc::new(Inner {
                 job: parts.job,
@@ -96,6 +108,7 @@ impl DispatcherService {
                 lease_duration_ms,
                 max_leases,
                 steps_per_epoch,
+                max_steps,
                 silence_ms: interval.saturating_mul(u64::from(parts.missed_heartbeats)),
                 clock: parts.clock,
                 resume_at,
@@ -270,7 +283,11 @@ impl Dispatcher for DispatcherService {
         request: Request<v1::LeaseRequest>,
     ) -> Result<Response<v1::LeaseResponse>, Status> {
         self.authorize("Lease", &request, request.get_ref().job_id)?;
-        let worker = WorkerId(request.into_inner().worker_id);
+        let req = request.into_inner();
+        let worker = WorkerId(req.worker_id);
+        // 0 and 1 ask for one step, answered as `lease` (the protocol before batches).
+        let batched = req.max_steps > 1;
+        let max = req.max_steps.clamp(1, self.inner.max_steps);
         let outcome = self
             .mutate(Durability::Written, move |core, now| {
                 let wait = || {
@@ -288,19 +305,30 @@ impl Dispatcher for DispatcherService {
                 // Expiry happens on ticks only: tick first, so that a step whose deadline
                 // passed since the last background tick is leased again now.
                 core.apply(Command::Tick, now)?;
-                match core.apply(Command::RequestLease { worker }, now) {
-                    Ok(events) => match events.into_iter().next() {
-                        Some(Event::LeaseGranted {
-                            stage,
-                            step,
-                            deadline,
-                            records,
-                            ..
-                        }) => Ok(Outcome::Lease(convert::step_lease(
-                            stage, step, records, deadline, now,
-                        ))),
-                        _ => Err(Status::internal("a lease request granted no lease")),
-                    },
+                match core.apply(Command::RequestLeases { worker, max }, now) {
+                    Ok(events) => {
+                        let mut steps: Vec<v1::StepLease> = events
+                            .into_iter()
+                            .filter_map(|event| match event {
+                                Event::LeaseGranted {
+                                    stage,
+                                    step,
+                                    deadline,
+                                    records,
+                                    ..
+                                } => Some(convert::step_lease(stage, step, records, deadline, now)),
+                                _ => None,
+                            })
+                            .collect();
+                        if batched {
+                            Ok(Outcome::Leases(v1::StepLeases { steps }))
+                        } else {
+                            steps
+                                .pop()
+                                .map(Outcome::Lease)
+                                .ok_or_else(|| Status::internal("a lease request granted no lease"))
+                        }
+                    }
                     Err(ApplyError::State(
                         Error::NoStepReady { .. }
                         | Error::LeaseLimit { .. }
@@ -356,24 +384,64 @@ impl Dispatcher for DispatcherService {
     ) -> Result<Response<v1::CompleteResponse>, Status> {
         self.authorize("Complete", &request, request.get_ref().job_id)?;
         let req = request.into_inner();
-        let command = Command::Complete {
-            worker: WorkerId(req.worker_id),
-            stage: StageId(req.stage),
-            step: StepId::new(req.epoch, req.step),
-        };
-        let compute_us = req.compute_us;
         let worker = WorkerId(req.worker_id);
-        self.mutate(Durability::Written, move |core, now| {
-            core.apply(command, now)?;
-            core.counters.steps_computed += 1;
-            core.counters.compute_us = core.counters.compute_us.saturating_add(compute_us);
-            let mine = core.worker_counters.entry(worker).or_default();
-            mine.steps_computed += 1;
-            mine.compute_us = mine.compute_us.saturating_add(compute_us);
-            Ok(())
-        })
-        .await?;
-        Ok(Response::new(v1::CompleteResponse {}))
+        let stage = StageId(req.stage);
+        if req.steps.len() > usize::try_from(MAX_STEPS_PER_REQUEST).unwrap_or(usize::MAX) {
+            return Err(Status::invalid_argument(format!(
+                "steps: {} exceed the {MAX_STEPS_PER_REQUEST}-step limit of a request",
+                req.steps.len()
+            )));
+        }
+        if req.steps.is_empty() {
+            // One step, refused as a whole when the worker does not hold it (the protocol
+            // before batches).
+            let command = Command::Complete {
+                worker,
+                stage,
+                step: StepId::new(req.epoch, req.step),
+            };
+            let compute_us = req.compute_us;
+            self.mutate(Durability::Written, move |core, now| {
+                core.apply(command, now)?;
+                core.count_completed(worker, 1, compute_us);
+                Ok(())
+            })
+            .await?;
+            return Ok(Response::new(v1::CompleteResponse::default()));
+        }
+        let steps: Vec<(StepId, u64)> = req
+            .steps
+            .iter()
+            .map(|s| (StepId::new(s.epoch, s.step), s.compute_us))
+            .collect();
+        let refused = self
+            .mutate(Durability::Written, move |core, now| {
+                let command = Command::CompleteSteps {
+                    worker,
+                    stage,
+                    steps: steps.iter().map(|(step, _)| *step).collect(),
+                };
+                let events = core.apply(command, now)?;
+                let done: BTreeSet<StepId> = events
+                    .iter()
+                    .filter_map(|e| match e {
+                        Event::StepCompleted { step, .. } => Some(*step),
+                        _ => None,
+                    })
+                    .collect();
+                let compute_us = steps
+                    .iter()
+                    .filter(|(step, _)| done.contains(step))
+                    .fold(0u64, |sum, (_, us)| sum.saturating_add(*us));
+                core.count_completed(worker, done.len() as u64, compute_us);
+                Ok(steps
+                    .iter()
+                    .filter(|(step, _)| !done.contains(step))
+                    .map(|(step, _)| convert::step_ref(*step))
+                    .collect())
+            })
+            .await?;
+        Ok(Response::new(v1::CompleteResponse { refused }))
     }
 
     async fn consumed(
