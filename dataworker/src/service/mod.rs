@@ -6,7 +6,9 @@
 //!   receiver's port (hello with job and token, then length-prefixed frames, one answer each):
 //!   the workers' push path.
 //! - [`worker`]: the data-worker loop: register, load the stage, lease → read → execute →
-//!   push → complete, heartbeat, drain.
+//!   push → complete, heartbeat, drain; a thin async shell around
+//! - [`worker_state`]: [`worker_state::WorkerState`], the worker's decisions (what to lease,
+//!   run, push and report, in batches) as a synchronous state machine with time passed in.
 //!
 //! [`SharedReceiver`]: crate::transfer::SharedReceiver
 
@@ -14,6 +16,7 @@ pub mod consumer;
 pub mod data_plane;
 pub mod receiver;
 pub mod worker;
+pub mod worker_state;
 
 /// Step messages and frames for the receiver's and the data plane's tests.
 #[cfg(test)]
