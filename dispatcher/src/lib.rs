@@ -51,7 +51,7 @@
 //! delivered; the dispatcher's job is that every step of the epoch is leased until delivered,
 //! always with the identical batch. Hence:
 //!
-//! - **Recomputable, answered once written (no `fdatasync`)**: `Lease`, `Complete`,
+//! - **Recomputable, answered once journaled (no `fdatasync`)**: `Lease`, `Complete`,
 //!   `Heartbeat`. A lease is a function of the journal's epoch and watermark: a forgotten grant
 //!   puts the step back in the never-leased range, so it is leased again with the identical
 //!   batch ([`index_batch`] depends on the config and step alone); the worker that held it
@@ -67,11 +67,15 @@
 //!   tick. A sync covers every line written before it, so a durable watermark implies that
 //!   the grants it depends on are durable too.
 //!
-//! A SIGKILL of the dispatcher at any instant loses nothing that was answered: a line is in
-//! the kernel's page cache once `write` returns, before the answer. An OS crash or power loss
-//! can take the lines after the last sync; the ticker syncs every [`service::TICK_INTERVAL`],
-//! which bounds that window, and the prefix left is handled as above. The crash-point test
-//! (`service/crash_tests.rs`) replays every prefix of recorded journals, torn lines included, against
+//! The service hands journal lines to a writer thread of their own ([`Journal::write_behind`]),
+//! which writes them in order, several in one `write`, so that a `write` held up behind an
+//! `fdatasync` holds up no request under the lock. A SIGKILL of the dispatcher or an OS crash
+//! at any instant therefore leaves a prefix that holds every line up to the last synced answer,
+//! and may lack any of the unsynced lines after it; those are exactly the answers listed as
+//! recomputable above. The ticker syncs every [`service::TICK_INTERVAL`], which bounds that
+//! window. The crash-point test
+//! (`service/crash_tests.rs`) replays every prefix of recorded journals, torn lines included,
+//! against
 //! a receiver and workers that remember more than the journal, and checks that every step of
 //! every epoch is delivered exactly once, in order, with its batch.
 

@@ -198,6 +198,11 @@ impl Core {
         Ok(())
     }
 
+    /// Hands journal writes to a thread of their own (see [`Journal::write_behind`]).
+    pub(crate) fn write_behind(&mut self) -> Result<(), JournalError> {
+        self.journal.write_behind()
+    }
+
     /// The journal's durability point: sync to `written()` before answering a change.
     pub(crate) fn sync_point(&self) -> std::sync::Arc<crate::journal::SyncPoint> {
         self.journal.sync_point()

@@ -272,10 +272,11 @@ pub async fn serve(
         tls,
     } = config;
     // Reading and replaying the journal is file I/O: keep it off the async workers.
-    let restored =
+    let mut restored =
         tokio::task::spawn_blocking(move || Core::open(&journal_dir, job_id, &dispatcher))
             .await
             .map_err(ServeError::Task)??;
+    restored.core.write_behind()?;
     let parts = Parts {
         job: job_id,
         token,

@@ -128,32 +128,31 @@ impl DispatcherService {
     /// go backwards. The change runs to its end even if the caller is dropped: a journaled
     /// change is never half done.
     ///
-    /// [`Durability::Written`] changes run inline: they append one short line to the page
-    /// cache (no `fdatasync`) and touch only in-memory state, so a thread hop would cost more
-    /// than the change. [`Durability::Synced`] changes run on a blocking thread and answer
-    /// once the journal is on disk through their line (one `fdatasync` shared by every change
-    /// written before it: group commit).
+    /// The change runs inline, on this task: it touches in-memory state and appends one short
+    /// line to the page cache, and a hop to a blocking thread while holding the lock would
+    /// make every other request wait for that thread to be scheduled. A
+    /// [`Durability::Synced`] change then waits, after the lock is released, on a blocking
+    /// thread until the journal is on disk through its line (one `fdatasync` shared by every
+    /// change written before it: group commit).
     async fn mutate<T, F>(&self, durability: Durability, change: F) -> Result<T, Status>
     where
         T: Send + 'static,
         F: FnOnce(&mut Core, Time) -> Result<T, Status> + Send + 'static,
     {
-        let mut core = Arc::clone(&self.inner.core).lock_owned().await;
+        let mut core = self.inner.core.lock().await;
         let now = self.now();
+        let result = change(&mut core, now);
         if durability == Durability::Written {
-            return change(&mut core, now);
+            return result;
         }
-        let (result, sync) = tokio::task::spawn_blocking(move || {
-            let result = change(&mut core, now);
-            let sync = core.sync_point();
-            // The lock goes here; the journal lines this change wrote are still to be synced.
-            drop(core);
-            let offset = sync.written();
-            (result, sync.sync_to(offset))
-        })
-        .await
-        .map_err(|err| Status::internal(format!("dispatcher task failed: {err}")))?;
-        if let Err(err) = sync {
+        let sync = core.sync_point();
+        // The lock goes here; the journal lines this change wrote are still to be synced.
+        drop(core);
+        let offset = sync.written();
+        let synced = tokio::task::spawn_blocking(move || sync.sync_to(offset))
+            .await
+            .map_err(|err| Status::internal(format!("dispatcher task failed: {err}")))?;
+        if let Err(err) = synced {
             tracing::error!(cause = %err, "journal sync failed; refusing further changes until restart");
             return Err(Status::unavailable(
                 "the dispatcher's journal failed; it accepts no changes until it restarts",
