@@ -280,6 +280,9 @@ pub async fn run_worker(
                 End::Drained => WorkerEnd::Drained,
             };
         }
+        // The step to run next is taken first, so that the lease request below already
+        // counts it as started and asks for the steps after it while it runs (lease-ahead).
+        let next = state.next_step(now);
         if let Some(max) = state.next_lease(now) {
             let (client, tx, job) = (dispatcher.clone(), answers_tx.clone(), config.job);
             tokio::spawn(async move {
@@ -313,7 +316,7 @@ pub async fn run_worker(
                 let _ = tx.send(Answer::Report(answer)).await;
             });
         }
-        if let Some(held) = state.next_step(now) {
+        if let Some(held) = next {
             let ran = run_step(
                 &ctx,
                 &mut state,
