@@ -16,8 +16,11 @@
 //! - **Delivery before report.** A step is reported complete only after the receiver took its
 //!   frame (or already had it); a step whose push was refused, or whose lease expired first,
 //!   is never reported.
-//! - **Expiry.** A lease that expired (on this machine's clock) has gone back to the
-//!   dispatcher: the step is neither run nor pushed any more; whoever holds it now delivers it.
+//! - **Expiry.** A lease that expired (on this machine's clock, counted from when the lease
+//!   request went out, so it errs early) has gone back to the dispatcher: the step is neither
+//!   run nor pushed any more; whoever holds it now delivers it. So a lease must outlast a
+//!   step's compute and push (the default lease is 10 s; steps take milliseconds): a step
+//!   slower than its lease is dropped by every worker that takes it.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -407,6 +410,34 @@ mod tests {
         assert_eq!(w.next_report(), None);
         assert_eq!(w.abandoned(), 2);
         assert_eq!(w.outstanding(), 0);
+    }
+
+    #[test]
+    fn a_draining_worker_finishes_what_it_holds_then_asks_once_and_ends() {
+        let t0 = Instant::now();
+        let far = t0 + Duration::from_secs(10);
+        let mut w = WorkerState::new(3);
+        assert_eq!(w.next_lease(t0), Some(1));
+        w.leased(vec![step(0, far)], Duration::from_millis(1));
+        w.set_draining(true);
+        let s = w.next_step(t0).expect("held step runs");
+        assert_eq!(s.global, 0);
+        assert_eq!(w.next_lease(t0), None, "nothing new while it holds a step");
+        w.computed(Duration::from_millis(1));
+        assert!(w.may_push(t0));
+        assert_eq!(w.pushed(PushAnswer::Taken, t0), PushNext::Done);
+        assert_eq!(w.next_lease(t0), None, "its report is still to be answered");
+        let report = w.next_report().expect("report");
+        assert_eq!(report.len(), 1);
+        w.reported();
+        assert_eq!(
+            w.next_lease(t0),
+            Some(1),
+            "holding nothing, it asks to learn it is drained"
+        );
+        assert_eq!(w.finished(), None);
+        w.ended(End::Drained);
+        assert_eq!(w.finished(), Some(End::Drained));
     }
 
     #[derive(Debug, Clone)]
