@@ -127,8 +127,12 @@ pub struct Journal {
     file: File,
     sync: std::sync::Arc<SyncPoint>,
     /// After [`Journal::write_behind`]: lines go to the writer thread, in order.
-    writer: Option<std::sync::mpsc::Sender<String>>,
+    writer: Option<std::sync::mpsc::SyncSender<String>>,
 }
+
+/// The most lines waiting for the writer thread. When the disk falls this far behind, an
+/// append waits for room: the dispatcher slows to its disk rather than queue without bound.
+pub const WRITE_BEHIND_LINES: usize = 4096;
 
 /// The most bytes the writer thread gathers into one `write`.
 const WRITE_BEHIND_BYTES: usize = 1 << 20;
@@ -402,7 +406,7 @@ impl Journal {
         }
         let mut file = self.file.try_clone().map_err(|source| self.io(source))?;
         let sync = self.sync.clone();
-        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let (tx, rx) = std::sync::mpsc::sync_channel::<String>(WRITE_BEHIND_LINES);
         std::thread::Builder::new()
             .name("lode-journal".into())
             .spawn(move || {

@@ -6,8 +6,9 @@
 //!
 //! Every request is checked before it can touch state: the token first (`UNAUTHENTICATED`),
 //! then the job id (`PERMISSION_DENIED`). A handler then changes the state only through
-//! `Core::apply`, which journals the events (one line per request) before the handler
-//! answers; the requests that must be durable first (registration, watermark, consumer,
+//! `Core::apply`, which journals the events (one line per request, handed to the journal's
+//! writer thread, which writes lines in order; at most
+//! [`crate::journal::WRITE_BEHIND_LINES`] wait for it) before the handler answers; the requests that must be durable first (registration, watermark, consumer,
 //! drain, ticks) also wait for an `fdatasync` shared with every request before them, while
 //! `Lease`, `Complete` and `Heartbeat`, whose loss a restart recomputes, do not (see the
 //! crate docs, "Durability").
