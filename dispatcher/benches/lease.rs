@@ -224,6 +224,7 @@ async fn worker(
                     epoch: l.epoch,
                     step: l.step,
                     compute_us: 0,
+                    deadline_ms: l.deadline_ms,
                 })
                 .collect();
         } else if let Some(lease) = steps.first() {

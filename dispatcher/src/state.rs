@@ -324,6 +324,12 @@ impl DispatcherState {
         out
     }
 
+    /// The lease of `step` in `stage`, if it is leased.
+    pub fn lease(&self, stage: StageId, step: StepId) -> Option<Lease> {
+        let seq = self.seq_of(step)?;
+        self.stage(stage)?.leases.get(&seq).copied()
+    }
+
     /// Whether `stage` completed `step` and the training side has not consumed it yet.
     pub fn is_completed(&self, stage: StageId, step: StepId) -> bool {
         match (self.stage(stage), self.seq_of(step)) {

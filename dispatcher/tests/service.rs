@@ -325,6 +325,10 @@ async fn bad_credentials_and_other_jobs_are_rejected_without_touching_state() {
     let mut client = server.client().await;
     let worker = register(&mut client, 0).await.worker_id;
     let held = leased(&mut client, worker).await;
+    // A lease is answered before its journal line reaches the file (the writer thread writes
+    // it); a registration is answered only once the journal is synced through it, so after
+    // one the file holds everything before it.
+    register(&mut client, 0).await;
     let before = status(&mut client).await;
     let journal = dir.path().join(JOURNAL_FILE);
     let journal_before = std::fs::read(&journal).expect("journal");
@@ -657,7 +661,10 @@ async fn a_restart_from_the_journal_mid_epoch_gives_the_same_status_and_next_lea
     assert_eq!(held, [(0, 2, workers[1]), (1, 1, workers[2])], "{before:?}");
     assert_eq!(before.watermark, Some(v1::StepRef { epoch: 0, step: 0 }));
 
-    // Every answer was journaled before it was sent: a copy now is what a crash would leave.
+    // Every answer was journaled before it was sent, and a synced answer (this repeated
+    // watermark report changes nothing) waits until the journal holds everything before it on
+    // disk: a copy now is what a crash would leave.
+    consumed(&mut client, 0, 0).await;
     let copy = tempfile::tempdir().expect("tempdir");
     std::fs::copy(
         dir.path().join(JOURNAL_FILE),
@@ -802,6 +809,7 @@ async fn a_batch_is_leased_and_completed_in_one_request_each() {
             epoch,
             step,
             compute_us: 10,
+            deadline_ms: 0,
         })
         .collect();
     let refused = client
@@ -849,6 +857,7 @@ async fn a_batch_is_leased_and_completed_in_one_request_each() {
             epoch: l.epoch,
             step: l.step,
             compute_us: 10,
+            deadline_ms: 0,
         })
         .collect();
     let answer = client
@@ -870,5 +879,54 @@ async fn a_batch_is_leased_and_completed_in_one_request_each() {
         (now.leases.len(), now.steps_computed, now.compute_us),
         (1, 2, 20)
     );
+    server.stop().await;
+}
+
+/// A report names the grant it was delivered under: when the step went back and the same
+/// worker was granted it again, a late report of the earlier delivery is refused instead of
+/// completing the new grant (whose delivery, perhaps to a new receiver, is still to come).
+#[tokio::test]
+async fn a_late_report_of_an_earlier_grant_does_not_complete_the_new_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(dir.path(), config(1)).await;
+    let mut client = server.client().await;
+    let worker = register(&mut client, 0).await.worker_id;
+    let first = leased(&mut client, worker).await;
+    server.clock.advance(Duration::from_millis(LEASE_MS + 1));
+    let second = leased(&mut client, worker).await;
+    assert_eq!((second.epoch, second.step), (first.epoch, first.step));
+    assert_ne!(second.deadline_ms, first.deadline_ms);
+    let report = |deadline_ms| v1::CompleteRequest {
+        job_id: JOB,
+        worker_id: worker,
+        stage: 0,
+        epoch: 0,
+        step: 0,
+        compute_us: 0,
+        steps: vec![v1::CompletedStep {
+            epoch: first.epoch,
+            step: first.step,
+            compute_us: 1,
+            deadline_ms,
+        }],
+    };
+    let stale = client
+        .complete(report(first.deadline_ms))
+        .await
+        .expect("complete")
+        .into_inner();
+    assert_eq!(
+        stale.refused.len(),
+        1,
+        "the earlier grant's report is refused"
+    );
+    assert_eq!(status(&mut client).await.leases.len(), 1, "still leased");
+    let current = client
+        .complete(report(second.deadline_ms))
+        .await
+        .expect("complete")
+        .into_inner();
+    assert!(current.refused.is_empty());
+    assert!(status(&mut client).await.leases.is_empty());
     server.stop().await;
 }

@@ -416,6 +416,7 @@ fn complete_request(job: u64, worker: u64, stage: u32, delivered: &[Delivered]) 
                 epoch: d.epoch,
                 step: d.step,
                 compute_us: d.compute_us,
+                deadline_ms: d.deadline_ms,
             })
             .collect(),
     }
@@ -463,6 +464,7 @@ fn absorb(
                         .saturating_add(lease.step),
                     expires: sent
                         + Duration::from_millis(lease.deadline_ms.saturating_sub(lease.now_ms)),
+                    deadline_ms: lease.deadline_ms,
                     records: lease.records,
                 })
                 .collect();

@@ -46,6 +46,9 @@ pub struct HeldStep {
     pub records: Vec<u64>,
     /// When the lease ends, on this machine's clock.
     pub expires: Instant,
+    /// The lease's deadline on the dispatcher's clock, as granted: it names this grant in the
+    /// report, so that a late report of an earlier grant of the step cannot complete this one.
+    pub deadline_ms: u64,
 }
 
 /// A delivered step waiting to be reported.
@@ -55,6 +58,8 @@ pub struct Delivered {
     pub step: u64,
     pub global: u64,
     pub compute_us: u64,
+    /// The grant it was delivered under (see [`HeldStep::deadline_ms`]).
+    pub deadline_ms: u64,
 }
 
 /// What the receiver answered a push.
@@ -192,13 +197,20 @@ impl WorkerState {
         self.lease_in_flight = false;
         self.round_trip = Some(ewma(self.round_trip, round_trip.as_secs_f64()));
         for step in steps {
-            let held = self.queued.iter().any(|h| h.global == step.global)
-                || self
-                    .running
-                    .as_ref()
-                    .is_some_and(|(h, _)| h.global == step.global);
+            // Granted again while an earlier grant of it is queued or running (that one went
+            // back): the copy here now runs under the new grant, and reports it.
+            let held = self
+                .queued
+                .iter_mut()
+                .chain(self.running.as_mut().map(|(h, _)| h))
+                .find(|h| h.global == step.global);
+            if let Some(held) = held {
+                held.expires = step.expires;
+                held.deadline_ms = step.deadline_ms;
+                continue;
+            }
             // Beyond the limit would be a dispatcher bug; refuse to hold more than it allows.
-            if !held && self.outstanding() < self.max_leases {
+            if self.outstanding() < self.max_leases {
                 self.queued.push_back(step);
             }
         }
@@ -277,6 +289,7 @@ impl WorkerState {
                     step: step.step,
                     global: step.global,
                     compute_us: u64::try_from(compute.as_micros()).unwrap_or(u64::MAX),
+                    deadline_ms: step.deadline_ms,
                 });
                 PushNext::Done
             }
@@ -365,6 +378,7 @@ mod tests {
             global,
             records: vec![global],
             expires,
+            deadline_ms: global,
         }
     }
 

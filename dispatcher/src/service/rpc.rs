@@ -408,17 +408,30 @@ impl Dispatcher for DispatcherService {
             .await?;
             return Ok(Response::new(v1::CompleteResponse::default()));
         }
-        let steps: Vec<(StepId, u64)> = req
+        let steps: Vec<(StepId, u64, u64)> = req
             .steps
             .iter()
-            .map(|s| (StepId::new(s.epoch, s.step), s.compute_us))
+            .map(|s| (StepId::new(s.epoch, s.step), s.compute_us, s.deadline_ms))
             .collect();
         let refused = self
             .mutate(Durability::Written, move |core, now| {
+                // A report that names the grant it was delivered under completes only that
+                // grant (see `CompletedStep.deadline_ms`).
+                let current = |step: StepId, deadline_ms: u64| {
+                    deadline_ms == 0
+                        || core.state().lease(stage, step).is_some_and(|l| {
+                            l.worker == worker && l.deadline.as_millis() == deadline_ms
+                        })
+                };
+                let listed: Vec<StepId> = steps
+                    .iter()
+                    .filter(|(step, _, deadline_ms)| current(*step, *deadline_ms))
+                    .map(|(step, _, _)| *step)
+                    .collect();
                 let command = Command::CompleteSteps {
                     worker,
                     stage,
-                    steps: steps.iter().map(|(step, _)| *step).collect(),
+                    steps: listed,
                 };
                 let events = core.apply(command, now)?;
                 let done: BTreeSet<StepId> = events
@@ -430,13 +443,13 @@ impl Dispatcher for DispatcherService {
                     .collect();
                 let compute_us = steps
                     .iter()
-                    .filter(|(step, _)| done.contains(step))
-                    .fold(0u64, |sum, (_, us)| sum.saturating_add(*us));
+                    .filter(|(step, _, _)| done.contains(step))
+                    .fold(0u64, |sum, (_, us, _)| sum.saturating_add(*us));
                 core.count_completed(worker, done.len() as u64, compute_us);
                 Ok(steps
                     .iter()
-                    .filter(|(step, _)| !done.contains(step))
-                    .map(|(step, _)| convert::step_ref(*step))
+                    .filter(|(step, _, _)| !done.contains(step))
+                    .map(|(step, _, _)| convert::step_ref(*step))
                     .collect())
             })
             .await?;
