@@ -2,19 +2,29 @@
 //!
 //! One job of 10M records in batches of 32, repeating forever, with long leases and heartbeats
 //! so that nothing expires during a run. 64 workers (tokio tasks, each registered and on its
-//! own connection) loop Lease → Complete as fast as they can; a consumer task reports the
-//! contiguous prefix of completed steps as consumed every 10 ms, as the training side would.
+//! own connection) loop Lease → Complete as fast as they can, `k` steps per request (one
+//! `Lease` with `max_steps = k`, one `Complete` listing the k steps; `k = 1` is the one-step
+//! protocol); a consumer task reports the contiguous prefix of completed steps as consumed
+//! every 10 ms, as the training side would. "steps/s" counts leased steps; the latencies are
+//! per request. Workers that loop as fast as they can measure the most the dispatcher
+//! serves, and their latency is mostly queueing (64 requests always waiting on 2 cores);
+//! `LODE_BENCH_RATE=<steps/s>` (default `0,60000`: 0 is flat out) paces the workers instead,
+//! staggered, so that together they offer that many steps a second, as workers with real work
+//! between leases do: its latencies are what a worker waits at that load.
 //!
-//! The run is repeated with the journal on disk (a temporary directory) and on `/dev/shm`, and
-//! the cost of a bare `write` + `fdatasync` of a journal-sized line is measured in each place,
-//! to show how much of a Lease is the journal's fsync.
+//! The journal lives on an ordinary disk: a temporary directory under Cargo's target directory
+//! (`LODE_BENCH_DIR=<dir>` to choose another; `LODE_BENCH_SHM=1` adds a run on `/dev/shm` for
+//! comparison). The cost of a bare `write` + `fdatasync` of a journal-sized line is measured in
+//! each place; since Lease and Complete are answered without one (see the crate docs,
+//! "Durability"), only registrations, the consumer's reports and ticks pay it.
 //!
 //! This is a plain `harness = false` main rather than a criterion group: what matters is the
 //! aggregate rate of many concurrent clients and the tail of the per-request latency, which
 //! criterion's one-routine-at-a-time model does not express.
 //!
 //! Run with `cargo bench -p lode-dispatcher --bench lease` (`-- --quick` for 2 s per case;
-//! `LODE_BENCH_SECS=<n>` and `LODE_BENCH_WORKERS=<n>` override the defaults;
+//! `LODE_BENCH_SECS=<n>`, `LODE_BENCH_WORKERS=<n>` and `LODE_BENCH_STEPS=<k,k,...>` (steps per
+//! request, default `1,16`) override the defaults;
 //! `LODE_BENCH_ORDER=sequential|shuffle` serves TensorFlow's order of `batch(32)` or of
 //! `shuffle(1_000_000).batch(32)` instead of Lode's own permutation).
 
@@ -38,7 +48,11 @@ const JOB: u64 = 1;
 const TOKEN: &str = "bench-token";
 const RECORDS: u64 = 10_000_000;
 const BATCH: u64 = 32;
-const MAX_LEASES: u32 = 4;
+/// Each worker may hold two requests' worth of steps (a batch being completed while the next is
+/// leased), at least 4 as before batches.
+fn max_leases(k: u32) -> u32 {
+    (2 * k).max(4)
+}
 const DEFAULT_WORKERS: usize = 64;
 const WARMUP: Duration = Duration::from_millis(500);
 const CONSUME_EVERY: Duration = Duration::from_millis(10);
@@ -46,7 +60,7 @@ const CONSUME_EVERY: Duration = Duration::from_millis(10);
 /// `LODE_BENCH_ORDER`: `lode` (Lode's own seeded permutation, the default), `sequential`
 /// (TensorFlow's order of `batch(32)`) or `shuffle` (TensorFlow's order of
 /// `shuffle(1_000_000).batch(32)`).
-fn dispatcher_config() -> DispatcherConfig {
+fn dispatcher_config(k: u32) -> DispatcherConfig {
     let order = std::env::var("LODE_BENCH_ORDER").unwrap_or_default();
     if order == "sequential" || order == "shuffle" {
         let mut ops = Vec::new();
@@ -71,7 +85,7 @@ fn dispatcher_config() -> DispatcherConfig {
             chain,
             None,
             Duration::from_secs(3_600),
-            MAX_LEASES,
+            max_leases(k),
             1,
         )
         .expect("config");
@@ -85,7 +99,7 @@ fn dispatcher_config() -> DispatcherConfig {
         epochs: None,
         restart_every: None,
         lease_duration: Duration::from_secs(3_600),
-        max_leases_per_worker: MAX_LEASES,
+        max_leases_per_worker: max_leases(k),
         stages: 1,
     }
 }
@@ -136,6 +150,8 @@ async fn worker(
     end: Instant,
     done: mpsc::UnboundedSender<u64>,
     per_epoch: u64,
+    k: u32,
+    pace: Option<(Duration, Duration)>,
 ) -> WorkerStats {
     let mut client = connect(&endpoint, TOKEN, None).await.expect("connect");
     let worker_id = client
@@ -150,7 +166,16 @@ async fn worker(
         .into_inner()
         .worker_id;
     let mut stats = WorkerStats::default();
+    // Paced: one request every `period`, this worker's first at `offset` past the start.
+    let mut ticks = pace.map(|(period, offset)| {
+        let mut t = tokio::time::interval_at((start - WARMUP + offset).into(), period);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    });
     loop {
+        if let Some(t) = &mut ticks {
+            t.tick().await;
+        }
         let t0 = Instant::now();
         if t0 >= end {
             break;
@@ -160,6 +185,7 @@ async fn worker(
             .lease(v1::LeaseRequest {
                 job_id: JOB,
                 worker_id,
+                max_steps: k,
             })
             .await
             .expect("lease")
@@ -169,33 +195,48 @@ async fn worker(
         if measured {
             stats.lease_us.push(micros(t0.elapsed()));
         }
-        match outcome {
-            Outcome::Lease(lease) => {
-                let t1 = Instant::now();
-                client
-                    .complete(v1::CompleteRequest {
-                        job_id: JOB,
-                        worker_id,
-                        stage: lease.stage,
-                        epoch: lease.epoch,
-                        step: lease.step,
-                        compute_us: 0,
-                    })
-                    .await
-                    .expect("complete");
-                if measured {
-                    stats.granted += 1;
-                    stats.complete_us.push(micros(t1.elapsed()));
-                }
-                let _ = done.send(lease.epoch * per_epoch + lease.step);
-            }
+        let steps = match outcome {
+            Outcome::Lease(lease) => vec![lease],
+            Outcome::Leases(batch) => batch.steps,
             Outcome::Wait(wait) => {
                 if measured {
                     stats.waits += 1;
                 }
                 tokio::time::sleep(Duration::from_millis(wait.retry_after_ms)).await;
+                continue;
             }
             other => panic!("the endless job answered {other:?}"),
+        };
+        let t1 = Instant::now();
+        let mut request = v1::CompleteRequest {
+            job_id: JOB,
+            worker_id,
+            stage: 0,
+            epoch: 0,
+            step: 0,
+            compute_us: 0,
+            steps: Vec::new(),
+        };
+        if k > 1 {
+            request.steps = steps
+                .iter()
+                .map(|l| v1::CompletedStep {
+                    epoch: l.epoch,
+                    step: l.step,
+                    compute_us: 0,
+                    deadline_ms: l.deadline_ms,
+                })
+                .collect();
+        } else if let Some(lease) = steps.first() {
+            (request.stage, request.epoch, request.step) = (lease.stage, lease.epoch, lease.step);
+        }
+        client.complete(request).await.expect("complete");
+        if measured {
+            stats.granted += steps.len() as u64;
+            stats.complete_us.push(micros(t1.elapsed()));
+        }
+        for lease in &steps {
+            let _ = done.send(lease.epoch * per_epoch + lease.step);
         }
     }
     stats
@@ -243,10 +284,17 @@ async fn consumer(
     (reports, reported.unwrap_or(0))
 }
 
-async fn run_case(name: &str, journal_dir: &Path, workers: usize, secs: Duration) -> CaseResult {
+async fn run_case(
+    name: &str,
+    journal_dir: &Path,
+    workers: usize,
+    k: u32,
+    rate: u64,
+    secs: Duration,
+) -> CaseResult {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let endpoint = endpoint_of(listener.local_addr().expect("local addr"));
-    let dispatcher = dispatcher_config();
+    let dispatcher = dispatcher_config(k);
     let per_epoch = dispatcher.steps_per_epoch();
     let mut config = ServiceConfig::new(
         JobId(JOB),
@@ -267,19 +315,28 @@ async fn run_case(name: &str, journal_dir: &Path, workers: usize, secs: Duration
     let consumer_client = connect(&endpoint, TOKEN, None).await.expect("connect");
     let consumer = tokio::spawn(consumer(consumer_client, done_rx, per_epoch));
 
-    // Registration of 64 workers costs 64 fsyncs; start the clock after it.
+    // Registration of 64 workers costs 64 fsyncs (each one is durable before its answer);
+    // start the clock after it.
     let start = Instant::now()
         + WARMUP
         + Duration::from_millis(20) * u32::try_from(workers).unwrap_or(u32::MAX);
     let end = start + secs;
+    // Each worker asks for k steps every `period`, so that together they offer `rate`.
+    #[allow(clippy::cast_precision_loss)]
+    let period =
+        (rate > 0).then(|| Duration::from_secs_f64(f64::from(k) * workers as f64 / rate as f64));
     let tasks: Vec<_> = (0..workers)
-        .map(|_| {
+        .map(|i| {
+            #[allow(clippy::cast_precision_loss)]
+            let pace = period.map(|p| (p, p.mul_f64(i as f64 / workers as f64)));
             tokio::spawn(worker(
                 endpoint.clone(),
                 start,
                 end,
                 done_tx.clone(),
                 per_epoch,
+                k,
+                pace,
             ))
         })
         .collect();
@@ -337,12 +394,18 @@ fn fsync_cost(dir: &Path) -> Duration {
     times[times.len() / 2]
 }
 
-fn print_result(r: &CaseResult, fsync: Duration) {
+fn print_result(r: &CaseResult, k: u32, offered: u64, fsync: Duration) {
     #[allow(clippy::cast_precision_loss)]
     let rate = r.granted as f64 / r.secs;
     println!(
-        "{:<10} {:>10.0} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10.1}",
+        "{:<10} {:>4} {:>8} {:>10.0} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10.1}",
         r.name,
+        k,
+        if offered == 0 {
+            "max".to_owned()
+        } else {
+            offered.to_string()
+        },
         rate,
         r.waits,
         percentile(&r.lease_us, 50.0),
@@ -366,25 +429,46 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(DEFAULT_WORKERS);
+    let batches: Vec<u32> = std::env::var("LODE_BENCH_STEPS")
+        .unwrap_or_else(|_| "1,16".into())
+        .split(',')
+        .filter_map(|k| k.trim().parse().ok())
+        .filter(|k| *k > 0)
+        .collect();
+    let rates: Vec<u64> = std::env::var("LODE_BENCH_RATE")
+        .unwrap_or_else(|_| "0,60000".into())
+        .split(',')
+        .filter_map(|r| r.trim().parse().ok())
+        .collect();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
 
-    let disk = tempfile::tempdir().expect("tempdir");
-    let shm = tempfile::tempdir_in("/dev/shm").ok();
+    // An ordinary disk: Cargo's target directory unless told otherwise (never a tmpfs).
+    let base = std::env::var_os("LODE_BENCH_DIR").map_or_else(
+        || std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")),
+        Into::into,
+    );
+    std::fs::create_dir_all(&base).expect("bench dir");
+    let disk = tempfile::tempdir_in(&base).expect("tempdir");
+    let shm =
+        std::env::var_os("LODE_BENCH_SHM").and_then(|_| tempfile::tempdir_in("/dev/shm").ok());
     let mut cases = vec![("disk", disk.path().to_owned())];
     if let Some(shm) = &shm {
         cases.push(("/dev/shm", shm.path().to_owned()));
     }
     println!(
-        "lease bench: {workers} workers, {RECORDS} records, batch {BATCH}, max_leases {MAX_LEASES}, {secs} s per case, order {}",
-        std::env::var("LODE_BENCH_ORDER").unwrap_or_else(|_| "lode".into())
+        "lease bench: {workers} workers, {RECORDS} records, batch {BATCH}, max_leases max(2k, 4), {secs} s per case, order {}, journal under {}",
+        std::env::var("LODE_BENCH_ORDER").unwrap_or_else(|_| "lode".into()),
+        base.display()
     );
     println!(
-        "{:<10} {:>10} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
+        "{:<10} {:>4} {:>8} {:>10} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
         "journal",
-        "leases/s",
+        "k",
+        "offered",
+        "steps/s",
         "waits",
         "lease p50",
         "lease p99",
@@ -395,12 +479,24 @@ fn main() {
         "fsync µs"
     );
     println!(
-        "{:<10} {:>10} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
-        "", "", "", "µs", "µs", "µs", "µs", "µs", "", "(median)"
+        "{:<10} {:>4} {:>8} {:>10} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
+        "", "", "steps/s", "", "", "µs", "µs", "µs", "µs", "µs", "", "(median)"
     );
     for (name, dir) in cases {
-        let fsync = fsync_cost(&dir);
-        let result = runtime.block_on(run_case(name, &dir, workers, Duration::from_secs(secs)));
-        print_result(&result, fsync);
+        for &k in &batches {
+            for &rate in &rates {
+                let fsync = fsync_cost(&dir);
+                let case = dir.join(format!("k{k}-r{rate}"));
+                let result = runtime.block_on(run_case(
+                    name,
+                    &case,
+                    workers,
+                    k,
+                    rate,
+                    Duration::from_secs(secs),
+                ));
+                print_result(&result, k, rate, fsync);
+            }
+        }
     }
 }

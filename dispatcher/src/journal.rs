@@ -9,7 +9,9 @@
 //!   only reopened under the same job and config; the events would mean another data order
 //!   otherwise.
 //! - Every later line is a [`Batch`]: the records one request produced and the time it was
-//!   applied. A batch is written with one `write` and fsync'ed before the request is answered.
+//!   applied. A batch is written with one `write`; [`SyncPoint::sync_to`] makes it durable
+//!   (group commit) for the requests that must be durable before their answer (the crate
+//!   docs' "Durability" says which).
 //!
 //! # Recovery
 //! A crash mid-write leaves a torn last line: without its newline, or failing its CRC or its
@@ -117,13 +119,23 @@ pub struct Recovered {
     pub torn: Option<TornTail>,
 }
 
-/// An open journal; every [`Journal::append`] is durable when it returns.
+/// An open journal; every [`Journal::append`] is durable when it returns, an
+/// [`Journal::append_unsynced`] once a later [`SyncPoint::sync_to`] covers it.
 #[derive(Debug)]
 pub struct Journal {
     path: PathBuf,
     file: File,
     sync: std::sync::Arc<SyncPoint>,
+    /// After [`Journal::write_behind`]: lines go to the writer thread, in order.
+    writer: Option<std::sync::mpsc::SyncSender<String>>,
 }
+
+/// The most lines waiting for the writer thread. When the disk falls this far behind, an
+/// append waits for room: the dispatcher slows to its disk rather than queue without bound.
+pub const WRITE_BEHIND_LINES: usize = 4096;
+
+/// The most bytes the writer thread gathers into one `write`.
+const WRITE_BEHIND_BYTES: usize = 1 << 20;
 
 /// Durability, shared outside the service's lock so that concurrent requests share one
 /// `fdatasync` (group commit): a request appends its line under the lock, then waits, after
@@ -132,8 +144,12 @@ pub struct Journal {
 #[derive(Debug)]
 pub struct SyncPoint {
     file: File,
-    /// Bytes written to the file so far.
+    /// Bytes appended so far (written, or queued for the writer thread): the offset the
+    /// last appended line ends at.
     written: std::sync::atomic::AtomicU64,
+    /// Bytes the file holds (`write` returned for them); a condvar wakes waiters.
+    on_file: std::sync::Mutex<u64>,
+    written_out: std::sync::Condvar,
     /// Bytes known to be on disk; the lock also serializes the syncs.
     synced: std::sync::Mutex<u64>,
     /// A sync failed: nothing after it can be trusted to be on disk.
@@ -150,8 +166,47 @@ impl SyncPoint {
         self.failed.load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// Records that the file now holds `bytes` more (the writer thread's `write` returned).
+    fn wrote(&self, bytes: u64) {
+        let mut on_file = self
+            .on_file
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *on_file = on_file.saturating_add(bytes);
+        self.written_out.notify_all();
+    }
+
+    /// A write failed: nothing after it reaches the file.
+    fn fail(&self) {
+        self.failed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _guard = self
+            .on_file
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.written_out.notify_all();
+    }
+
+    /// Waits until the file holds at least `offset` bytes; returns what it holds.
+    fn wait_on_file(&self, offset: u64) -> std::io::Result<u64> {
+        let mut on_file = self
+            .on_file
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while *on_file < offset {
+            if self.has_failed() {
+                return Err(std::io::Error::other("a journal write failed"));
+            }
+            on_file = self
+                .written_out
+                .wait(on_file)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        Ok(*on_file)
+    }
+
     /// Returns once the file is on disk at least up to `offset`, syncing if nobody has yet.
     pub fn sync_to(&self, offset: u64) -> std::io::Result<()> {
+        self.wait_on_file(offset)?;
         let mut synced = self
             .synced
             .lock()
@@ -159,8 +214,8 @@ impl SyncPoint {
         if *synced >= offset {
             return Ok(());
         }
-        // Everything written before this sync starts is covered by it.
-        let target = self.written();
+        // Everything on the file before this sync starts is covered by it.
+        let target = self.wait_on_file(offset)?;
         if let Err(e) = self.file.sync_data() {
             self.failed.store(true, std::sync::atomic::Ordering::SeqCst);
             return Err(e);
@@ -233,9 +288,12 @@ impl Journal {
             sync: std::sync::Arc::new(SyncPoint {
                 file: sync_file,
                 written: std::sync::atomic::AtomicU64::new(0),
+                on_file: std::sync::Mutex::new(0),
+                written_out: std::sync::Condvar::new(),
                 synced: std::sync::Mutex::new(0),
                 failed: std::sync::atomic::AtomicBool::new(false),
             }),
+            writer: None,
         };
         let scan = journal.scan()?;
         // Check everything before changing the file: a refused journal is left as it was.
@@ -279,6 +337,11 @@ impl Journal {
             .store(end, std::sync::atomic::Ordering::SeqCst);
         *journal
             .sync
+            .on_file
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = end;
+        *journal
+            .sync
             .synced
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = end;
@@ -306,15 +369,68 @@ impl Journal {
             return Err(self.io(std::io::Error::other("an earlier journal sync failed")));
         }
         let line = self.encode(batch)?;
-        self.file
-            .write_all(line.as_bytes())
-            .map_err(|source| self.io(source))?;
         let bytes = line.len() as u64;
-        Ok(self
+        let end = self
             .sync
             .written
             .fetch_add(bytes, std::sync::atomic::Ordering::SeqCst)
-            + bytes)
+            + bytes;
+        match &self.writer {
+            Some(writer) => {
+                if writer.send(line).is_err() {
+                    self.sync.fail();
+                    return Err(self.io(std::io::Error::other("the journal writer stopped")));
+                }
+            }
+            None => {
+                if let Err(source) = self.file.write_all(line.as_bytes()) {
+                    self.sync.fail();
+                    return Err(self.io(source));
+                }
+                self.sync.wrote(bytes);
+            }
+        }
+        Ok(end)
+    }
+
+    /// From now on, appended lines are written by a thread of their own, in order, gathered
+    /// into one `write` when several are waiting: [`Journal::append_unsynced`] returns without
+    /// waiting for the file, so a `write` held up behind an `fdatasync` (the kernel keeps a page
+    /// stable while it is written back) holds up nobody who does not need the disk.
+    /// [`SyncPoint::sync_to`] waits for the thread before it syncs. A process killed before the
+    /// thread wrote a line loses it, as an OS crash loses unsynced lines; the crate docs
+    /// ("Durability") say why only answers that may be lost are given before a sync.
+    pub fn write_behind(&mut self) -> Result<(), JournalError> {
+        if self.writer.is_some() {
+            return Ok(());
+        }
+        let mut file = self.file.try_clone().map_err(|source| self.io(source))?;
+        let sync = self.sync.clone();
+        let (tx, rx) = std::sync::mpsc::sync_channel::<String>(WRITE_BEHIND_LINES);
+        std::thread::Builder::new()
+            .name("lode-journal".into())
+            .spawn(move || {
+                let mut buf = Vec::new();
+                while let Ok(line) = rx.recv() {
+                    buf.clear();
+                    buf.extend_from_slice(line.as_bytes());
+                    while buf.len() < WRITE_BEHIND_BYTES {
+                        match rx.try_recv() {
+                            Ok(more) => buf.extend_from_slice(more.as_bytes()),
+                            Err(_) => break,
+                        }
+                    }
+                    if let Err(err) = file.write_all(&buf) {
+                        tracing::error!(cause = %err, "journal write failed; the dispatcher accepts no more changes");
+                        sync.fail();
+                        return;
+                    }
+                    sync.wrote(buf.len() as u64);
+                }
+            })
+            .map_err(|source| self.io(source))?;
+        self.writer = Some(tx);
+        Ok(())
     }
 
     /// The journal's durability point (see [`SyncPoint`]).
@@ -612,6 +728,29 @@ mod tests {
         sync.sync_to(second).expect("already synced");
         drop(rec);
         assert_eq!(open(dir.path()).expect("reopen").batches.len(), 2);
+    }
+
+    #[test]
+    fn written_behind_lines_reach_the_file_in_order_before_a_sync_returns() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut rec = open(dir.path()).expect("create");
+        rec.journal.write_behind().expect("writer thread");
+        let sync = rec.journal.sync_point();
+        let mut ends = Vec::new();
+        for at in 1..=200 {
+            ends.push(rec.journal.append_unsynced(&batch(at, at)).expect("append"));
+        }
+        assert!(ends.windows(2).all(|w| w[0] < w[1]));
+        let last = *ends.last().expect("appended");
+        sync.sync_to(last).expect("sync");
+        assert_eq!(
+            std::fs::metadata(file_of(dir.path())).expect("stat").len(),
+            last
+        );
+        drop(rec);
+        let rec = open(dir.path()).expect("reopen");
+        let expected: Vec<(u64, Batch)> = (1..=200).map(|at| (at + 1, batch(at, at))).collect();
+        assert_eq!(rec.batches, expected);
     }
 
     #[test]

@@ -39,8 +39,47 @@
 //! - A rejected command changes nothing; an accepted one changes exactly what its events say,
 //!   so [`DispatcherState::replay`] of the journal equals the live state.
 //! - No command sequence panics: commands come from the network.
-//! - The service answers a request only after the events it caused are fsync'ed in the
-//!   journal; a request with a missing or wrong token, or for another job, changes nothing.
+//! - The service answers a request only after the events it caused are written to the
+//!   journal, and fsync'ed first where "Durability" below says so; a request with a missing or
+//!   wrong token, or for another job, changes nothing.
+//!
+//! # Durability
+//! The journal is one append-only file written in the order the state changed, so whatever a
+//! crash leaves of it is a prefix of the event history (a torn last line is cut away on open),
+//! and every prefix replays to a state the dispatcher really was in. The question is which
+//! answers may run ahead of the disk, i.e. which facts may be forgotten after a crash without
+//! breaking exactly-once delivery per epoch. The receiver (the training side's DWRecv) is what
+//! makes delivery exactly-once: it delivers steps in order and drops any step it holds or has
+//! delivered; the dispatcher's job is that every step of the epoch is leased until delivered,
+//! always with the identical batch. Hence:
+//!
+//! - **Recomputable, answered once journaled (no `fdatasync`)**: `Lease`, `Complete`,
+//!   `Heartbeat`. A lease is a function of the journal's epoch and watermark: a forgotten grant
+//!   puts the step back in the never-leased range, so it is leased again with the identical
+//!   batch ([`index_batch`] depends on the config and step alone); the worker that held it
+//!   finds its `Complete` refused (routine) and the receiver drops its duplicate push. A
+//!   forgotten completion makes the step leased again and pushed again, which the receiver
+//!   drops; a completion need not be durable before delivery, since delivery is what the
+//!   consumer's watermark records. A forgotten heartbeat is a worker seen slightly earlier.
+//! - **Durable before the answer (one group-committed `fdatasync`)**: `Register` (a worker id
+//!   handed out must never be handed out again), `Consumed` (the training side may act on the
+//!   acknowledged watermark: a consumer restarted without a checkpoint continues after it),
+//!   `RegisterConsumer` (a rewind to a checkpoint must not be forgotten, or the steps after the
+//!   checkpoint would never be leased again), `Drain` (the scheduler acts on it), and every
+//!   tick. A sync covers every line written before it, so a durable watermark implies that
+//!   the grants it depends on are durable too.
+//!
+//! The service hands journal lines to a writer thread of their own ([`Journal::write_behind`]),
+//! which writes them in order, several in one `write`, so that a `write` held up behind an
+//! `fdatasync` holds up no request under the lock. A SIGKILL of the dispatcher or an OS crash
+//! at any instant therefore leaves a prefix that holds every line up to the last synced answer,
+//! and may lack any of the unsynced lines after it; those are exactly the answers listed as
+//! recomputable above. The ticker syncs every [`service::TICK_INTERVAL`], which bounds that
+//! window. The crash-point test
+//! (`service/crash_tests.rs`) replays every prefix of recorded journals, torn lines included,
+//! against
+//! a receiver and workers that remember more than the journal, and checks that every step of
+//! every epoch is delivered exactly once, in order, with its batch.
 
 pub mod batch;
 pub mod config;

@@ -35,11 +35,23 @@ pub enum Command {
     /// lowest first, otherwise the next step in order. Lease expiry happens on [`Command::Tick`]
     /// only, so the service layer ticks before serving lease requests.
     RequestLease { worker: WorkerId },
+    /// Lease up to `max` steps at once, as [`Command::RequestLease`] picks them one after the
+    /// other, within the worker's lease limit: at least one, or the error the first would get.
+    RequestLeases { worker: WorkerId, max: u32 },
     /// The worker has delivered `step` of `stage`.
     Complete {
         worker: WorkerId,
         stage: StageId,
         step: StepId,
+    },
+    /// The worker has delivered each of `steps` of `stage`: the ones it holds complete, the
+    /// others (a lease that expired and went elsewhere, or that the watermark retired) are
+    /// skipped, so one late step does not refuse the rest. An unknown worker, another stage or
+    /// a step outside the job refuses the whole command.
+    CompleteSteps {
+        worker: WorkerId,
+        stage: StageId,
+        steps: Vec<StepId>,
     },
     /// The training side has consumed every step up to and including `watermark`.
     Consumed { watermark: StepId },
@@ -312,6 +324,12 @@ impl DispatcherState {
         out
     }
 
+    /// The lease of `step` in `stage`, if it is leased.
+    pub fn lease(&self, stage: StageId, step: StepId) -> Option<Lease> {
+        let seq = self.seq_of(step)?;
+        self.stage(stage)?.leases.get(&seq).copied()
+    }
+
     /// Whether `stage` completed `step` and the training side has not consumed it yet.
     pub fn is_completed(&self, stage: StageId, step: StepId) -> bool {
         match (self.stage(stage), self.seq_of(step)) {
@@ -362,30 +380,43 @@ impl DispatcherState {
                 self.known(worker)?;
                 self.emit(&mut out, Event::WorkerHeartbeat { worker, at: now })?;
             }
-            Command::RequestLease { worker } => {
+            Command::RequestLease { worker } => self.grant(&mut out, worker, 1, now)?,
+            Command::RequestLeases { worker, max } => self.grant(&mut out, worker, max, now)?,
+            Command::CompleteSteps {
+                worker,
+                stage,
+                steps,
+            } => {
                 let info = self.known(worker)?;
-                let stage = info.stage;
-                if info.status == WorkerStatus::Draining {
-                    return Err(Error::Draining { worker });
-                }
-                let limit = self.config.max_leases_per_worker;
-                if u32::try_from(info.leases.len()).map_or(true, |n| n >= limit) {
-                    return Err(Error::LeaseLimit { worker, limit });
-                }
-                let seq = self.next_leasable(stage)?;
-                let step = self.step_of(seq);
-                let records = self.batch(step)?;
-                let deadline = now.saturating_add_millis(self.lease_ms);
-                self.emit(
-                    &mut out,
-                    Event::LeaseGranted {
+                if info.stage != stage {
+                    return Err(Error::WrongStage {
                         worker,
                         stage,
-                        step,
-                        deadline,
-                        records,
-                    },
-                )?;
+                        registered: info.stage,
+                    });
+                }
+                let mut seqs = Vec::with_capacity(steps.len());
+                for &step in &steps {
+                    seqs.push(self.seq_of(step).ok_or(Error::StepOutOfRange { step })?);
+                }
+                for (step, seq) in steps.into_iter().zip(seqs) {
+                    // Re-read: a step listed twice is held only the first time.
+                    let held = self
+                        .workers
+                        .get(&worker)
+                        .is_some_and(|info| info.leases.contains(&seq));
+                    if held {
+                        self.emit(
+                            &mut out,
+                            Event::StepCompleted {
+                                worker,
+                                stage,
+                                step,
+                            },
+                        )?;
+                    }
+                }
+                self.finish_drained(&mut out, [worker])?;
             }
             Command::Complete {
                 worker,
@@ -509,6 +540,13 @@ impl DispatcherState {
                 }
             }
             Command::Tick => {
+                let due = self
+                    .stages
+                    .iter()
+                    .any(|st| st.leases.values().any(|l| l.deadline <= now));
+                if !due {
+                    return Ok(out);
+                }
                 let mut touched = Vec::new();
                 for (stage, step, lease) in self.leases() {
                     if lease.deadline <= now {
@@ -527,6 +565,45 @@ impl DispatcherState {
             }
         }
         Ok(out)
+    }
+
+    /// Grants `worker` up to `max` steps of its stage (at least one, or an error and no
+    /// change): returned steps first, lowest first, then the next ones in order, within the
+    /// worker's lease limit.
+    fn grant(&mut self, out: &mut Vec<Event>, worker: WorkerId, max: u32, now: Time) -> Result<()> {
+        let info = self.known(worker)?;
+        let stage = info.stage;
+        if info.status == WorkerStatus::Draining {
+            return Err(Error::Draining { worker });
+        }
+        let limit = self.config.max_leases_per_worker;
+        let held = u32::try_from(info.leases.len()).unwrap_or(u32::MAX);
+        let room = limit.saturating_sub(held);
+        if room == 0 {
+            return Err(Error::LeaseLimit { worker, limit });
+        }
+        let deadline = now.saturating_add_millis(self.lease_ms);
+        for n in 0..max.clamp(1, room) {
+            let seq = match self.next_leasable(stage) {
+                Ok(seq) => seq,
+                // The first step's refusal is the answer; later ones end the batch.
+                Err(err) if n == 0 => return Err(err),
+                Err(_) => break,
+            };
+            let step = self.step_of(seq);
+            let records = self.batch(step)?;
+            self.emit(
+                out,
+                Event::LeaseGranted {
+                    worker,
+                    stage,
+                    step,
+                    deadline,
+                    records,
+                },
+            )?;
+        }
+        Ok(())
     }
 
     /// Applies one event: checks that it fits the current state, then changes the state.

@@ -392,6 +392,18 @@ enum Op {
     },
     Heartbeat(u64),
     Request(u64),
+    /// Lease up to `max` steps in one request.
+    RequestBatch {
+        worker: u64,
+        max: u32,
+    },
+    /// Report in one request the held leases picked by the bits of `mask`, plus, when `stray`,
+    /// a step the worker does not hold.
+    CompleteBatch {
+        worker: u64,
+        mask: u8,
+        stray: bool,
+    },
     /// A new receiver registered (what the old one buffered is redone).
     ReceiverReset,
     /// Complete the `nth` lease the worker holds (or a step it does not hold when it holds none).
@@ -428,6 +440,9 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(fresh, worker, stage)| Op::Register { fresh, worker, stage }),
         1 => w.clone().prop_map(Op::Heartbeat),
         8 => w.clone().prop_map(Op::Request),
+        4 => (w.clone(), 0u32..6).prop_map(|(worker, max)| Op::RequestBatch { worker, max }),
+        4 => (w.clone(), any::<u8>(), prop::bool::weighted(0.2))
+            .prop_map(|(worker, mask, stray)| Op::CompleteBatch { worker, mask, stray }),
         8 => (w.clone(), 0usize..3).prop_map(|(worker, nth)| Op::CompleteHeld { worker, nth }),
         1 => (w.clone(), 0u32..3, 0u64..4, 0u64..12)
             .prop_map(|(worker, stage, epoch, step)| Op::CompleteAny { worker, stage, epoch, step }),
@@ -516,6 +531,33 @@ impl Driver {
             Op::Request(w) => Command::RequestLease {
                 worker: Self::pick(state, w),
             },
+            Op::RequestBatch { worker, max } => Command::RequestLeases {
+                worker: Self::pick(state, worker),
+                max,
+            },
+            Op::CompleteBatch {
+                worker,
+                mask,
+                stray,
+            } => {
+                let worker = Self::pick(state, worker);
+                let stage = state.worker(worker).map_or(S0, |info| info.stage);
+                let mut steps: Vec<StepId> = state
+                    .leases_of(worker)
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(i, _)| mask & (1 << (i % 8)) != 0)
+                    .map(|(_, step)| step)
+                    .collect();
+                if stray {
+                    steps.push(StepId::new(0, 0));
+                }
+                Command::CompleteSteps {
+                    worker,
+                    stage,
+                    steps,
+                }
+            }
             Op::CompleteHeld { worker, nth } => {
                 let worker = Self::pick(state, worker);
                 let held = state.leases_of(worker);
@@ -702,11 +744,10 @@ proptest! {
             now += 1000; // past every deadline: what stragglers hold comes back
             record(apply_checked(&mut state, Command::Tick, now)?, &mut completions)?;
             for worker in &fresh {
-                record(apply_checked(&mut state, Command::RequestLease { worker: *worker }, now)?, &mut completions)?;
+                record(apply_checked(&mut state, Command::RequestLeases { worker: *worker, max: 3 }, now)?, &mut completions)?;
                 let stage = state.worker(*worker).map_or(S0, |info| info.stage);
-                for step in state.leases_of(*worker) {
-                    record(apply_checked(&mut state, Command::Complete { worker: *worker, stage, step }, now)?, &mut completions)?;
-                }
+                let steps = state.leases_of(*worker);
+                record(apply_checked(&mut state, Command::CompleteSteps { worker: *worker, stage, steps }, now)?, &mut completions)?;
             }
             let events = consume(&mut state, &mut next_consume, now)?;
             record(events, &mut completions)?;
@@ -729,6 +770,65 @@ proptest! {
             let distinct: BTreeSet<u64> = records.iter().copied().collect();
             prop_assert_eq!(records.len() as u64, kept);
             prop_assert_eq!(distinct.len() as u64, kept);
+        }
+    }
+
+    /// A batched lease grants between one and `max` steps, never beyond the worker's lease
+    /// limit, returned steps first and otherwise consecutive steps in order; every step of a
+    /// batch has the same deadline and expires on its own; a batched report completes exactly
+    /// the listed steps the worker holds.
+    #[test]
+    fn batched_leases_respect_the_limit_and_come_in_order(
+        config in job_config(),
+        ops in proptest::collection::vec(op(), 0..150),
+    ) {
+        let mut state = DispatcherState::new(config.clone()).expect("valid config");
+        let mut driver = Driver::default();
+        let limit = usize::try_from(config.max_leases_per_worker).expect("small");
+        for op in &ops {
+            let command = driver.command(&state, op);
+            let before = state.clone();
+            let events = apply_checked(&mut state, command.clone(), driver.now)?;
+            for (worker, info) in state.workers() {
+                prop_assert!(info.lease_count() <= limit, "{} holds {} > {}", worker, info.lease_count(), limit);
+            }
+            match command {
+                Command::RequestLeases { worker, max } if !events.is_empty() => {
+                    let granted: Vec<StepId> = events.iter().filter_map(|e| match e {
+                        Event::LeaseGranted { worker: w, step, .. } if *w == worker => Some(*step),
+                        _ => None,
+                    }).collect();
+                    prop_assert_eq!(granted.len(), events.len(), "only grants, all to the asker");
+                    prop_assert!(granted.len() <= usize::try_from(max.max(1)).expect("small"));
+                    let deadlines: BTreeSet<Time> = events.iter().filter_map(|e| match e {
+                        Event::LeaseGranted { deadline, .. } => Some(*deadline),
+                        _ => None,
+                    }).collect();
+                    prop_assert_eq!(deadlines.len(), 1);
+                    let mut sorted = granted.clone();
+                    sorted.sort();
+                    prop_assert_eq!(&sorted, &granted, "granted out of order");
+                    // One by one, the same steps would have been granted.
+                    let mut one_by_one = before.clone();
+                    for step in &granted {
+                        let events = one_by_one.apply(Command::RequestLease { worker }, t(driver.now)).expect("grantable");
+                        let same = matches!(events.first(), Some(Event::LeaseGranted { step: s, .. }) if s == step);
+                        prop_assert!(same, "one by one, {} was not next", step);
+                    }
+                    prop_assert_eq!(one_by_one, state.clone());
+                }
+                Command::CompleteSteps { worker, steps, .. } if !events.is_empty() => {
+                    let held: BTreeSet<StepId> = before.leases_of(worker).into_iter().collect();
+                    let done: BTreeSet<StepId> = events.iter().filter_map(|e| match e {
+                        Event::StepCompleted { step, .. } => Some(*step),
+                        _ => None,
+                    }).collect();
+                    let listed: BTreeSet<StepId> = steps.into_iter().collect();
+                    let expected: BTreeSet<StepId> = listed.intersection(&held).copied().collect();
+                    prop_assert_eq!(done, expected);
+                }
+                _ => {}
+            }
         }
     }
 }

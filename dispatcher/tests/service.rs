@@ -121,6 +121,7 @@ async fn lease(client: &mut DispatcherClient, worker: u64) -> Outcome {
         .lease(v1::LeaseRequest {
             job_id: JOB,
             worker_id: worker,
+            max_steps: 0,
         })
         .await
         .expect("lease")
@@ -151,6 +152,7 @@ async fn complete(
             epoch,
             step,
             compute_us: 1_000,
+            steps: Vec::new(),
         })
         .await
         .map(drop)
@@ -323,6 +325,10 @@ async fn bad_credentials_and_other_jobs_are_rejected_without_touching_state() {
     let mut client = server.client().await;
     let worker = register(&mut client, 0).await.worker_id;
     let held = leased(&mut client, worker).await;
+    // A lease is answered before its journal line reaches the file (the writer thread writes
+    // it); a registration is answered only once the journal is synced through it, so after
+    // one the file holds everything before it.
+    register(&mut client, 0).await;
     let before = status(&mut client).await;
     let journal = dir.path().join(JOURNAL_FILE);
     let journal_before = std::fs::read(&journal).expect("journal");
@@ -355,6 +361,7 @@ async fn bad_credentials_and_other_jobs_are_rejected_without_touching_state() {
                     c.lease(v1::LeaseRequest {
                         job_id,
                         worker_id: worker,
+                        max_steps: 0,
                     })
                     .await
                     .map(drop),
@@ -371,6 +378,7 @@ async fn bad_credentials_and_other_jobs_are_rejected_without_touching_state() {
                         epoch: held.epoch,
                         step: held.step,
                         compute_us: 0,
+                        steps: Vec::new(),
                     })
                     .await
                     .map(drop),
@@ -653,7 +661,10 @@ async fn a_restart_from_the_journal_mid_epoch_gives_the_same_status_and_next_lea
     assert_eq!(held, [(0, 2, workers[1]), (1, 1, workers[2])], "{before:?}");
     assert_eq!(before.watermark, Some(v1::StepRef { epoch: 0, step: 0 }));
 
-    // Every answer was journaled before it was sent: a copy now is what a crash would leave.
+    // Every answer was journaled before it was sent, and a synced answer (this repeated
+    // watermark report changes nothing) waits until the journal holds everything before it on
+    // disk: a copy now is what a crash would leave.
+    consumed(&mut client, 0, 0).await;
     let copy = tempfile::tempdir().expect("tempdir");
     std::fs::copy(
         dir.path().join(JOURNAL_FILE),
@@ -745,4 +756,177 @@ async fn a_corrupt_or_foreign_journal_stops_the_start_with_a_clear_error() {
         message.contains(JOURNAL_FILE) && message.contains("line 2"),
         "{message}"
     );
+}
+
+/// Batches on the wire: one `Lease` grants up to `max_steps` (within the worker's limit), each
+/// with its own batch; one `Complete` reports several and lists those not held as refused;
+/// an expired step of a batch goes to another worker alone, with the same records.
+#[tokio::test]
+async fn a_batch_is_leased_and_completed_in_one_request_each() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut dispatcher = config(1);
+    dispatcher.max_leases_per_worker = 3;
+    let server = Server::start(dir.path(), dispatcher.clone()).await;
+    let mut client = server.client().await;
+    let worker = register(&mut client, 0).await.worker_id;
+    let answer = client
+        .lease(v1::LeaseRequest {
+            job_id: JOB,
+            worker_id: worker,
+            max_steps: 8,
+        })
+        .await
+        .expect("lease")
+        .into_inner()
+        .outcome;
+    let Some(Outcome::Leases(batch)) = answer else {
+        panic!("expected a batch, got {answer:?}");
+    };
+    let steps: Vec<(u64, u64)> = batch.steps.iter().map(|l| (l.epoch, l.step)).collect();
+    assert_eq!(
+        steps,
+        vec![(0, 0), (0, 1), (0, 2)],
+        "three, the worker's limit"
+    );
+    for lease in &batch.steps {
+        assert_eq!(
+            lease.records,
+            batch_of(&dispatcher, lease.epoch, lease.step)
+        );
+    }
+
+    // Step 1's lease expires and goes to another worker, alone.
+    server.clock.advance(Duration::from_millis(LEASE_MS + 1));
+    let other = register(&mut client, 0).await.worker_id;
+    let relet = leased(&mut client, other).await;
+    assert_eq!((relet.epoch, relet.step), (0, 0));
+    assert_eq!(relet.records, batch.steps[0].records);
+
+    // The first worker reports all three (and a step it never held) in one request.
+    let reported: Vec<v1::CompletedStep> = [(0, 0), (0, 1), (0, 2), (1, 0)]
+        .iter()
+        .map(|&(epoch, step)| v1::CompletedStep {
+            epoch,
+            step,
+            compute_us: 10,
+            deadline_ms: 0,
+        })
+        .collect();
+    let refused = client
+        .complete(v1::CompleteRequest {
+            job_id: JOB,
+            worker_id: worker,
+            stage: 0,
+            epoch: 0,
+            step: 0,
+            compute_us: 0,
+            steps: reported,
+        })
+        .await
+        .expect("complete")
+        .into_inner()
+        .refused;
+    let refused: Vec<(u64, u64)> = refused.iter().map(|s| (s.epoch, s.step)).collect();
+    // Every lease of the first worker expired with the clock; only the re-let step 0 is held,
+    // by the other worker.
+    assert_eq!(refused, vec![(0, 0), (0, 1), (0, 2), (1, 0)]);
+    let now = status(&mut client).await;
+    assert_eq!(now.leases.len(), 1, "{now:?}");
+    assert_eq!(now.steps_computed, 0);
+
+    // Within their deadline, a batch completes in one request.
+    let answer = client
+        .lease(v1::LeaseRequest {
+            job_id: JOB,
+            worker_id: worker,
+            max_steps: 2,
+        })
+        .await
+        .expect("lease")
+        .into_inner()
+        .outcome;
+    let Some(Outcome::Leases(batch)) = answer else {
+        panic!("expected a batch, got {answer:?}");
+    };
+    let steps: Vec<(u64, u64)> = batch.steps.iter().map(|l| (l.epoch, l.step)).collect();
+    assert_eq!(steps, vec![(0, 1), (0, 2)], "returned steps first");
+    let reported = batch
+        .steps
+        .iter()
+        .map(|l| v1::CompletedStep {
+            epoch: l.epoch,
+            step: l.step,
+            compute_us: 10,
+            deadline_ms: 0,
+        })
+        .collect();
+    let answer = client
+        .complete(v1::CompleteRequest {
+            job_id: JOB,
+            worker_id: worker,
+            stage: 0,
+            epoch: 0,
+            step: 0,
+            compute_us: 0,
+            steps: reported,
+        })
+        .await
+        .expect("complete")
+        .into_inner();
+    assert!(answer.refused.is_empty());
+    let now = status(&mut client).await;
+    assert_eq!(
+        (now.leases.len(), now.steps_computed, now.compute_us),
+        (1, 2, 20)
+    );
+    server.stop().await;
+}
+
+/// A report names the grant it was delivered under: when the step went back and the same
+/// worker was granted it again, a late report of the earlier delivery is refused instead of
+/// completing the new grant (whose delivery, perhaps to a new receiver, is still to come).
+#[tokio::test]
+async fn a_late_report_of_an_earlier_grant_does_not_complete_the_new_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(dir.path(), config(1)).await;
+    let mut client = server.client().await;
+    let worker = register(&mut client, 0).await.worker_id;
+    let first = leased(&mut client, worker).await;
+    server.clock.advance(Duration::from_millis(LEASE_MS + 1));
+    let second = leased(&mut client, worker).await;
+    assert_eq!((second.epoch, second.step), (first.epoch, first.step));
+    assert_ne!(second.deadline_ms, first.deadline_ms);
+    let report = |deadline_ms| v1::CompleteRequest {
+        job_id: JOB,
+        worker_id: worker,
+        stage: 0,
+        epoch: 0,
+        step: 0,
+        compute_us: 0,
+        steps: vec![v1::CompletedStep {
+            epoch: first.epoch,
+            step: first.step,
+            compute_us: 1,
+            deadline_ms,
+        }],
+    };
+    let stale = client
+        .complete(report(first.deadline_ms))
+        .await
+        .expect("complete")
+        .into_inner();
+    assert_eq!(
+        stale.refused.len(),
+        1,
+        "the earlier grant's report is refused"
+    );
+    assert_eq!(status(&mut client).await.leases.len(), 1, "still leased");
+    let current = client
+        .complete(report(second.deadline_ms))
+        .await
+        .expect("complete")
+        .into_inner();
+    assert!(current.refused.is_empty());
+    assert!(status(&mut client).await.leases.is_empty());
+    server.stop().await;
 }

@@ -9,7 +9,9 @@
 //!   step, digested, and reports it only once the line is written.
 //! - [`metrics`]: the receiver's Prometheus exposition.
 //! - [`worker`]: the data-worker loop: register, load the stage, lease → read → execute →
-//!   push → complete, heartbeat, drain.
+//!   push → complete, heartbeat, drain; a thin async shell around
+//! - [`worker_state`]: [`worker_state::WorkerState`], the worker's decisions (what to lease,
+//!   run, push and report, in batches) as a synchronous state machine with time passed in.
 //!
 //! [`SharedReceiver`]: crate::transfer::SharedReceiver
 
@@ -19,6 +21,7 @@ pub mod emulator;
 pub mod metrics;
 pub mod receiver;
 pub mod worker;
+pub mod worker_state;
 
 /// Step messages and frames for the receiver's and the data plane's tests.
 #[cfg(test)]

@@ -6,17 +6,23 @@
 //! A step is reported complete only after the receiver accepted its frame (or already had
 //! it), so a worker killed at any point loses nothing: its lease expires or its silence gets
 //! it declared lost, and the step is leased again and recomputed from the same index batch.
+//!
+//! What to lease (k steps at once, adaptive), run, push and report (in batches) is decided by
+//! [`WorkerState`], a synchronous state machine; this file is its async shell: it performs
+//! the decisions (one task per lease or report request in flight, the stage as a rayon job,
+//! the push inline) and feeds their outcomes back.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lode_proto::plan::Plan;
 use lode_proto::service::v1::lease_response::Outcome;
 use lode_proto::service::v1::{
-    CompleteRequest, FetchRequest, HeartbeatRequest, LeaseRequest, PushStatus, RegisterRequest,
+    CompleteRequest, CompleteResponse, CompletedStep, FetchRequest, HeartbeatRequest, LeaseRequest,
+    LeaseResponse, PushStatus, RegisterRequest,
 };
 use lode_proto::service::{
     connect, connect_receiver, retry_unreachable, ReceiverClient, MAX_MESSAGE_BYTES,
@@ -26,6 +32,7 @@ use lode_proto::tf::graph::GraphDef;
 use lode_proto::tls::ClientTls;
 
 use super::data_plane::{DataPlaneClient, DataPlaneError};
+use super::worker_state::{Delivered, End, HeldStep, PushAnswer, PushNext, WorkerState};
 use super::ServiceError;
 use crate::exec::{ExecOptions, Stage, StepInput};
 use crate::tensor::Tensor;
@@ -241,250 +248,400 @@ pub async fn run_worker(
         compression: config.compression,
         max_message_bytes: MAX_MESSAGE_BYTES as u64,
     });
+    let ctx = StepContext {
+        job: config.job,
+        token: config.token.clone(),
+        tls: config.tls.clone(),
+        stage_index,
+        stage,
+        pool,
+        send_names,
+        shared: shared.clone(),
+    };
     // gRPC for `Fetch`; the data plane for pushes.
     let mut receiver: Option<(String, ReceiverClient)> = None;
     let mut plane: Option<(String, DataPlaneClient)> = None;
     let mut steps = 0u64;
     let steps_per_epoch = reg.steps_per_epoch.max(1);
+    let mut state = WorkerState::new(reg.max_leases);
+    // Lease and report answers, from the (at most one each) requests in flight: one task per
+    // batch, never per step.
+    let (answers_tx, mut answers) = tokio::sync::mpsc::channel::<Answer>(2);
     tokio::pin!(shutdown);
-    let lease_rpc = {
-        let dispatcher = dispatcher.clone();
-        let job = config.job;
-        move || {
-            let dispatcher = dispatcher.clone();
-            async move {
-                retrying("Lease", || {
-                    let mut d = dispatcher.clone();
+    let end = loop {
+        let now = Instant::now();
+        state.set_draining(shared.lock().map(|s| s.draining).unwrap_or(false));
+        while let Ok(answer) = answers.try_recv() {
+            absorb(&mut state, answer, steps_per_epoch, Instant::now())?;
+        }
+        if let Some(end) = state.finished() {
+            break match end {
+                End::EndOfData => WorkerEnd::EndOfData,
+                End::Drained => WorkerEnd::Drained,
+            };
+        }
+        // The step to run next is taken first, so that the lease request below already
+        // counts it as started and asks for the steps after it while it runs (lease-ahead).
+        let next = state.next_step(now);
+        if let Some(max) = state.next_lease(now) {
+            let (client, tx, job) = (dispatcher.clone(), answers_tx.clone(), config.job);
+            tokio::spawn(async move {
+                let asked = Instant::now();
+                let answer = retrying("Lease", || {
+                    let mut d = client.clone();
                     async move {
                         d.lease(LeaseRequest {
                             job_id: job,
                             worker_id,
+                            max_steps: max,
                         })
                         .await
                     }
                 })
-                .await
-            }
+                .await;
+                let _ = tx.send(Answer::Lease(answer, asked.elapsed())).await;
+            });
         }
-    };
-    // The next lease, asked for while the current step runs (lease-ahead), so that a step's
-    // lease round trip and the dispatcher's journal sync overlap the work of the one before.
-    let mut next_lease: Option<tokio::task::JoinHandle<Result<_, ServiceError>>> = None;
-    // Completions in flight: a step is reported after its frame was taken, without holding up
-    // the next step; all are awaited before the worker stops.
-    let mut completions = tokio::task::JoinSet::new();
-    let end = loop {
-        let pending = next_lease.take();
-        let lease = tokio::select! {
-            () = &mut shutdown => break WorkerEnd::Shutdown,
-            answer = async {
-                match pending {
-                    Some(handle) => handle
-                        .await
-                        .map_err(|e| ServiceError::Join(e.to_string()))?,
-                    None => lease_rpc().await,
-                }
-            } => answer?,
-        };
-        let lease = match lease.outcome {
-            Some(Outcome::Lease(lease)) => lease,
-            Some(Outcome::Wait(wait)) => {
-                let pause = Duration::from_millis(wait.retry_after_ms.clamp(1, 1000));
-                tokio::select! {
-                    () = &mut shutdown => break WorkerEnd::Shutdown,
-                    () = tokio::time::sleep(pause) => continue,
-                }
-            }
-            Some(Outcome::EndOfData(_)) => break WorkerEnd::EndOfData,
-            Some(Outcome::Drained(_)) => break WorkerEnd::Drained,
-            None => return Err(bad("lease", "no outcome")),
-        };
-        // The lease's deadline on this machine's clock (the dispatcher's clock is not ours).
-        let expires = std::time::Instant::now()
-            + Duration::from_millis(lease.deadline_ms.saturating_sub(lease.now_ms));
-        let global = lease
-            .epoch
-            .saturating_mul(steps_per_epoch)
-            .saturating_add(lease.step);
-        // Inputs from earlier stages, held by the receiver until the step is complete.
-        let mut received: HashMap<String, Arc<Tensor>> = HashMap::new();
-        for r in stage.recv_plan() {
-            let client = receiver_client(&shared, &mut receiver, &config.token, tls).await?;
-            let from = u32::try_from(r.from_stage).map_err(|e| bad("plan", e))?;
-            let answer = client
-                .clone()
-                .fetch(FetchRequest {
-                    job_id: config.job,
-                    stage: from,
-                    step: global,
+        if let Some(report) = state.next_report() {
+            steps += report.len() as u64;
+            let (client, tx, job) = (dispatcher.clone(), answers_tx.clone(), config.job);
+            tokio::spawn(async move {
+                let request = complete_request(job, worker_id, stage_index, &report);
+                let answer = retrying("Complete", || {
+                    let mut d = client.clone();
+                    let request = request.clone();
+                    async move { d.complete(request).await }
                 })
-                .await
-                .map_err(ServiceError::rpc("Fetch"))?
-                .into_inner();
-            if !answer.found {
-                return Err(bad(
-                    "lease",
-                    format!("stage {from}'s part of step {global} is not at the receiver"),
-                ));
+                .await;
+                let _ = tx.send(Answer::Report(answer)).await;
+            });
+        }
+        if let Some(held) = next {
+            let ran = run_step(
+                &ctx,
+                &mut state,
+                held,
+                &mut encoder,
+                &mut receiver,
+                &mut plane,
+                &mut shutdown,
+            )
+            .await?;
+            if !ran {
+                break WorkerEnd::Shutdown;
             }
-            let msg = StepDecoder::new(MAX_MESSAGE_BYTES as u64).decode(&answer.frame)?;
-            let names = send_names.get(&from).cloned().unwrap_or_default();
-            for (name, t) in names.into_iter().zip(msg.tensors) {
-                received.insert(name, Arc::new(t));
-            }
-        }
-        // The dispatcher counts a step as held until its completion arrives: with at most one
-        // completion on its way, this step and the one leased ahead stay within the three
-        // leases a worker may hold (beyond them the answer is Wait, a pause of 100 ms).
-        while completions.len() > 1 {
-            completions.join_next().await;
-        }
-        let draining = shared.lock().map(|s| s.draining).unwrap_or(false);
-        if !draining {
-            next_lease = Some(tokio::spawn(lease_rpc()));
-        }
-        let records = lease.records.clone();
-        let run_stage = stage.clone();
-        let computing = std::time::Instant::now();
-        let run_pool = pool.clone();
-        let output = tokio::task::spawn_blocking(move || {
-            run_pool.install(|| {
-                run_stage.run_step(StepInput {
-                    records: &records,
-                    received: &received,
-                })
-            })
-        })
-        .await
-        .map_err(|e| ServiceError::Join(e.to_string()))?
-        .map_err(|source| ServiceError::Step {
-            stage: stage_index,
-            step: global,
-            epoch: lease.epoch,
-            source,
-        })?;
-        let compute_us = u64::try_from(computing.elapsed().as_micros()).unwrap_or(u64::MAX);
-        let tensors: Vec<Tensor> = output
-            .tensors
-            .unwrap_or_default()
-            .into_iter()
-            .map(|t| Arc::try_unwrap(t).unwrap_or_else(|shared| (*shared).clone()))
-            .collect();
-        let msg = StepMessage {
-            job: config.job,
-            stage: stage_index,
-            step: global,
-            epoch: lease.epoch,
-            records: lease.records,
-            tensors,
-        };
-        let frame = encoder.encode_parts(&msg)?;
-        // Push until taken; backpressure answers RETRY; an unreachable receiver (a consumer
-        // restarting) is retried, at the address the heartbeat last reported.
-        let mut delivered = false;
-        let mut abandoned = false;
-        let started = std::time::Instant::now();
-        let mut pause = Duration::from_millis(10);
-        loop {
-            let client =
-                data_plane_client(&shared, &mut plane, config.job, &config.token, tls).await?;
-            let answer = match client.push_parts(&frame).await {
-                Ok(answer) => answer,
-                Err(e) if e.is_unreachable() && started.elapsed() < RECONNECT_WINDOW => {
-                    tracing::debug!(cause = %e, "receiver unavailable; retrying");
-                    plane = None;
-                    tokio::select! {
-                        () = &mut shutdown => break,
-                        () = tokio::time::sleep(pause) => {}
-                    }
-                    pause = (pause * 2).min(Duration::from_millis(500));
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
-            };
-            match answer.status {
-                PushStatus::Accepted | PushStatus::Duplicate => {
-                    delivered = true;
-                    break;
-                }
-                PushStatus::Retry => {
-                    if std::time::Instant::now() >= expires {
-                        // The receiver is waiting for an earlier step, and our lease has gone
-                        // back to the dispatcher: drop this frame (whoever holds the step now
-                        // delivers it) and lease again, perhaps that earlier step.
-                        tracing::debug!(step = global, "lease expired under backpressure");
-                        abandoned = true;
-                        break;
-                    }
-                    let pause = Duration::from_millis(answer.retry_after_ms.clamp(1, 1000));
-                    tokio::select! {
-                        () = &mut shutdown => break,
-                        () = tokio::time::sleep(pause) => {}
-                    }
-                }
-                PushStatus::Rejected | PushStatus::Unspecified => {
-                    tracing::error!(step = global, reason = %answer.reason, "the receiver refused the step");
-                    break;
-                }
-            }
-        }
-        if abandoned {
             continue;
         }
-        if !delivered {
-            break WorkerEnd::Shutdown;
-        }
-        let complete = CompleteRequest {
-            job_id: config.job,
-            worker_id,
-            stage: stage_index,
-            epoch: lease.epoch,
-            step: lease.step,
-            compute_us,
-        };
-        let client = dispatcher.clone();
-        completions.spawn(async move {
-            if let Err(status) = retrying("Complete", || {
-                let mut d = client.clone();
-                let request = complete;
-                async move { d.complete(request).await }
-            })
-            .await
-            {
-                // The lease expired and went elsewhere, or the training side consumed the step
-                // before this report arrived (its watermark retired the lease): the receiver
-                // has the step either way, so this is routine, not a warning.
-                let routine = matches!(
-                    &status,
-                    ServiceError::Rpc(e) if e.status.code() == tonic::Code::FailedPrecondition
-                );
-                if routine {
-                    tracing::debug!(%status, step = global, "complete refused");
-                } else {
-                    tracing::warn!(%status, step = global, "complete refused");
+        // Nothing to run: wait for an answer, a wait or an expiry to end, or a heartbeat's
+        // news (draining), whichever comes first.
+        let wake = state
+            .wakeup()
+            .map_or(now + IDLE_POLL, |t| t.min(now + IDLE_POLL));
+        tokio::select! {
+            () = &mut shutdown => break WorkerEnd::Shutdown,
+            answer = answers.recv() => {
+                if let Some(answer) = answer {
+                    absorb(&mut state, answer, steps_per_epoch, Instant::now())?;
                 }
             }
-        });
-        while completions.try_join_next().is_some() {}
-        steps += 1;
-        if shared.lock().map(|s| s.draining).unwrap_or(false) {
-            tracing::info!("draining: finishing held steps");
+            () = tokio::time::sleep_until(wake.into()) => {}
         }
     };
-    // A lease asked for ahead and not taken expires at the dispatcher (or, once drained or at
-    // end of data, was never granted).
-    if let Some(handle) = next_lease {
-        handle.abort();
-    }
-    while completions.join_next().await.is_some() {}
+    // Delivered steps are reported before the worker stops (a report in flight is waited
+    // for), or the dispatcher would lease them again at their deadline only for the receiver
+    // to drop them. A lease request in flight is not waited for: what it grants expires at
+    // the dispatcher (or, once drained or at end of data, was never granted).
+    let _ = tokio::time::timeout(REPORT_DRAIN, async {
+        loop {
+            if state.is_reporting() {
+                match answers.recv().await {
+                    Some(Answer::Report(_)) => state.reported(),
+                    Some(Answer::Lease(..)) => {}
+                    None => break,
+                }
+                continue;
+            }
+            let Some(report) = state.next_report() else {
+                break;
+            };
+            steps += report.len() as u64;
+            let request = complete_request(config.job, worker_id, stage_index, &report);
+            if let Err(status) = dispatcher.clone().complete(request).await {
+                tracing::debug!(%status, "last complete refused");
+            }
+            state.reported();
+        }
+    })
+    .await;
     heartbeat.abort();
-    tracing::info!(worker_id, steps, ?end, "worker stops");
+    tracing::info!(
+        worker_id,
+        steps,
+        ?end,
+        abandoned = state.abandoned(),
+        "worker stops"
+    );
     Ok(WorkerSummary {
         worker_id,
         stage: stage_index,
         steps,
         end,
     })
+}
+
+/// How long the idle loop waits before looking at the heartbeat's news again.
+const IDLE_POLL: Duration = Duration::from_millis(20);
+
+/// How long a stopping worker waits for its last report to be answered.
+const REPORT_DRAIN: Duration = Duration::from_secs(5);
+
+/// An answer from one of the worker's RPC tasks.
+enum Answer {
+    Lease(Result<LeaseResponse, ServiceError>, Duration),
+    Report(Result<CompleteResponse, ServiceError>),
+}
+
+/// A report of `delivered` steps of `stage` in one request.
+fn complete_request(job: u64, worker: u64, stage: u32, delivered: &[Delivered]) -> CompleteRequest {
+    CompleteRequest {
+        job_id: job,
+        worker_id: worker,
+        stage,
+        epoch: 0,
+        step: 0,
+        compute_us: 0,
+        steps: delivered
+            .iter()
+            .map(|d| CompletedStep {
+                epoch: d.epoch,
+                step: d.step,
+                compute_us: d.compute_us,
+                deadline_ms: d.deadline_ms,
+            })
+            .collect(),
+    }
+}
+
+/// Feeds an RPC answer to the state.
+#[allow(clippy::result_large_err)] // the worker's error, as its async callers return it
+fn absorb(
+    state: &mut WorkerState,
+    answer: Answer,
+    steps_per_epoch: u64,
+    now: Instant,
+) -> Result<(), ServiceError> {
+    match answer {
+        Answer::Lease(answer, round_trip) => {
+            let leases = match answer?.outcome {
+                Some(Outcome::Lease(lease)) => vec![lease],
+                Some(Outcome::Leases(batch)) => batch.steps,
+                Some(Outcome::Wait(wait)) => {
+                    let pause = Duration::from_millis(wait.retry_after_ms.clamp(1, 1000));
+                    state.wait(pause, now);
+                    return Ok(());
+                }
+                Some(Outcome::EndOfData(_)) => {
+                    state.ended(End::EndOfData);
+                    return Ok(());
+                }
+                Some(Outcome::Drained(_)) => {
+                    state.ended(End::Drained);
+                    return Ok(());
+                }
+                None => return Err(bad("lease", "no outcome")),
+            };
+            // The deadlines on this machine's clock (the dispatcher's clock is not ours),
+            // counted from when the request went out, so a slow answer errs on the safe side.
+            let sent = now.checked_sub(round_trip).unwrap_or(now);
+            let held = leases
+                .into_iter()
+                .map(|lease| HeldStep {
+                    epoch: lease.epoch,
+                    step: lease.step,
+                    global: lease
+                        .epoch
+                        .saturating_mul(steps_per_epoch)
+                        .saturating_add(lease.step),
+                    expires: sent
+                        + Duration::from_millis(lease.deadline_ms.saturating_sub(lease.now_ms)),
+                    deadline_ms: lease.deadline_ms,
+                    records: lease.records,
+                })
+                .collect();
+            state.leased(held, round_trip);
+        }
+        Answer::Report(answer) => {
+            state.reported();
+            match answer {
+                Ok(answer) if !answer.refused.is_empty() => {
+                    // The lease expired and went elsewhere, or the training side consumed the
+                    // step before this report arrived (its watermark retired the lease): the
+                    // receiver has the step either way, so this is routine, not a warning.
+                    tracing::debug!(
+                        refused = answer.refused.len(),
+                        "complete refused some steps"
+                    );
+                }
+                Ok(_) => {}
+                Err(status) => tracing::warn!(%status, "complete failed"),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What every step needs besides the state.
+struct StepContext {
+    job: u64,
+    token: String,
+    tls: Option<ClientTls>,
+    stage_index: u32,
+    stage: Arc<Stage>,
+    pool: Arc<rayon::ThreadPool>,
+    send_names: HashMap<u32, Vec<String>>,
+    shared: Arc<Mutex<Shared>>,
+}
+
+/// Runs the state's current step: fetch its inputs from earlier stages, execute it on rayon,
+/// encode it, and push it until the receiver takes it, the state drops it (its lease expired,
+/// or the receiver refused it) or `shutdown` completes (returns false).
+async fn run_step(
+    ctx: &StepContext,
+    state: &mut WorkerState,
+    held: HeldStep,
+    encoder: &mut StepEncoder,
+    receiver: &mut Option<(String, ReceiverClient)>,
+    plane: &mut Option<(String, DataPlaneClient)>,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+) -> Result<bool, ServiceError> {
+    let tls = ctx.tls.as_ref();
+    let global = held.global;
+    // Inputs from earlier stages, held by the receiver until the step is complete.
+    let mut received: HashMap<String, Arc<Tensor>> = HashMap::new();
+    for r in ctx.stage.recv_plan() {
+        let client = receiver_client(&ctx.shared, receiver, &ctx.token, tls).await?;
+        let from = u32::try_from(r.from_stage).map_err(|e| bad("plan", e))?;
+        let answer = client
+            .clone()
+            .fetch(FetchRequest {
+                job_id: ctx.job,
+                stage: from,
+                step: global,
+            })
+            .await
+            .map_err(ServiceError::rpc("Fetch"))?
+            .into_inner();
+        if !answer.found {
+            return Err(bad(
+                "lease",
+                format!("stage {from}'s part of step {global} is not at the receiver"),
+            ));
+        }
+        let msg = StepDecoder::new(MAX_MESSAGE_BYTES as u64).decode(&answer.frame)?;
+        let names = ctx.send_names.get(&from).cloned().unwrap_or_default();
+        for (name, t) in names.into_iter().zip(msg.tensors) {
+            received.insert(name, Arc::new(t));
+        }
+    }
+    // The stage runs as a rayon job (no tokio task per step); its answer comes back on a
+    // oneshot channel.
+    let (done, output) = tokio::sync::oneshot::channel();
+    let run_stage = ctx.stage.clone();
+    let records = held.records.clone();
+    ctx.pool.spawn(move || {
+        let computing = Instant::now();
+        let output = run_stage.run_step(StepInput {
+            records: &records,
+            received: &received,
+        });
+        let _ = done.send((output, computing.elapsed()));
+    });
+    let (output, compute) = tokio::select! {
+        () = &mut *shutdown => {
+            state.drop_running();
+            return Ok(false);
+        }
+        output = output => output.map_err(|_| ServiceError::Join("the stage's rayon job was dropped".into()))?,
+    };
+    let output = output.map_err(|source| ServiceError::Step {
+        stage: ctx.stage_index,
+        step: global,
+        epoch: held.epoch,
+        source,
+    })?;
+    state.computed(compute);
+    let tensors: Vec<Tensor> = output
+        .tensors
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| Arc::try_unwrap(t).unwrap_or_else(|shared| (*shared).clone()))
+        .collect();
+    let msg = StepMessage {
+        job: ctx.job,
+        stage: ctx.stage_index,
+        step: global,
+        epoch: held.epoch,
+        records: held.records,
+        tensors,
+    };
+    let frame = encoder.encode_parts(&msg)?;
+    // Push until taken; backpressure answers RETRY; an unreachable receiver (a consumer
+    // restarting) is retried, at the address the heartbeat last reported.
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(10);
+    loop {
+        if !state.may_push(Instant::now()) {
+            tracing::debug!(step = global, "lease expired before the push");
+            return Ok(true);
+        }
+        let client = data_plane_client(&ctx.shared, plane, ctx.job, &ctx.token, tls).await?;
+        let answer = match client.push_parts(&frame).await {
+            Ok(answer) => answer,
+            Err(e) if e.is_unreachable() && started.elapsed() < RECONNECT_WINDOW => {
+                tracing::debug!(cause = %e, "receiver unavailable; retrying");
+                *plane = None;
+                tokio::select! {
+                    () = &mut *shutdown => {
+                        state.drop_running();
+                        return Ok(false);
+                    }
+                    () = tokio::time::sleep(pause) => {}
+                }
+                pause = (pause * 2).min(Duration::from_millis(500));
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let answered = match answer.status {
+            PushStatus::Accepted | PushStatus::Duplicate => PushAnswer::Taken,
+            PushStatus::Retry => {
+                PushAnswer::Retry(Duration::from_millis(answer.retry_after_ms.clamp(1, 1000)))
+            }
+            PushStatus::Rejected | PushStatus::Unspecified => {
+                tracing::error!(step = global, reason = %answer.reason, "the receiver refused the step");
+                PushAnswer::Rejected
+            }
+        };
+        match state.pushed(answered, Instant::now()) {
+            PushNext::Done => return Ok(true),
+            PushNext::Drop => {
+                tracing::debug!(
+                    step = global,
+                    "step dropped (lease expired under backpressure, or refused)"
+                );
+                return Ok(true);
+            }
+            PushNext::RetryAfter(pause) => {
+                tokio::select! {
+                    () = &mut *shutdown => {
+                        state.drop_running();
+                        return Ok(false);
+                    }
+                    () = tokio::time::sleep(pause) => {}
+                }
+            }
+        }
+    }
 }
 
 /// A connection to the receiver the dispatcher last named: waits until one is named (the

@@ -157,6 +157,15 @@ impl Core {
         Ok(events)
     }
 
+    /// Counts `steps` completions of `worker` and their compute time, for the scheduler.
+    pub(crate) fn count_completed(&mut self, worker: WorkerId, steps: u64, compute_us: u64) {
+        self.counters.steps_computed = self.counters.steps_computed.saturating_add(steps);
+        self.counters.compute_us = self.counters.compute_us.saturating_add(compute_us);
+        let mine = self.worker_counters.entry(worker).or_default();
+        mine.steps_computed = mine.steps_computed.saturating_add(steps);
+        mine.compute_us = mine.compute_us.saturating_add(compute_us);
+    }
+
     /// Records where data workers push step messages.
     pub(crate) fn register_consumer(
         &mut self,
@@ -187,6 +196,11 @@ impl Core {
             return Err(ApplyError::JournalFailed);
         }
         Ok(())
+    }
+
+    /// Hands journal writes to a thread of their own (see [`Journal::write_behind`]).
+    pub(crate) fn write_behind(&mut self) -> Result<(), JournalError> {
+        self.journal.write_behind()
     }
 
     /// The journal's durability point: sync to `written()` before answering a change.

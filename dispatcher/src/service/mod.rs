@@ -6,8 +6,12 @@
 //!
 //! Every request is checked before it can touch state: the token first (`UNAUTHENTICATED`),
 //! then the job id (`PERMISSION_DENIED`). A handler then changes the state only through
-//! `Core::apply`, which journals the events (one fsync'ed line per request) before
-//! the handler answers: whatever a client was told survives a crash.
+//! `Core::apply`, which journals the events (one line per request, handed to the journal's
+//! writer thread, which writes lines in order; at most
+//! [`crate::journal::WRITE_BEHIND_LINES`] wait for it) before the handler answers; the requests that must be durable first (registration, watermark, consumer,
+//! drain, ticks) also wait for an `fdatasync` shared with every request before them, while
+//! `Lease`, `Complete` and `Heartbeat`, whose loss a restart recomputes, do not (see the
+//! crate docs, "Durability").
 //!
 //! With [`ServiceConfig::tls`] the port serves TLS only: every accepted connection completes a
 //! handshake (on its own task, within [`lode_proto::tls::HANDSHAKE_TIMEOUT`], holding one of
@@ -15,16 +19,19 @@
 //! and closed.
 //!
 //! A background task ticks every [`TICK_INTERVAL`]: it expires leases whose deadline passed
-//! and declares lost every worker silent for `missed_heartbeats` heartbeat intervals.
+//! and declares lost every worker silent for `missed_heartbeats` heartbeat intervals; its
+//! sync is the periodic one that bounds what an OS crash can take of the unsynced answers.
 //!
 //! # Limits
 //! Every bound is a named constant: [`MAX_MESSAGE_BYTES`], [`MAX_WORKERS_PER_JOB`],
 //! [`MAX_CONNECTIONS`], [`MAX_CONCURRENT_REQUESTS_PER_CONNECTION`], [`MAX_BATCH_RECORDS`],
-//! [`MAX_ADDR_BYTES`], [`MAX_WORKER_NAME_BYTES`].
+//! [`MAX_ADDR_BYTES`], [`MAX_WORKER_NAME_BYTES`], [`MAX_STEPS_PER_REQUEST`].
 
 mod clock;
 mod convert;
 mod core;
+#[cfg(test)]
+mod crash_tests;
 mod rpc;
 
 use std::fmt;
@@ -68,6 +75,12 @@ pub const MAX_CONCURRENT_REQUESTS_PER_CONNECTION: usize = 32;
 /// The most records in one step: bounds a lease answer (at most 10 bytes a record) and a
 /// journal line well below their limits.
 pub const MAX_BATCH_RECORDS: u64 = 1 << 20;
+
+/// The most steps one `Lease` grants or one `Complete` reports: bounds an answer (with
+/// [`MAX_BATCH_RECORDS`] records a step it stays far below [`MAX_MESSAGE_BYTES`] only for small
+/// batches, so a worker's `max_leases` is the limit that matters in practice) and the work
+/// one request does under the service's lock.
+pub const MAX_STEPS_PER_REQUEST: u32 = 256;
 
 /// The longest receiver address accepted.
 pub const MAX_ADDR_BYTES: usize = 1024;
@@ -260,10 +273,11 @@ pub async fn serve(
         tls,
     } = config;
     // Reading and replaying the journal is file I/O: keep it off the async workers.
-    let restored =
+    let mut restored =
         tokio::task::spawn_blocking(move || Core::open(&journal_dir, job_id, &dispatcher))
             .await
             .map_err(ServeError::Task)??;
+    restored.core.write_behind()?;
     let parts = Parts {
         job: job_id,
         token,

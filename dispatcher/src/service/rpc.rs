@@ -19,7 +19,10 @@ use tonic::{Request, Response, Status};
 use super::clock::Clock;
 use super::convert::{self, StageChoice};
 use super::core::{ApplyError, Core};
-use super::{LEASE_RETRY_AFTER, MAX_ADDR_BYTES, MAX_WORKERS_PER_JOB, MAX_WORKER_NAME_BYTES};
+use super::{
+    LEASE_RETRY_AFTER, MAX_ADDR_BYTES, MAX_MESSAGE_BYTES, MAX_STEPS_PER_REQUEST,
+    MAX_WORKERS_PER_JOB, MAX_WORKER_NAME_BYTES,
+};
 use crate::{Command, Error, Event, JobId, StageId, StepId, Time, WorkerId, WorkerStatus};
 
 /// The dispatcher's gRPC service for one job. Cheap to clone: clones share one [`Core`].
@@ -38,12 +41,27 @@ struct Inner {
     lease_duration_ms: u64,
     max_leases: u32,
     steps_per_epoch: u64,
+    /// The most steps one `Lease` answer carries: [`MAX_STEPS_PER_REQUEST`], fewer when the
+    /// job's batches are so large that as many would not fit a message.
+    max_steps: u32,
     /// A worker silent for longer than this is lost.
     silence_ms: u64,
     clock: Arc<dyn Clock>,
     /// Where the clock resumes: the journal's last time.
     resume_at: Time,
     core: Arc<Mutex<Core>>,
+}
+
+/// What a change must reach before it is answered (the crate docs' "Durability" says why
+/// each request gets the one it gets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    /// The journal is on disk through the change's line (`fdatasync`, shared by group commit).
+    Synced,
+    /// The change's line is written to the file (the page cache): it survives a kill of the
+    /// process at any instant; what an OS crash may take is bounded by the next synced change
+    /// or tick, and is recomputed (see the crate docs).
+    Written,
 }
 
 /// What [`DispatcherService::new`] needs beyond the core.
@@ -73,6 +91,12 @@ impl DispatcherService {
             u64::try_from(config.lease_duration.as_millis()).unwrap_or(u64::MAX);
         let max_leases = config.max_leases_per_worker;
         let steps_per_epoch = config.steps_per_epoch();
+        // A lease answer carries at most 10 bytes a record, plus a little per step.
+        let per_step = config.batch_size.saturating_mul(10).saturating_add(64);
+        let fit = u64::try_from(MAX_MESSAGE_BYTES).unwrap_or(u64::MAX) / per_step.max(1);
+        let max_steps = u32::try_from(fit)
+            .unwrap_or(u32::MAX)
+            .clamp(1, MAX_STEPS_PER_REQUEST);
         Self {
             inner: Arc::new(Inner {
                 job: parts.job,
@@ -83,6 +107,7 @@ impl DispatcherService {
                 lease_duration_ms,
                 max_leases,
                 steps_per_epoch,
+                max_steps,
                 silence_ms: interval.saturating_mul(u64::from(parts.missed_heartbeats)),
                 clock: parts.clock,
                 resume_at,
@@ -97,28 +122,36 @@ impl DispatcherService {
         self.inner.resume_at.saturating_add_millis(elapsed)
     }
 
-    /// Runs `change` on the core under the lock, on a blocking thread (it may fsync the
-    /// journal). The time is read under the lock, so the journal's times never go backwards.
-    /// The change runs to its end even if the caller is dropped: a journaled change is never
-    /// half done.
-    async fn mutate<T, F>(&self, change: F) -> Result<T, Status>
+    /// Runs `change` on the core under the lock and answers as `durability` says (see the
+    /// crate docs, "Durability"). The time is read under the lock, so the journal's times never
+    /// go backwards. The change runs to its end even if the caller is dropped: a journaled
+    /// change is never half done.
+    ///
+    /// The change runs inline, on this task: it touches in-memory state and appends one short
+    /// line to the page cache, and a hop to a blocking thread while holding the lock would
+    /// make every other request wait for that thread to be scheduled. A
+    /// [`Durability::Synced`] change then waits, after the lock is released, on a blocking
+    /// thread until the journal is on disk through its line (one `fdatasync` shared by every
+    /// change written before it: group commit).
+    async fn mutate<T, F>(&self, durability: Durability, change: F) -> Result<T, Status>
     where
         T: Send + 'static,
         F: FnOnce(&mut Core, Time) -> Result<T, Status> + Send + 'static,
     {
-        let mut core = Arc::clone(&self.inner.core).lock_owned().await;
+        let mut core = self.inner.core.lock().await;
         let now = self.now();
-        let (result, sync) = tokio::task::spawn_blocking(move || {
-            let result = change(&mut core, now);
-            let sync = core.sync_point();
-            // The lock goes here; the journal lines this change wrote are still to be synced.
-            drop(core);
-            let offset = sync.written();
-            (result, sync.sync_to(offset))
-        })
-        .await
-        .map_err(|err| Status::internal(format!("dispatcher task failed: {err}")))?;
-        if let Err(err) = sync {
+        let result = change(&mut core, now);
+        if durability == Durability::Written {
+            return result;
+        }
+        let sync = core.sync_point();
+        // The lock goes here; the journal lines this change wrote are still to be synced.
+        drop(core);
+        let offset = sync.written();
+        let synced = tokio::task::spawn_blocking(move || sync.sync_to(offset))
+            .await
+            .map_err(|err| Status::internal(format!("dispatcher task failed: {err}")))?;
+        if let Err(err) = synced {
             tracing::error!(cause = %err, "journal sync failed; refusing further changes until restart");
             return Err(Status::unavailable(
                 "the dispatcher's journal failed; it accepts no changes until it restarts",
@@ -142,8 +175,12 @@ impl DispatcherService {
     /// Expires leases and declares silent workers lost; called by the ticker.
     pub(crate) async fn tick(&self) -> Result<(), Status> {
         let silence_ms = self.inner.silence_ms;
-        self.mutate(move |core, now| core.tick(now, silence_ms).map_err(Status::from))
-            .await
+        // Synced: the ticker's sync is also the periodic one that bounds what an OS crash can
+        // take of the changes answered without one.
+        self.mutate(Durability::Synced, move |core, now| {
+            core.tick(now, silence_ms).map_err(Status::from)
+        })
+        .await
     }
 
     /// Checks the token, then the job, before anything else: a refused request touches no
@@ -184,7 +221,7 @@ impl Dispatcher for DispatcherService {
         let protocol_version = req.protocol_version;
         let name = req.worker_name.clone();
         let (worker, stage, receiver_addr) = self
-            .mutate(move |core, now| {
+            .mutate(Durability::Synced, move |core, now| {
                 if core.state().workers().count() >= MAX_WORKERS_PER_JOB {
                     return Err(Status::resource_exhausted(format!(
                         "the job has {MAX_WORKERS_PER_JOB} workers, the most a job may have"
@@ -237,9 +274,13 @@ impl Dispatcher for DispatcherService {
         request: Request<v1::LeaseRequest>,
     ) -> Result<Response<v1::LeaseResponse>, Status> {
         self.authorize("Lease", &request, request.get_ref().job_id)?;
-        let worker = WorkerId(request.into_inner().worker_id);
+        let req = request.into_inner();
+        let worker = WorkerId(req.worker_id);
+        // 0 and 1 ask for one step, answered as `lease` (the protocol before batches).
+        let batched = req.max_steps > 1;
+        let max = req.max_steps.clamp(1, self.inner.max_steps);
         let outcome = self
-            .mutate(move |core, now| {
+            .mutate(Durability::Written, move |core, now| {
                 let wait = || {
                     Outcome::Wait(v1::Wait {
                         retry_after_ms: u64::try_from(LEASE_RETRY_AFTER.as_millis())
@@ -255,19 +296,30 @@ impl Dispatcher for DispatcherService {
                 // Expiry happens on ticks only: tick first, so that a step whose deadline
                 // passed since the last background tick is leased again now.
                 core.apply(Command::Tick, now)?;
-                match core.apply(Command::RequestLease { worker }, now) {
-                    Ok(events) => match events.into_iter().next() {
-                        Some(Event::LeaseGranted {
-                            stage,
-                            step,
-                            deadline,
-                            records,
-                            ..
-                        }) => Ok(Outcome::Lease(convert::step_lease(
-                            stage, step, records, deadline, now,
-                        ))),
-                        _ => Err(Status::internal("a lease request granted no lease")),
-                    },
+                match core.apply(Command::RequestLeases { worker, max }, now) {
+                    Ok(events) => {
+                        let mut steps: Vec<v1::StepLease> = events
+                            .into_iter()
+                            .filter_map(|event| match event {
+                                Event::LeaseGranted {
+                                    stage,
+                                    step,
+                                    deadline,
+                                    records,
+                                    ..
+                                } => Some(convert::step_lease(stage, step, records, deadline, now)),
+                                _ => None,
+                            })
+                            .collect();
+                        if batched {
+                            Ok(Outcome::Leases(v1::StepLeases { steps }))
+                        } else {
+                            steps
+                                .pop()
+                                .map(Outcome::Lease)
+                                .ok_or_else(|| Status::internal("a lease request granted no lease"))
+                        }
+                    }
                     Err(ApplyError::State(
                         Error::NoStepReady { .. }
                         | Error::LeaseLimit { .. }
@@ -298,7 +350,7 @@ impl Dispatcher for DispatcherService {
         self.authorize("Heartbeat", &request, request.get_ref().job_id)?;
         let worker = WorkerId(request.into_inner().worker_id);
         let (draining, receiver_addr) = self
-            .mutate(move |core, now| {
+            .mutate(Durability::Written, move |core, now| {
                 let addr = core.receiver_addr().to_owned();
                 if core.is_drained(worker) {
                     return Ok((true, addr));
@@ -323,24 +375,77 @@ impl Dispatcher for DispatcherService {
     ) -> Result<Response<v1::CompleteResponse>, Status> {
         self.authorize("Complete", &request, request.get_ref().job_id)?;
         let req = request.into_inner();
-        let command = Command::Complete {
-            worker: WorkerId(req.worker_id),
-            stage: StageId(req.stage),
-            step: StepId::new(req.epoch, req.step),
-        };
-        let compute_us = req.compute_us;
         let worker = WorkerId(req.worker_id);
-        self.mutate(move |core, now| {
-            core.apply(command, now)?;
-            core.counters.steps_computed += 1;
-            core.counters.compute_us = core.counters.compute_us.saturating_add(compute_us);
-            let mine = core.worker_counters.entry(worker).or_default();
-            mine.steps_computed += 1;
-            mine.compute_us = mine.compute_us.saturating_add(compute_us);
-            Ok(())
-        })
-        .await?;
-        Ok(Response::new(v1::CompleteResponse {}))
+        let stage = StageId(req.stage);
+        if req.steps.len() > usize::try_from(MAX_STEPS_PER_REQUEST).unwrap_or(usize::MAX) {
+            return Err(Status::invalid_argument(format!(
+                "steps: {} exceed the {MAX_STEPS_PER_REQUEST}-step limit of a request",
+                req.steps.len()
+            )));
+        }
+        if req.steps.is_empty() {
+            // One step, refused as a whole when the worker does not hold it (the protocol
+            // before batches).
+            let command = Command::Complete {
+                worker,
+                stage,
+                step: StepId::new(req.epoch, req.step),
+            };
+            let compute_us = req.compute_us;
+            self.mutate(Durability::Written, move |core, now| {
+                core.apply(command, now)?;
+                core.count_completed(worker, 1, compute_us);
+                Ok(())
+            })
+            .await?;
+            return Ok(Response::new(v1::CompleteResponse::default()));
+        }
+        let steps: Vec<(StepId, u64, u64)> = req
+            .steps
+            .iter()
+            .map(|s| (StepId::new(s.epoch, s.step), s.compute_us, s.deadline_ms))
+            .collect();
+        let refused = self
+            .mutate(Durability::Written, move |core, now| {
+                // A report that names the grant it was delivered under completes only that
+                // grant (see `CompletedStep.deadline_ms`).
+                let current = |step: StepId, deadline_ms: u64| {
+                    deadline_ms == 0
+                        || core.state().lease(stage, step).is_some_and(|l| {
+                            l.worker == worker && l.deadline.as_millis() == deadline_ms
+                        })
+                };
+                let listed: Vec<StepId> = steps
+                    .iter()
+                    .filter(|(step, _, deadline_ms)| current(*step, *deadline_ms))
+                    .map(|(step, _, _)| *step)
+                    .collect();
+                let command = Command::CompleteSteps {
+                    worker,
+                    stage,
+                    steps: listed,
+                };
+                let events = core.apply(command, now)?;
+                let done: BTreeSet<StepId> = events
+                    .iter()
+                    .filter_map(|e| match e {
+                        Event::StepCompleted { step, .. } => Some(*step),
+                        _ => None,
+                    })
+                    .collect();
+                let compute_us = steps
+                    .iter()
+                    .filter(|(step, _, _)| done.contains(step))
+                    .fold(0u64, |sum, (_, us, _)| sum.saturating_add(*us));
+                core.count_completed(worker, done.len() as u64, compute_us);
+                Ok(steps
+                    .iter()
+                    .filter(|(step, _, _)| !done.contains(step))
+                    .map(|(step, _, _)| convert::step_ref(*step))
+                    .collect())
+            })
+            .await?;
+        Ok(Response::new(v1::CompleteResponse { refused }))
     }
 
     async fn consumed(
@@ -352,8 +457,18 @@ impl Dispatcher for DispatcherService {
         let watermark = StepId::new(req.epoch, req.step);
         let busy_us = req.busy_us;
         let events = self
-            .mutate(move |core, now| {
-                let events = core.apply(Command::Consumed { watermark }, now)?;
+            .mutate(Durability::Synced, move |core, now| {
+                let events = match core.apply(Command::Consumed { watermark }, now) {
+                    Ok(events) => events,
+                    // After a crash that lost grants answered without a sync, the training side
+                    // may have consumed steps this dispatcher no longer remembers leasing; they
+                    // are leased again (and dropped by the receiver) within moments, so the
+                    // report is retryable rather than refused.
+                    Err(ApplyError::State(err @ Error::WatermarkAhead { .. })) => {
+                        return Err(Status::unavailable(err.to_string()));
+                    }
+                    Err(err) => return Err(err.into()),
+                };
                 core.counters.consumer_busy_us =
                     core.counters.consumer_busy_us.saturating_add(busy_us);
                 Ok(events)
@@ -380,7 +495,7 @@ impl Dispatcher for DispatcherService {
         }
         tracing::info!(receiver = ?addr, "consumer registered");
         let (first_step, end_of_data) = self
-            .mutate(move |core, now| {
+            .mutate(Durability::Synced, move |core, now| {
                 core.register_consumer(addr, now)?;
                 if let Some(next) = resume {
                     core.apply(Command::Rewind { next }, now)?;
@@ -404,7 +519,7 @@ impl Dispatcher for DispatcherService {
     ) -> Result<Response<v1::DrainResponse>, Status> {
         self.authorize("Drain", &request, request.get_ref().job_id)?;
         let worker = WorkerId(request.into_inner().worker_id);
-        self.mutate(move |core, now| {
+        self.mutate(Durability::Synced, move |core, now| {
             if !core.is_drained(worker) {
                 core.apply(Command::Drain { worker }, now)?;
             }

@@ -1,0 +1,601 @@
+//! The data worker's core: which steps it holds and what to do next, as a synchronous state
+//! machine with time passed in (like the dispatcher's `DispatcherState` and the receiver's
+//! `ReceiverState`). The async shell in [`super::worker`] performs what it says (lease and
+//! report RPCs, the stage run, the push) and tells it what came of each.
+//!
+//! # Rules
+//! - **The lease limit.** A step counts against the worker's `max_leases` from its lease until
+//!   the dispatcher answered the report that completes it (the dispatcher counts it until then
+//!   too), so [`WorkerState::next_lease`] never asks for more than the room left: never more
+//!   than the limit outstanding.
+//! - **Batches.** A lease asks for `k` steps and a report carries every delivered step not yet
+//!   reported (at most one of each in flight). `k` adapts so that a lease round trip is at
+//!   most [`ROUND_TRIP_SHARE`] of the work it buys: `k = ceil(round trip / (share · step
+//!   time))`, measured as moving averages, within `1 ..= max(1, max_leases / 2)` (half, so that
+//!   the next batch is leased while the current one runs).
+//! - **Delivery before report.** A step is reported complete only after the receiver took its
+//!   frame (or already had it); a step whose push was refused, or whose lease expired first,
+//!   is never reported.
+//! - **Expiry.** A lease that expired (on this machine's clock, counted from when the lease
+//!   request went out, so it errs early) has gone back to the dispatcher: the step is neither
+//!   run nor pushed any more; whoever holds it now delivers it. So a lease must outlast a
+//!   step's compute and push (the default lease is 10 s; steps take milliseconds): a step
+//!   slower than its lease is dropped by every worker that takes it.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// The share of the work a lease round trip may cost: k steps are leased at once so that one
+/// round trip is at most this fraction of the time they take to compute.
+pub const ROUND_TRIP_SHARE: f64 = 0.05;
+
+/// The most steps asked for at once, whatever the measurements say.
+pub const MAX_BATCH: u32 = 64;
+
+/// Weight of a new sample in the moving averages of step time and round trip.
+const EWMA_WEIGHT: f64 = 0.2;
+
+/// A leased step, as the worker holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldStep {
+    pub epoch: u64,
+    /// The step within its epoch (what the dispatcher's `StepRef` says).
+    pub step: u64,
+    /// The step's global number: `epoch · steps_per_epoch + step` (the receiver's order).
+    pub global: u64,
+    pub records: Vec<u64>,
+    /// When the lease ends, on this machine's clock.
+    pub expires: Instant,
+    /// The lease's deadline on the dispatcher's clock, as granted: it names this grant in the
+    /// report, so that a late report of an earlier grant of the step cannot complete this one.
+    pub deadline_ms: u64,
+}
+
+/// A delivered step waiting to be reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivered {
+    pub epoch: u64,
+    pub step: u64,
+    pub global: u64,
+    pub compute_us: u64,
+    /// The grant it was delivered under (see [`HeldStep::deadline_ms`]).
+    pub deadline_ms: u64,
+}
+
+/// What the receiver answered a push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushAnswer {
+    /// Taken, or already held or delivered: the step may be reported.
+    Taken,
+    /// The receiver is full: push again after the pause.
+    Retry(Duration),
+    /// The receiver refused the frame.
+    Rejected,
+}
+
+/// What the shell does next with the running step after a push answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushNext {
+    /// Delivered; it will be reported.
+    Done,
+    /// Push again after the pause.
+    RetryAfter(Duration),
+    /// Drop the frame: the lease expired (the step is someone else's now) or the receiver
+    /// refused it.
+    Drop,
+}
+
+/// How the worker ends, once it holds nothing more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    EndOfData,
+    Drained,
+}
+
+/// The worker's steps and decisions; see the module docs for its rules.
+#[derive(Debug, Clone)]
+pub struct WorkerState {
+    max_leases: usize,
+    /// Leased and not started, in lease order.
+    queued: VecDeque<HeldStep>,
+    /// Being computed or pushed (one at a time).
+    running: Option<(HeldStep, Duration)>,
+    /// Delivered, not yet in a report.
+    delivered: Vec<Delivered>,
+    /// Steps in the report in flight (still counted by the dispatcher).
+    reporting: usize,
+    lease_in_flight: bool,
+    /// After a `Wait` answer: no lease request before this.
+    lease_not_before: Option<Instant>,
+    end: Option<End>,
+    draining: bool,
+    step_time: Option<f64>,
+    round_trip: Option<f64>,
+    /// Steps dropped because their lease expired before they were delivered.
+    abandoned: u64,
+}
+
+impl WorkerState {
+    /// A worker that may hold `max_leases` steps at once (the dispatcher's limit, at least 1).
+    pub fn new(max_leases: u32) -> Self {
+        Self {
+            max_leases: usize::try_from(max_leases.max(1)).unwrap_or(usize::MAX),
+            queued: VecDeque::new(),
+            running: None,
+            delivered: Vec::new(),
+            reporting: 0,
+            lease_in_flight: false,
+            lease_not_before: None,
+            end: None,
+            draining: false,
+            step_time: None,
+            round_trip: None,
+            abandoned: 0,
+        }
+    }
+
+    /// Steps the dispatcher counts as this worker's: leased and not yet reported back.
+    pub fn outstanding(&self) -> usize {
+        self.queued.len()
+            + usize::from(self.running.is_some())
+            + self.delivered.len()
+            + self.reporting
+    }
+
+    /// Steps asked for per lease now (see the module docs).
+    pub fn batch_size(&self) -> u32 {
+        let cap = u32::try_from(self.max_leases / 2)
+            .unwrap_or(u32::MAX)
+            .clamp(1, MAX_BATCH);
+        let (Some(step), Some(rtt)) = (self.step_time, self.round_trip) else {
+            return 1;
+        };
+        let want = rtt / (ROUND_TRIP_SHARE * step.max(1e-6));
+        if !want.is_finite() || want >= f64::from(cap) {
+            return cap;
+        }
+        // In [0, cap): the conversion cannot truncate.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let k = want.ceil() as u32;
+        k.clamp(1, cap)
+    }
+
+    /// The number of steps to ask the dispatcher for now, if a lease request should go out;
+    /// the caller sends it and answers with [`Self::leased`], [`Self::wait`] or
+    /// [`Self::ended`].
+    pub fn next_lease(&mut self, now: Instant) -> Option<u32> {
+        if self.lease_in_flight || self.end.is_some() {
+            return None;
+        }
+        if self.lease_not_before.is_some_and(|t| now < t) {
+            return None;
+        }
+        let outstanding = self.outstanding();
+        let max = if self.draining {
+            // A draining worker leases nothing new; once it holds nothing, asking is how it
+            // learns that it is drained.
+            if outstanding > 0 {
+                return None;
+            }
+            1
+        } else {
+            let room = self.max_leases.saturating_sub(outstanding);
+            let k = usize::try_from(self.batch_size()).unwrap_or(1);
+            // Enough work ahead already, or no room: wait for steps to finish.
+            if room == 0 || self.queued.len() >= k {
+                return None;
+            }
+            u32::try_from(k.min(room)).unwrap_or(1)
+        };
+        self.lease_in_flight = true;
+        self.lease_not_before = None;
+        Some(max)
+    }
+
+    /// The dispatcher granted `steps` (within what was asked) after a `round_trip`.
+    pub fn leased(&mut self, steps: Vec<HeldStep>, round_trip: Duration) {
+        self.lease_in_flight = false;
+        self.round_trip = Some(ewma(self.round_trip, round_trip.as_secs_f64()));
+        for step in steps {
+            // Granted again while an earlier grant of it is queued or running (that one went
+            // back): the copy here now runs under the new grant, and reports it.
+            let held = self
+                .queued
+                .iter_mut()
+                .chain(self.running.as_mut().map(|(h, _)| h))
+                .find(|h| h.global == step.global);
+            if let Some(held) = held {
+                held.expires = step.expires;
+                held.deadline_ms = step.deadline_ms;
+                continue;
+            }
+            // Beyond the limit would be a dispatcher bug; refuse to hold more than it allows.
+            if self.outstanding() < self.max_leases {
+                self.queued.push_back(step);
+            }
+        }
+    }
+
+    /// Nothing to lease now: ask again after `retry_after`.
+    pub fn wait(&mut self, retry_after: Duration, now: Instant) {
+        self.lease_in_flight = false;
+        self.lease_not_before = Some(now + retry_after);
+    }
+
+    /// The lease request failed in a way the shell retries: ask again after `retry_after`.
+    pub fn lease_failed(&mut self, retry_after: Duration, now: Instant) {
+        self.wait(retry_after, now);
+    }
+
+    /// The dispatcher answered end of data or drained: lease nothing more.
+    pub fn ended(&mut self, end: End) {
+        self.lease_in_flight = false;
+        self.end = Some(end);
+    }
+
+    /// The dispatcher says the worker is draining.
+    pub fn set_draining(&mut self, draining: bool) {
+        self.draining = draining;
+    }
+
+    /// The next step to run, if none is running: the first queued step whose lease has not
+    /// expired (expired ones are dropped).
+    pub fn next_step(&mut self, now: Instant) -> Option<HeldStep> {
+        if self.running.is_some() {
+            return None;
+        }
+        while let Some(step) = self.queued.pop_front() {
+            if step.expires <= now {
+                self.abandoned += 1;
+                continue;
+            }
+            self.running = Some((step.clone(), Duration::ZERO));
+            return Some(step);
+        }
+        None
+    }
+
+    /// The running step's stage ran in `compute`.
+    pub fn computed(&mut self, compute: Duration) {
+        if let Some((_, spent)) = &mut self.running {
+            *spent = compute;
+            self.step_time = Some(ewma(self.step_time, compute.as_secs_f64()));
+        }
+    }
+
+    /// Whether the running step may be pushed now: its lease has not expired. When it has, the
+    /// step is dropped (never pushed) and this returns false.
+    pub fn may_push(&mut self, now: Instant) -> bool {
+        match &self.running {
+            Some((step, _)) if step.expires > now => true,
+            Some(_) => {
+                self.running = None;
+                self.abandoned += 1;
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// What the receiver answered the running step's push, at `now`.
+    pub fn pushed(&mut self, answer: PushAnswer, now: Instant) -> PushNext {
+        let Some((step, compute)) = self.running.take() else {
+            return PushNext::Drop;
+        };
+        match answer {
+            PushAnswer::Taken => {
+                self.delivered.push(Delivered {
+                    epoch: step.epoch,
+                    step: step.step,
+                    global: step.global,
+                    compute_us: u64::try_from(compute.as_micros()).unwrap_or(u64::MAX),
+                    deadline_ms: step.deadline_ms,
+                });
+                PushNext::Done
+            }
+            PushAnswer::Retry(pause) if step.expires > now + pause => {
+                self.running = Some((step, compute));
+                PushNext::RetryAfter(pause)
+            }
+            // The receiver waits for an earlier step and our lease ends first: it went back
+            // to the dispatcher, whoever holds it now delivers it.
+            PushAnswer::Retry(_) => {
+                self.abandoned += 1;
+                PushNext::Drop
+            }
+            PushAnswer::Rejected => PushNext::Drop,
+        }
+    }
+
+    /// The running step is given up (shutdown, an error): it is neither pushed nor reported.
+    pub fn drop_running(&mut self) {
+        self.running = None;
+    }
+
+    /// The delivered steps to report now, if no report is in flight; the caller answers with
+    /// [`Self::reported`].
+    pub fn next_report(&mut self) -> Option<Vec<Delivered>> {
+        if self.reporting > 0 || self.delivered.is_empty() {
+            return None;
+        }
+        let report = std::mem::take(&mut self.delivered);
+        self.reporting = report.len();
+        Some(report)
+    }
+
+    /// The report in flight was answered (or given up: the dispatcher forgets the leases on
+    /// its own when they expire).
+    pub fn reported(&mut self) {
+        self.reporting = 0;
+    }
+
+    /// Whether a report is in flight.
+    pub fn is_reporting(&self) -> bool {
+        self.reporting > 0
+    }
+
+    /// How the worker ends, once the dispatcher said so and it holds nothing more.
+    pub fn finished(&self) -> Option<End> {
+        self.end
+            .filter(|_| self.outstanding() == 0 && !self.lease_in_flight)
+    }
+
+    /// The earliest time at which [`Self::next_lease`] or [`Self::next_step`] may change its
+    /// answer without any other input (a `Wait` ending, a queued lease expiring).
+    pub fn wakeup(&self) -> Option<Instant> {
+        let expiry = self.queued.iter().map(|s| s.expires).min();
+        match (self.lease_not_before, expiry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Steps dropped because their lease expired before delivery.
+    pub fn abandoned(&self) -> u64 {
+        self.abandoned
+    }
+}
+
+fn ewma(old: Option<f64>, sample: f64) -> f64 {
+    match old {
+        Some(old) => old + EWMA_WEIGHT * (sample - old),
+        None => sample,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn step(global: u64, expires: Instant) -> HeldStep {
+        HeldStep {
+            epoch: 0,
+            step: global,
+            global,
+            records: vec![global],
+            expires,
+            deadline_ms: global,
+        }
+    }
+
+    #[test]
+    fn k_grows_with_the_round_trip_over_the_step_time() {
+        let t0 = Instant::now();
+        let mut w = WorkerState::new(64);
+        assert_eq!(w.batch_size(), 1, "nothing measured yet");
+        assert_eq!(w.next_lease(t0), Some(1));
+        w.leased(
+            vec![step(0, t0 + Duration::from_secs(10))],
+            Duration::from_millis(1),
+        );
+        let s = w.next_step(t0).expect("a step");
+        assert_eq!(s.global, 0);
+        w.computed(Duration::from_micros(500));
+        // 1 ms round trip over 0.5 ms steps at a 5% share: 40 steps.
+        assert_eq!(w.batch_size(), 32, "capped at half the limit");
+        let mut w = WorkerState::new(256);
+        w.round_trip = Some(0.001);
+        w.step_time = Some(0.0005);
+        assert_eq!(w.batch_size(), 40);
+        w.step_time = Some(1.0);
+        assert_eq!(w.batch_size(), 1, "long steps: one at a time");
+    }
+
+    #[test]
+    fn an_expired_lease_is_neither_run_nor_pushed() {
+        let t0 = Instant::now();
+        let mut w = WorkerState::new(4);
+        assert_eq!(w.next_lease(t0), Some(1));
+        w.leased(
+            vec![
+                step(0, t0 + Duration::from_millis(5)),
+                step(1, t0 + Duration::from_millis(50)),
+            ],
+            Duration::from_millis(1),
+        );
+        let later = t0 + Duration::from_millis(10);
+        let s = w.next_step(later).expect("the live one");
+        assert_eq!(s.global, 1, "step 0 expired while queued");
+        assert!(!w.may_push(t0 + Duration::from_millis(60)));
+        assert_eq!(w.next_report(), None);
+        assert_eq!(w.abandoned(), 2);
+        assert_eq!(w.outstanding(), 0);
+    }
+
+    #[test]
+    fn a_draining_worker_finishes_what_it_holds_then_asks_once_and_ends() {
+        let t0 = Instant::now();
+        let far = t0 + Duration::from_secs(10);
+        let mut w = WorkerState::new(3);
+        assert_eq!(w.next_lease(t0), Some(1));
+        w.leased(vec![step(0, far)], Duration::from_millis(1));
+        w.set_draining(true);
+        let s = w.next_step(t0).expect("held step runs");
+        assert_eq!(s.global, 0);
+        assert_eq!(w.next_lease(t0), None, "nothing new while it holds a step");
+        w.computed(Duration::from_millis(1));
+        assert!(w.may_push(t0));
+        assert_eq!(w.pushed(PushAnswer::Taken, t0), PushNext::Done);
+        assert_eq!(w.next_lease(t0), None, "its report is still to be answered");
+        let report = w.next_report().expect("report");
+        assert_eq!(report.len(), 1);
+        w.reported();
+        assert_eq!(
+            w.next_lease(t0),
+            Some(1),
+            "holding nothing, it asks to learn it is drained"
+        );
+        assert_eq!(w.finished(), None);
+        w.ended(End::Drained);
+        assert_eq!(w.finished(), Some(End::Drained));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// Time passes.
+        Advance(u64),
+        /// The shell acts on whatever the state asks for.
+        AskLease,
+        /// The lease answer: `n` fresh steps (capped at what was asked), or a wait.
+        Grant {
+            n: u32,
+            lease_ms: u64,
+        },
+        Wait(u64),
+        EndOfData,
+        Run {
+            compute_us: u64,
+        },
+        Push(u8),
+        AskReport,
+        Reported,
+        Drain(bool),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (0u64..40).prop_map(Op::Advance),
+            4 => Just(Op::AskLease),
+            4 => (0u32..80, 1u64..100).prop_map(|(n, lease_ms)| Op::Grant { n, lease_ms }),
+            1 => (1u64..50).prop_map(Op::Wait),
+            1 => Just(Op::EndOfData),
+            4 => (1u64..20_000).prop_map(|compute_us| Op::Run { compute_us }),
+            4 => (0u8..4).prop_map(Op::Push),
+            3 => Just(Op::AskReport),
+            3 => Just(Op::Reported),
+            1 => any::<bool>().prop_map(Op::Drain),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Under any interleaving of answers: never more than the lease limit outstanding, at
+        /// most what was asked is held per lease, no step reported before the receiver took
+        /// it (and each at most once), no expired lease pushed, and the worker ends only once
+        /// it holds nothing.
+        #[test]
+        fn the_worker_keeps_its_rules(max_leases in 1u32..40, ops in proptest::collection::vec(op(), 0..300)) {
+            let t0 = Instant::now();
+            let mut now = t0;
+            let mut w = WorkerState::new(max_leases);
+            let mut asked: Option<u32> = None;
+            let mut next_global = 0u64;
+            let mut taken: BTreeSet<u64> = BTreeSet::new();
+            let mut reported: BTreeSet<u64> = BTreeSet::new();
+            let mut in_report: Vec<Delivered> = Vec::new();
+            let mut running: Option<HeldStep> = None;
+            let limit = usize::try_from(max_leases).expect("small");
+            for op in ops {
+                match op {
+                    Op::Advance(ms) => now += Duration::from_millis(ms),
+                    Op::AskLease => {
+                        if let Some(max) = w.next_lease(now) {
+                            prop_assert!(asked.is_none(), "two lease requests in flight");
+                            prop_assert!(max >= 1);
+                            prop_assert!(w.outstanding() + usize::try_from(max).expect("small") <= limit || w.outstanding() == 0);
+                            asked = Some(max);
+                        }
+                    }
+                    Op::Grant { n, lease_ms } => {
+                        if let Some(max) = asked.take() {
+                            let n = n.min(max);
+                            let steps = (0..n).map(|_| {
+                                next_global += 1;
+                                step(next_global, now + Duration::from_millis(lease_ms))
+                            }).collect();
+                            w.leased(steps, Duration::from_micros(300));
+                        }
+                    }
+                    Op::Wait(ms) => {
+                        if asked.take().is_some() {
+                            w.wait(Duration::from_millis(ms), now);
+                        }
+                    }
+                    Op::EndOfData => {
+                        if asked.take().is_some() {
+                            w.ended(End::EndOfData);
+                        }
+                    }
+                    Op::Run { compute_us } => {
+                        if running.is_none() {
+                            if let Some(s) = w.next_step(now) {
+                                prop_assert!(s.expires > now, "ran an expired lease");
+                                w.computed(Duration::from_micros(compute_us));
+                                running = Some(s);
+                            }
+                        }
+                    }
+                    Op::Push(answer) => {
+                        if let Some(s) = running.take() {
+                            if !w.may_push(now) {
+                                prop_assert!(s.expires <= now);
+                                continue;
+                            }
+                            prop_assert!(s.expires > now, "pushed an expired lease");
+                            let answer = match answer {
+                                0 | 1 => PushAnswer::Taken,
+                                2 => PushAnswer::Retry(Duration::from_millis(5)),
+                                _ => PushAnswer::Rejected,
+                            };
+                            if answer == PushAnswer::Taken {
+                                taken.insert(s.global);
+                            }
+                            match w.pushed(answer, now) {
+                                PushNext::RetryAfter(_) => running = Some(s),
+                                PushNext::Done => prop_assert_eq!(answer, PushAnswer::Taken),
+                                PushNext::Drop => prop_assert!(answer != PushAnswer::Taken),
+                            }
+                        }
+                    }
+                    Op::AskReport => {
+                        if let Some(report) = w.next_report() {
+                            prop_assert!(in_report.is_empty(), "two reports in flight");
+                            for d in &report {
+                                prop_assert!(taken.contains(&d.global), "reported {} before the receiver took it", d.global);
+                                prop_assert!(reported.insert(d.global), "reported {} twice", d.global);
+                            }
+                            in_report = report;
+                        }
+                    }
+                    Op::Reported => {
+                        if !in_report.is_empty() {
+                            in_report.clear();
+                            w.reported();
+                        }
+                    }
+                    Op::Drain(on) => w.set_draining(on),
+                }
+                prop_assert!(w.outstanding() <= limit, "{} outstanding > {}", w.outstanding(), limit);
+                if w.finished().is_some() {
+                    prop_assert_eq!(w.outstanding(), 0);
+                    prop_assert!(running.is_none() && in_report.is_empty());
+                }
+            }
+        }
+    }
+}
