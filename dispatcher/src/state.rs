@@ -63,7 +63,8 @@ pub enum Command {
     /// Expire the leases whose deadline is at or before `now`.
     Tick,
     /// A (new) receiver registered: whatever an earlier receiver buffered is gone, so every
-    /// step completed and not yet consumed is leased again (and recomputed identically).
+    /// step completed and not yet consumed is leased again (and recomputed identically), and
+    /// every held lease is revoked (its step may have gone to the old receiver already).
     ReceiverReset,
     /// The training side restarted from a checkpoint that had consumed every step before
     /// `next` (and none after): the watermark moves to the step before `next`, backwards or
@@ -505,6 +506,22 @@ impl DispatcherState {
                 self.emit(&mut out, Event::WorkerLost { worker })?;
             }
             Command::ReceiverReset => {
+                // A held lease may already have been pushed to the old receiver, with its
+                // Complete still on the way (a worker completes in batches): completing it
+                // now would retire a step the new receiver never saw. So every lease is
+                // revoked; a late Complete is refused as not held, and the step is redone.
+                let mut touched = Vec::new();
+                for (stage, step, lease) in self.leases() {
+                    touched.push(lease.worker);
+                    self.emit(
+                        &mut out,
+                        Event::LeaseRevoked {
+                            worker: lease.worker,
+                            stage,
+                            step,
+                        },
+                    )?;
+                }
                 let mut returned = Vec::new();
                 for (i, st) in self.stages.iter().enumerate() {
                     let stage = StageId(u32::try_from(i).unwrap_or(u32::MAX));
@@ -515,6 +532,7 @@ impl DispatcherState {
                 for (stage, step) in returned {
                     self.emit(&mut out, Event::StepReturned { stage, step })?;
                 }
+                self.finish_drained(&mut out, touched)?;
             }
             Command::Rewind { next } => {
                 let seq = self

@@ -904,6 +904,62 @@ fn a_receiver_reset_leases_completed_unconsumed_steps_again_with_the_same_batche
     }
 }
 
+/// The restart hang of issue 17: a worker pushed a step to the old receiver and its (batched)
+/// Complete arrives after a new receiver registered. The step must not count as delivered.
+#[test]
+fn a_lease_held_across_a_receiver_reset_cannot_complete_and_is_leased_again() {
+    let mut c = config(1);
+    c.max_leases_per_worker = 4;
+    let mut state = DispatcherState::new(c).expect("valid");
+    let (w, v) = (WorkerId(1), WorkerId(2));
+    for worker in [w, v] {
+        state
+            .apply(
+                Command::RegisterWorker {
+                    worker,
+                    stage: S0,
+                    protocol_version: PROTOCOL_VERSION,
+                },
+                t(0),
+            )
+            .expect("register");
+    }
+    let granted = state
+        .apply(Command::RequestLeases { worker: w, max: 2 }, t(1))
+        .expect("lease");
+    let held = state.leases_of(w);
+    assert_eq!(held.len(), 2, "{granted:?}");
+    let events = state.apply(Command::ReceiverReset, t(2)).expect("reset");
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| matches!(e, Event::LeaseRevoked { worker, .. } if *worker == w))
+            .count(),
+        2,
+        "{events:?}"
+    );
+    assert!(state.leases_of(w).is_empty());
+    // The late report changes nothing: neither step is complete.
+    state
+        .apply(
+            Command::CompleteSteps {
+                worker: w,
+                stage: S0,
+                steps: held.clone(),
+            },
+            t(3),
+        )
+        .expect("a batch with stale steps is not an error");
+    for step in &held {
+        assert!(!state.is_completed(S0, *step), "{step} completed after the reset");
+    }
+    // Another worker gets the same steps again, first.
+    state
+        .apply(Command::RequestLeases { worker: v, max: 2 }, t(4))
+        .expect("lease again");
+    assert_eq!(state.leases_of(v), held);
+}
+
 #[test]
 fn a_rewind_moves_the_watermark_to_a_checkpoint_and_leases_from_it_again() {
     let mut c = config(1);
