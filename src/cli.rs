@@ -277,9 +277,8 @@ pub struct DispatcherArgs {
     /// How long a worker may hold a step before it is leased again.
     #[arg(long, default_value_t = 10_000)]
     pub lease_ms: u64,
-    /// Steps one worker may hold at once: the one it runs, the one it leased ahead, and the
-    /// one whose completion is on its way.
-    #[arg(long, default_value_t = 3)]
+    /// Steps one worker may hold at once (it leases up to half of them in one request).
+    #[arg(long, default_value_t = lode_dispatcher::DEFAULT_MAX_LEASES)]
     pub max_leases: u32,
     /// Where the graph's relative data paths resolve (default: the plan's data_root).
     #[arg(long)]

@@ -426,7 +426,7 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
         RunSettings {
             epochs: args.epochs,
             lease_duration: Duration::from_secs(10),
-            max_leases_per_worker: 3,
+            max_leases_per_worker: lode_dispatcher::DEFAULT_MAX_LEASES,
         },
     )?;
     let steps_total = args.steps;

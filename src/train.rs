@@ -465,7 +465,7 @@ fn start_job(request: &Request, settings: &Settings) -> Result<(Job, Reply), Ref
         lode_dispatcher::RunSettings {
             epochs: None,
             lease_duration: settings.lease,
-            max_leases_per_worker: 3,
+            max_leases_per_worker: lode_dispatcher::DEFAULT_MAX_LEASES,
         },
     )?;
     // The training side ends each pass of the iterator itself (an iterator may be initialized

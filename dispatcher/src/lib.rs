@@ -95,7 +95,7 @@ pub mod state;
 mod tests;
 
 pub use batch::index_batch;
-pub use config::{DispatcherConfig, Shuffle};
+pub use config::{DispatcherConfig, Shuffle, DEFAULT_MAX_LEASES};
 pub use from_plan::{plan_source, PlanConfigError, RunSettings};
 pub use ids::{Epoch, JobId, StageId, Step, StepId, Time, WorkerId};
 pub use journal::{pick_seed, Journal, JournalError};
