@@ -262,7 +262,8 @@ pub async fn run_worker(
     let mut receiver: Option<(String, ReceiverClient)> = None;
     let mut plane: Option<(String, DataPlaneClient)> = None;
     let mut steps = 0u64;
-    let steps_per_epoch = reg.steps_per_epoch.max(1);
+    let steps_per_epoch =
+        lode_proto::step::steps_per_epoch(reg.steps_per_epoch).map_err(|e| bad("register", e))?;
     let mut state = WorkerState::new(reg.max_leases);
     // Lease and report answers, from the (at most one each) requests in flight: one task per
     // batch, never per step.
@@ -427,7 +428,7 @@ fn complete_request(job: u64, worker: u64, stage: u32, delivered: &[Delivered]) 
 fn absorb(
     state: &mut WorkerState,
     answer: Answer,
-    steps_per_epoch: u64,
+    steps_per_epoch: std::num::NonZeroU64,
     now: Instant,
 ) -> Result<(), ServiceError> {
     match answer {
@@ -455,19 +456,23 @@ fn absorb(
             let sent = now.checked_sub(round_trip).unwrap_or(now);
             let held = leases
                 .into_iter()
-                .map(|lease| HeldStep {
-                    epoch: lease.epoch,
-                    step: lease.step,
-                    global: lease
-                        .epoch
-                        .saturating_mul(steps_per_epoch)
-                        .saturating_add(lease.step),
-                    expires: sent
-                        + Duration::from_millis(lease.deadline_ms.saturating_sub(lease.now_ms)),
-                    deadline_ms: lease.deadline_ms,
-                    records: lease.records,
+                .map(|lease| {
+                    // A step outside the job's numbering is the dispatcher's error, not a
+                    // number to wrap or clamp.
+                    let at =
+                        lode_proto::step::StepRef::new(lease.epoch, lease.step, steps_per_epoch)
+                            .map_err(|e| bad("lease", e))?;
+                    Ok(HeldStep {
+                        epoch: at.epoch,
+                        step: at.in_epoch,
+                        global: at.global,
+                        expires: sent
+                            + Duration::from_millis(lease.deadline_ms.saturating_sub(lease.now_ms)),
+                        deadline_ms: lease.deadline_ms,
+                        records: lease.records,
+                    })
                 })
-                .collect();
+                .collect::<Result<_, ServiceError>>()?;
             state.leased(held, round_trip);
         }
         Answer::Report(answer) => {
