@@ -951,7 +951,10 @@ fn a_lease_held_across_a_receiver_reset_cannot_complete_and_is_leased_again() {
         )
         .expect("a batch with stale steps is not an error");
     for step in &held {
-        assert!(!state.is_completed(S0, *step), "{step} completed after the reset");
+        assert!(
+            !state.is_completed(S0, *step),
+            "{step} completed after the reset"
+        );
     }
     // Another worker gets the same steps again, first.
     state
