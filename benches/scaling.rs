@@ -135,6 +135,7 @@ async fn run_case(n: usize, latency: Duration, window: Duration) -> anyhow::Resu
         log: tmp.path().join("consumer.jsonl"),
         step_time: Duration::ZERO,
         steps: None,
+        end_job: false,
         expect_first: None,
         metrics: None,
     };

@@ -286,6 +286,10 @@ pub struct DispatcherArgs {
     /// Write the bound address (http://host:port) to this file once listening.
     #[arg(long)]
     pub addr_file: Option<PathBuf>,
+    /// Keep serving after the job finished (by default the dispatcher exits once the data
+    /// ended and the training side and every worker were told so).
+    #[arg(long)]
+    pub keep_serving: bool,
     /// Serve Prometheus metrics (GET /metrics) on this address.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
@@ -355,9 +359,14 @@ pub struct ConsumeArgs {
     /// [::]); otherwise the bound address is registered.
     #[arg(long, value_name = "HOST[:PORT]")]
     pub advertise: Option<String>,
-    /// Stop after this many steps (default: until end of data).
+    /// Stop after this many steps (default: until end of data), and end the job there: the
+    /// dispatcher tells every worker end of data (and `lode dispatcher` exits).
     #[arg(long)]
     pub steps: Option<u64>,
+    /// With --steps: stop without ending the job (another consumer may take over, resuming
+    /// from the watermark).
+    #[arg(long, requires = "steps")]
+    pub leave_open: bool,
     /// The global step expected next (a restarted training side checks the watermark).
     #[arg(long)]
     pub resume_from: Option<u64>,

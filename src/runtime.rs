@@ -159,6 +159,7 @@ pub fn run_dispatcher(args: DispatcherArgs, out: &mut dyn std::io::Write) -> any
     )?;
     let mut service = service_config(&plan, args.job, &token, config, &args.journal)?;
     service.tls = tls;
+    service.stop_at_end = !args.keep_serving;
     let rt = runtime()?;
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(&args.listen)
@@ -247,6 +248,7 @@ pub fn emulator_config(args: &ConsumeArgs) -> anyhow::Result<EmulatorConfig> {
         log: args.log.clone(),
         step_time: args.step_time,
         steps: args.steps,
+        end_job: !args.leave_open,
         expect_first: args.resume_from,
         metrics: args.metrics.clone(),
     })
@@ -282,6 +284,8 @@ pub fn run_consume(args: ConsumeArgs, out: &mut dyn std::io::Write) -> anyhow::R
         summary.seconds,
         if summary.end_of_data {
             ", end of data"
+        } else if summary.ended_job {
+            ", the job ended here"
         } else {
             ""
         }
@@ -495,6 +499,9 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
             log: log.clone(),
             step_time: args.step_time,
             steps: Some(steps_total),
+            // `lode run` stops its own processes; a job left open can be resumed from its
+            // journal (`--journal`).
+            end_job: false,
             expect_first: None,
             metrics: None,
         };

@@ -272,6 +272,7 @@ async fn consumer(
                             epoch: last / per_epoch,
                             step: last % per_epoch,
                             busy_us: 0,
+                            end_job: false,
                         })
                         .await
                         .expect("consumed");

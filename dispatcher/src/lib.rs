@@ -150,6 +150,11 @@ pub enum Error {
     StageFinished { stage: StageId },
     #[error("watermark {watermark} is ahead of every step leased to the last stage")]
     WatermarkAhead { watermark: StepId },
+    #[error("the job can end only at the training side's watermark: asked to end after {last}, watermark {}", watermark.map_or_else(|| "none".to_owned(), |w| w.to_string()))]
+    EndNotAtWatermark {
+        last: StepId,
+        watermark: Option<StepId>,
+    },
     #[error("journal event {index}: {reason}")]
     Journal { index: usize, reason: &'static str },
     /// A bug in this crate: `apply` emitted an event that its own checks refuse. The events
@@ -180,6 +185,7 @@ impl Error {
                 | Self::NotHeld { .. }
                 | Self::Draining { .. }
                 | Self::WatermarkAhead { .. }
+                | Self::EndNotAtWatermark { .. }
         )
     }
 }

@@ -55,6 +55,10 @@ pub enum Command {
     },
     /// The training side has consumed every step up to and including `watermark`.
     Consumed { watermark: StepId },
+    /// The training side stops after `last`, its watermark: the job ends there (an endless
+    /// or longer job is cut short). Every held lease is revoked and nothing more is leased,
+    /// so workers are told end of data; a later [`Command::Rewind`] reopens the job.
+    EndJob { last: StepId },
     /// Scale-in: no new leases for the worker; it finishes what it holds, then it may go.
     Drain { worker: WorkerId },
     /// The worker is gone (its connection dropped, or it stopped heartbeating); what it held is
@@ -118,6 +122,10 @@ pub enum Event {
     },
     WatermarkAdvanced {
         watermark: StepId,
+    },
+    /// The training side ended the job after consuming `last` (see [`Command::EndJob`]).
+    JobEnded {
+        last: StepId,
     },
     WorkerDraining {
         worker: WorkerId,
@@ -481,6 +489,34 @@ impl DispatcherState {
                     self.emit(&mut out, Event::EndOfData { last: watermark })?;
                 }
             }
+            Command::EndJob { last } => {
+                let seq = self
+                    .seq_of(last)
+                    .ok_or(Error::StepOutOfRange { step: last })?;
+                if self.end_of_data && self.watermark == Some(seq) {
+                    return Ok(out); // a repeated request
+                }
+                if self.watermark != Some(seq) {
+                    return Err(Error::EndNotAtWatermark {
+                        last,
+                        watermark: self.watermark(),
+                    });
+                }
+                let mut touched = Vec::new();
+                for (stage, step, lease) in self.leases() {
+                    touched.push(lease.worker);
+                    self.emit(
+                        &mut out,
+                        Event::LeaseRevoked {
+                            worker: lease.worker,
+                            stage,
+                            step,
+                        },
+                    )?;
+                }
+                self.emit(&mut out, Event::JobEnded { last })?;
+                self.finish_drained(&mut out, touched)?;
+            }
             Command::Drain { worker } => {
                 if self.known(worker)?.status == WorkerStatus::Draining {
                     return Ok(out);
@@ -799,6 +835,16 @@ impl DispatcherState {
                 self.workers.remove(worker);
                 self.retired.insert(*worker);
             }
+            Event::JobEnded { last } => {
+                let seq = self.seq_of(*last).ok_or("end of the job outside the job")?;
+                if self.watermark != Some(seq) {
+                    return Err("the job ended away from the watermark");
+                }
+                if self.stages.iter().any(|st| !st.leases.is_empty()) {
+                    return Err("the job ended while steps are leased");
+                }
+                self.end_of_data = true;
+            }
             Event::EndOfData { last } => {
                 let seq = self.seq_of(*last).ok_or("end of data outside the job")?;
                 if self.total != seq.checked_add(1) || self.watermark != Some(seq) {
@@ -869,6 +915,9 @@ impl DispatcherState {
             stage,
             stages: self.config.stages,
         })?;
+        if self.end_of_data {
+            return Err(Error::StageFinished { stage });
+        }
         if let Some(seq) = st.pending.first() {
             return Ok(*seq);
         }

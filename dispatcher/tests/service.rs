@@ -63,9 +63,17 @@ impl Server {
         dispatcher: DispatcherConfig,
         tls: Option<ServerTls>,
     ) -> Server {
+        Server::start_configured(dir, dispatcher, |config| config.tls = tls).await
+    }
+
+    /// A dispatcher whose service config `configure` adjusts last.
+    async fn start_configured(
+        dir: &Path,
+        dispatcher: DispatcherConfig,
+        configure: impl FnOnce(&mut ServiceConfig),
+    ) -> Server {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let local = listener.local_addr().expect("local addr");
-        let endpoint = lode_proto::tls::url(local, tls.is_some());
         let clock = Arc::new(ManualClock::new());
         let stages = dispatcher.stages;
         let mut config = ServiceConfig::new(
@@ -77,7 +85,8 @@ impl Server {
             dir,
         );
         config.clock = clock.clone();
-        config.tls = tls;
+        configure(&mut config);
+        let endpoint = lode_proto::tls::url(local, config.tls.is_some());
         let (shutdown, stopped) = oneshot::channel();
         let task = tokio::spawn(serve(listener, config, async {
             let _ = stopped.await;
@@ -165,6 +174,7 @@ async fn consumed(client: &mut DispatcherClient, epoch: u64, step: u64) {
             epoch,
             step,
             busy_us: 500,
+            end_job: false,
         })
         .await
         .expect("consumed");
@@ -387,6 +397,7 @@ async fn bad_credentials_and_other_jobs_are_rejected_without_touching_state() {
                         epoch: 0,
                         step: 0,
                         busy_us: 0,
+                        end_job: false,
                     })
                     .await
                     .map(drop),
@@ -929,4 +940,91 @@ async fn a_late_report_of_an_earlier_grant_does_not_complete_the_new_one() {
     assert!(current.refused.is_empty());
     assert!(status(&mut client).await.leases.is_empty());
     server.stop().await;
+}
+
+/// Issue 17: the training side ends an endless job at its watermark. What a worker holds is
+/// revoked, every answer says end of data, and a dispatcher with `stop_at_end` stops serving
+/// once the training side and every worker were told, not before.
+#[tokio::test]
+async fn the_training_side_ends_the_job_and_the_dispatcher_stops_once_everyone_knows() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let endless = DispatcherConfig {
+        epochs: None,
+        ..config(1)
+    };
+    let mut server = Server::start_configured(dir.path(), endless, |c| c.stop_at_end = true).await;
+    let mut client = server.client().await;
+    let worker = register(&mut client, 0).await.worker_id;
+    client
+        .register_consumer(v1::RegisterConsumerRequest {
+            job_id: JOB,
+            receiver_addr: "http://127.0.0.1:9".into(),
+            resume_from: None,
+        })
+        .await
+        .expect("register the consumer");
+    let first = leased(&mut client, worker).await;
+    let second = leased(&mut client, worker).await;
+    assert_eq!((first.step, second.step), (0, 1));
+    complete(&mut client, worker, 0, 0, 0)
+        .await
+        .expect("complete step 0");
+    consumed(&mut client, 0, 1).await;
+    let third = leased(&mut client, worker).await;
+    assert_eq!(third.step, 2);
+
+    // Ending anywhere but at the watermark (here behind it) is refused.
+    let behind = client
+        .consumed(v1::ConsumedRequest {
+            job_id: JOB,
+            epoch: 0,
+            step: 0,
+            busy_us: 0,
+            end_job: true,
+        })
+        .await
+        .expect_err("the watermark is at step 1");
+    assert_eq!(behind.code(), Code::FailedPrecondition, "{behind:?}");
+    let ended = client
+        .consumed(v1::ConsumedRequest {
+            job_id: JOB,
+            epoch: 0,
+            step: 1,
+            busy_us: 0,
+            end_job: true,
+        })
+        .await
+        .expect("end the job")
+        .into_inner();
+    assert!(ended.end_of_data);
+    let now = status(&mut client).await;
+    assert!(now.end_of_data);
+    assert!(now.leases.is_empty(), "{:?}", now.leases);
+    // Step 2 was revoked: its report is refused, not counted.
+    let late = complete(&mut client, worker, 0, 0, 2)
+        .await
+        .expect_err("revoked");
+    assert_eq!(late.code(), Code::FailedPrecondition, "{late:?}");
+
+    // The worker has not been told yet: the dispatcher keeps serving.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut server.task)
+            .await
+            .is_err(),
+        "the dispatcher stopped before its worker knew"
+    );
+    let beat = client
+        .heartbeat(v1::HeartbeatRequest {
+            job_id: JOB,
+            worker_id: worker,
+        })
+        .await
+        .expect("heartbeat")
+        .into_inner();
+    assert!(beat.end_of_data);
+    tokio::time::timeout(Duration::from_secs(10), &mut server.task)
+        .await
+        .expect("the dispatcher stops once everyone knows")
+        .expect("server task")
+        .expect("stopped cleanly");
 }

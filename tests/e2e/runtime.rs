@@ -58,21 +58,19 @@ fn dispatcher(plan: &Path, journal: &Path, listen: &str) -> (Proc, String) {
     dispatcher_with(plan, journal, listen, &[])
 }
 
-/// [`dispatcher`] with more arguments; the address is https when it serves TLS.
+/// [`dispatcher`] with more arguments (one epoch unless they give `--epochs`); the address is
+/// https when it serves TLS.
 fn dispatcher_with(plan: &Path, journal: &Path, listen: &str, extra: &[&str]) -> (Proc, String) {
+    let epochs: &[&str] = if extra.contains(&"--epochs") {
+        &[]
+    } else {
+        &["--epochs", "1"]
+    };
     let mut child = bin()
         .args(["dispatcher", "--plan", plan.to_str().expect("UTF-8")])
         .args(["--journal", journal.to_str().expect("UTF-8")])
-        .args([
-            "--listen",
-            listen,
-            "--token",
-            TOKEN,
-            "--epochs",
-            "1",
-            "--lease-ms",
-            "1500",
-        ])
+        .args(["--listen", listen, "--token", TOKEN, "--lease-ms", "1500"])
+        .args(epochs)
         .args(extra)
         .stdout(Stdio::piped())
         .spawn()
@@ -387,6 +385,57 @@ fn dispatcher_and_consumer_restarts_lose_and_repeat_nothing() {
     assert_exactly_once(&lines(&log), &want, rows);
 }
 
+/// Issue 17: `lode consume --steps N` on a job that would run for 50 epochs ends the job there,
+/// and the dispatcher and every worker exit by themselves (status 0, the workers at end of
+/// data); with `--leave-open` the job stays open for the next consumer.
+#[test]
+fn consume_steps_ends_the_job_and_every_process_exits_with_it() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let plan = big_sgd(tmp.path(), 3_200); // 100 steps an epoch
+    let (mut disp, addr) = dispatcher_with(
+        &plan,
+        &tmp.path().join("journal"),
+        "127.0.0.1:0",
+        &["--epochs", "50"],
+    );
+    let mut workers: Vec<Proc> = (0..2).map(|i| worker(&addr, &format!("w{i}"))).collect();
+    let log = tmp.path().join("log.jsonl");
+
+    // A consumer that leaves the job open: the job goes on (the watermark moves, no end).
+    let mut open = consumer(&addr, &log, &["--steps", "30", "--leave-open"]);
+    wait_ok(&mut open, Duration::from_secs(60), "the first consumer");
+    let status: Value = serde_json::from_str(&ok(&lode(&[
+        "status", &addr, "--token", TOKEN, "--format", "json",
+    ])))
+    .expect("status JSON");
+    assert_eq!(status["end_of_data"], Value::Bool(false), "{status}");
+    assert_eq!(status["watermark"]["step"].as_u64(), Some(29), "{status}");
+
+    // The next consumer takes 120 more steps (into the second epoch) and ends the job.
+    let mut last = consumer(&addr, &log, &["--steps", "120"]);
+    wait_ok(&mut last, Duration::from_secs(60), "the last consumer");
+    wait_ok(&mut disp, Duration::from_secs(30), "the dispatcher");
+    for (i, w) in workers.iter_mut().enumerate() {
+        let start = Instant::now();
+        let end = loop {
+            if let Some(end) = ending(w) {
+                break end;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "worker {i} did not exit"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(end.contains("EndOfData"), "worker {i}: {end}");
+    }
+    let steps: Vec<u64> = lines(&log)
+        .iter()
+        .map(|l| l["step"].as_u64().expect("step"))
+        .collect();
+    assert_eq!(steps, (0..150).collect::<Vec<u64>>());
+}
+
 #[test]
 fn lode_run_runs_the_bundled_example() {
     let out = ok(&lode(&[
@@ -627,11 +676,12 @@ fn a_job_over_tls_delivers_every_record_once() {
     // The same job as separate processes, every connection TLS: the dispatcher, a consumer
     // whose receiver serves TLS on every interface, registered as https://localhost:PORT
     // (--advertise; the workers check the certificate against that name), and two workers.
+    // It keeps serving after the job, for the status and the refused consumer below.
     let (mut disp, addr) = dispatcher_with(
         &plan,
         &tmp.path().join("journal"),
         "127.0.0.1:0",
-        &server_tls,
+        &[server_tls.as_slice(), &["--keep-serving"]].concat(),
     );
     assert!(addr.starts_with("https://127.0.0.1:"), "{addr}");
     let log = tmp.path().join("processes.jsonl");

@@ -254,7 +254,9 @@ impl Consumer {
         self.per_epoch = steps_per_epoch(reg.steps_per_epoch)?;
         let first_global =
             StepRef::from_wire(reg.first_step.unwrap_or_default(), self.per_epoch)?.global;
-        self.serve(listener, first_global)
+        self.serve(listener, first_global)?;
+        self.reported.blocking_lock().end_of_data = reg.end_of_data;
+        Ok(())
     }
 
     /// Replaces the served receiver with a fresh one starting at `first_global`.
@@ -292,6 +294,7 @@ impl Consumer {
         *self.reported.blocking_lock() = Reported {
             step: first_global.checked_sub(1),
             busy_us: 0,
+            end_of_data: false,
         };
         self.watermark.send_replace(Watermark {
             consumed: first_global.checked_sub(1),
@@ -389,11 +392,14 @@ impl Consumer {
                 return Ok(Next::Step(step));
             }
             self.flush()?;
-            let job_id = self.config.job;
-            let status = self.call("Status", |mut d| async move {
-                d.status(StatusRequest { job_id }).await
-            })?;
-            if status.end_of_data {
+            let end_of_data = self.reported.blocking_lock().end_of_data || {
+                let job_id = self.config.job;
+                let status = self.call("Status", |mut d| async move {
+                    d.status(StatusRequest { job_id }).await
+                })?;
+                status.end_of_data
+            };
+            if end_of_data {
                 // A step completed just before the status answer is still delivered.
                 return Ok(self
                     .served
@@ -485,6 +491,31 @@ impl Consumer {
             })
     }
 
+    /// Ends the job at the last step consumed: the dispatcher tells every worker end of data
+    /// (and, if it stops at the end of its job, exits). Returns the step the job ended after,
+    /// or None when nothing was consumed (then nothing is ended). A later consumer reopens the
+    /// job with `resume_from`.
+    pub fn end_job(&self) -> Result<Option<u64>, ConsumerError> {
+        self.flush()?;
+        let Some(global) = self.watermark.borrow().consumed else {
+            return Ok(None);
+        };
+        let at = StepRef::from_global(global, self.per_epoch).to_wire();
+        let job_id = self.config.job;
+        let answer = self.call("Consumed", |mut d| async move {
+            d.consumed(ConsumedRequest {
+                job_id,
+                epoch: at.epoch,
+                step: at.step,
+                busy_us: 0,
+                end_job: true,
+            })
+            .await
+        })?;
+        self.reported.blocking_lock().end_of_data |= answer.end_of_data;
+        Ok(Some(global))
+    }
+
     /// Restarts delivery at global step `next` (a checkpoint consumed every step before it):
     /// the dispatcher's watermark moves there and a fresh receiver takes the steps from it.
     pub fn resume(&mut self, next: u64) -> Result<(), ConsumerError> {
@@ -516,6 +547,9 @@ struct Reported {
     /// protocol's `busy_us` is the time since the last report, so each report sends the
     /// difference.
     busy_us: u64,
+    /// The dispatcher answered that the job's data ended (a dispatcher that stops at the end
+    /// of its job may be gone after that answer, so it is not asked again).
+    end_of_data: bool,
 }
 
 /// Sends `mark` to the dispatcher unless it acknowledged it (or a later one) already. Reports
@@ -537,7 +571,7 @@ async fn report(
     }
     let at = StepRef::from_global(global, per_epoch).to_wire();
     let busy_us = mark.busy_us.saturating_sub(done.busy_us);
-    retry_unreachable(patience, || {
+    let answer = retry_unreachable(patience, || {
         let mut d = dispatcher.clone();
         async move {
             d.consumed(ConsumedRequest {
@@ -545,6 +579,7 @@ async fn report(
                 epoch: at.epoch,
                 step: at.step,
                 busy_us,
+                end_job: false,
             })
             .await
         }
@@ -553,6 +588,7 @@ async fn report(
     .map_err(RpcError::of("Consumed"))?;
     done.step = Some(global);
     done.busy_us = done.busy_us.max(mark.busy_us);
+    done.end_of_data |= answer.end_of_data;
     Ok(())
 }
 

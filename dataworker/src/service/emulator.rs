@@ -32,6 +32,9 @@ pub struct EmulatorConfig {
     pub step_time: Duration,
     /// Stop after this many steps (else at the end of the data).
     pub steps: Option<u64>,
+    /// Having taken `steps`, end the job there (`Consumer::end_job`): the dispatcher tells
+    /// every worker end of data, so the whole job stops with the training side.
+    pub end_job: bool,
     /// The global step the caller expects to receive first (a restart's check); the
     /// dispatcher's watermark decides it, and a mismatch is an error.
     pub expect_first: Option<u64>,
@@ -46,6 +49,8 @@ pub struct ConsumeSummary {
     pub samples: u64,
     pub seconds: f64,
     pub end_of_data: bool,
+    /// The job was ended here (see [`EmulatorConfig::end_job`]).
+    pub ended_job: bool,
 }
 
 /// Why the emulator stopped short.
@@ -189,6 +194,10 @@ pub fn emulate(
     result?;
     reported?;
     flushed?;
+    let reached = config.steps.is_some_and(|n| summary.steps >= n);
+    if config.end_job && reached && !summary.end_of_data {
+        summary.ended_job = consumer.end_job()?.is_some();
+    }
     summary.seconds = started.elapsed().as_secs_f64();
     Ok(summary)
 }

@@ -81,6 +81,10 @@ pub enum ServiceError {
     },
     #[error("a worker thread failed: {0}")]
     Join(String),
+    /// The dispatcher said the job's data ended while a step waited for its receiver: the
+    /// step is void (the worker loop ends on it, it never leaves the worker).
+    #[error("the job's data ended")]
+    JobEnded,
 }
 
 impl ServiceError {

@@ -89,19 +89,25 @@ fn bad(what: &'static str, reason: impl std::fmt::Display) -> ServiceError {
 struct Shared {
     receiver_addr: String,
     draining: bool,
+    /// The heartbeat's answer said the job's data ended.
+    end_of_data: bool,
     /// When the dispatcher last answered (registration or heartbeat).
     heard: std::time::Instant,
 }
 
 /// The receiver address the dispatcher last named (empty until a consumer registered), or an
 /// error once the dispatcher has not answered for [`RECONNECT_WINDOW`]: the job is gone, and a
-/// worker waiting for a receiver would otherwise wait forever.
+/// worker waiting for a receiver would otherwise wait forever. [`ServiceError::JobEnded`] once
+/// the dispatcher said the data ended.
 #[allow(clippy::result_large_err)] // the worker's error, as its async callers return it
 fn named_receiver(shared: &Mutex<Shared>) -> Result<String, ServiceError> {
-    let (addr, heard) = shared
+    let (addr, heard, ended) = shared
         .lock()
-        .map(|s| (s.receiver_addr.clone(), s.heard))
+        .map(|s| (s.receiver_addr.clone(), s.heard, s.end_of_data))
         .map_err(|_| bad("worker", "shared state poisoned"))?;
+    if ended {
+        return Err(ServiceError::JobEnded);
+    }
     if heard.elapsed() > RECONNECT_WINDOW {
         return Err(bad(
             "dispatcher",
@@ -112,6 +118,11 @@ fn named_receiver(shared: &Mutex<Shared>) -> Result<String, ServiceError> {
         ));
     }
     Ok(addr)
+}
+
+/// Whether a heartbeat said the job's data ended.
+fn shared_end_of_data(shared: &Mutex<Shared>) -> bool {
+    shared.lock().is_ok_and(|s| s.end_of_data)
 }
 
 /// Gives up on a receiver that stayed unreachable for [`RECONNECT_WINDOW`].
@@ -210,6 +221,7 @@ pub async fn run_worker(
     let shared = Arc::new(Mutex::new(Shared {
         receiver_addr: reg.receiver_addr.clone(),
         draining: false,
+        end_of_data: false,
         heard: std::time::Instant::now(),
     }));
     let heartbeat = {
@@ -233,6 +245,7 @@ pub async fn run_worker(
                         if let Ok(mut s) = shared.lock() {
                             s.heard = std::time::Instant::now();
                             s.draining = answer.draining;
+                            s.end_of_data |= answer.end_of_data;
                             if !answer.receiver_addr.is_empty() {
                                 s.receiver_addr = answer.receiver_addr;
                             }
@@ -271,7 +284,14 @@ pub async fn run_worker(
     tokio::pin!(shutdown);
     let end = loop {
         let now = Instant::now();
-        state.set_draining(shared.lock().map(|s| s.draining).unwrap_or(false));
+        let (draining, ended) = shared
+            .lock()
+            .map(|s| (s.draining, s.end_of_data))
+            .unwrap_or((false, false));
+        state.set_draining(draining);
+        if ended {
+            state.job_ended();
+        }
         while let Ok(answer) = answers.try_recv() {
             absorb(&mut state, answer, steps_per_epoch, Instant::now())?;
         }
@@ -286,6 +306,7 @@ pub async fn run_worker(
         let next = state.next_step(now);
         if let Some(max) = state.next_lease(now) {
             let (client, tx, job) = (dispatcher.clone(), answers_tx.clone(), config.job);
+            let shared = shared.clone();
             tokio::spawn(async move {
                 let asked = Instant::now();
                 let answer = retrying("Lease", || {
@@ -300,6 +321,16 @@ pub async fn run_worker(
                     }
                 })
                 .await;
+                // Said at once, for a step waiting on a receiver that is gone with the job
+                // (the dispatcher may exit right after this answer).
+                if let Ok(LeaseResponse {
+                    outcome: Some(Outcome::EndOfData(_)),
+                }) = &answer
+                {
+                    if let Ok(mut s) = shared.lock() {
+                        s.end_of_data = true;
+                    }
+                }
                 let _ = tx.send(Answer::Lease(answer, asked.elapsed())).await;
             });
         }
@@ -318,7 +349,7 @@ pub async fn run_worker(
             });
         }
         if let Some(held) = next {
-            let ran = run_step(
+            let ran = match run_step(
                 &ctx,
                 &mut state,
                 held,
@@ -327,7 +358,12 @@ pub async fn run_worker(
                 &mut plane,
                 &mut shutdown,
             )
-            .await?;
+            .await
+            {
+                // The loop's next turn sees the end (the step is dropped there).
+                Err(ServiceError::JobEnded) => true,
+                ran => ran?,
+            };
             if !ran {
                 break WorkerEnd::Shutdown;
             }
@@ -442,7 +478,9 @@ fn absorb(
                     return Ok(());
                 }
                 Some(Outcome::EndOfData(_)) => {
-                    state.ended(End::EndOfData);
+                    // Nothing the worker holds can still be delivered: the dispatcher answers
+                    // end of data only once every step is consumed or the job was ended.
+                    state.job_ended();
                     return Ok(());
                 }
                 Some(Outcome::Drained(_)) => {
@@ -605,6 +643,9 @@ async fn run_step(
             Err(e) if e.is_unreachable() && started.elapsed() < RECONNECT_WINDOW => {
                 tracing::debug!(cause = %e, "receiver unavailable; retrying");
                 *plane = None;
+                if shared_end_of_data(&ctx.shared) {
+                    return Err(ServiceError::JobEnded);
+                }
                 tokio::select! {
                     () = &mut *shutdown => {
                         state.drop_running();

@@ -233,6 +233,17 @@ impl WorkerState {
         self.end = Some(end);
     }
 
+    /// The dispatcher said (in a heartbeat) that the job's data ended: every step held is
+    /// void (its lease was revoked or retired), so the queue and the running step are dropped
+    /// and nothing more is leased. Delivered steps are still reported (and refused).
+    pub fn job_ended(&mut self) {
+        let dropped = self.queued.len() + usize::from(self.running.is_some());
+        self.abandoned += dropped as u64;
+        self.queued.clear();
+        self.running = None;
+        self.ended(End::EndOfData);
+    }
+
     /// The dispatcher says the worker is draining.
     pub fn set_draining(&mut self, draining: bool) {
         self.draining = draining;
@@ -424,6 +435,33 @@ mod tests {
         assert_eq!(w.next_report(), None);
         assert_eq!(w.abandoned(), 2);
         assert_eq!(w.outstanding(), 0);
+    }
+
+    /// The job ended (heartbeat or lease answer): held and running steps are void, the
+    /// delivered one is still reported, and the worker then finishes.
+    #[test]
+    fn the_job_ending_voids_what_is_held_and_the_worker_finishes_after_its_report() {
+        let t0 = Instant::now();
+        let far = t0 + Duration::from_secs(10);
+        let mut w = WorkerState::new(4);
+        assert_eq!(w.next_lease(t0), Some(1));
+        w.leased(
+            vec![step(0, far), step(1, far), step(2, far)],
+            Duration::from_millis(1),
+        );
+        w.next_step(t0).expect("step 0");
+        w.computed(Duration::from_micros(100));
+        w.pushed(PushAnswer::Taken, t0);
+        w.next_step(t0).expect("step 1 runs");
+        w.job_ended();
+        assert_eq!(w.abandoned(), 2, "step 1 (running) and step 2 (queued)");
+        assert_eq!(w.next_step(t0), None);
+        assert_eq!(w.next_lease(t0), None, "nothing more is leased");
+        assert_eq!(w.finished(), None, "step 0's report is still due");
+        let report = w.next_report().expect("step 0's report");
+        assert_eq!(report.len(), 1);
+        w.reported();
+        assert_eq!(w.finished(), Some(End::EndOfData));
     }
 
     #[test]

@@ -25,7 +25,8 @@ impl From<Error> for Status {
             | Error::WorkerRetired { .. }
             | Error::NotHeld { .. }
             | Error::Draining { .. }
-            | Error::WatermarkAhead { .. } => Code::FailedPrecondition,
+            | Error::WatermarkAhead { .. }
+            | Error::EndNotAtWatermark { .. } => Code::FailedPrecondition,
             Error::UnknownWorker { .. } => Code::NotFound,
             Error::UnknownStage { .. }
             | Error::WrongStage { .. }

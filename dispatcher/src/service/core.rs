@@ -54,6 +54,16 @@ pub(crate) struct Core {
     pub(crate) names: std::collections::BTreeMap<WorkerId, String>,
     /// Each worker's share of `counters`; not journaled. Pruned with `names`.
     pub(crate) worker_counters: std::collections::BTreeMap<WorkerId, WorkerCounters>,
+    /// Who has been answered end of data (the training side; workers), for
+    /// [`Core::finished`]; not journaled (a restarted dispatcher tells them again).
+    told_end: ToldEnd,
+}
+
+/// Who knows the job ended.
+#[derive(Debug, Default)]
+struct ToldEnd {
+    consumer: bool,
+    workers: BTreeSet<WorkerId>,
 }
 
 /// One worker's step completions and their compute time, for the live scheduler's sizing.
@@ -135,6 +145,7 @@ impl Core {
                 counters: Counters::default(),
                 names: std::collections::BTreeMap::new(),
                 worker_counters: std::collections::BTreeMap::new(),
+                told_end: ToldEnd::default(),
             },
             resume_at,
         })
@@ -166,6 +177,27 @@ impl Core {
         mine.compute_us = mine.compute_us.saturating_add(compute_us);
     }
 
+    /// The training side was answered end of data.
+    pub(crate) fn told_consumer_end(&mut self) {
+        self.told_end.consumer = true;
+    }
+
+    /// `worker` was answered end of data.
+    pub(crate) fn told_worker_end(&mut self, worker: WorkerId) {
+        self.told_end.workers.insert(worker);
+    }
+
+    /// The job is over and everyone in it knows: end of data, the training side told, and
+    /// every worker still registered told (lost and drained workers are no longer registered).
+    pub(crate) fn finished(&self) -> bool {
+        self.state.is_end_of_data()
+            && self.told_end.consumer
+            && self
+                .state
+                .workers()
+                .all(|(worker, _)| self.told_end.workers.contains(&worker))
+    }
+
     /// Records where data workers push step messages.
     pub(crate) fn register_consumer(
         &mut self,
@@ -175,6 +207,8 @@ impl Core {
         if self.failed {
             return Err(ApplyError::JournalFailed);
         }
+        // A new training side (or a reopened job) has not been told anything yet.
+        self.told_end = ToldEnd::default();
         if receiver_addr != self.receiver_addr {
             self.write(
                 now,

@@ -127,6 +127,10 @@ pub struct ServiceConfig {
     pub clock: Arc<dyn Clock>,
     /// Serve TLS only (every connection must complete a handshake), or plaintext when None.
     pub tls: Option<ServerTls>,
+    /// Stop serving, as if `shutdown` had completed, once the job is finished: at end of data
+    /// (the last step consumed, or the training side ended the job) with the training side and
+    /// every registered worker told so (see [`serve`]).
+    pub stop_at_end: bool,
 }
 
 impl ServiceConfig {
@@ -150,6 +154,7 @@ impl ServiceConfig {
             missed_heartbeats: DEFAULT_MISSED_HEARTBEATS,
             clock: Arc::new(MonotonicClock::new()),
             tls: None,
+            stop_at_end: false,
         }
     }
 
@@ -229,6 +234,7 @@ impl fmt::Debug for ServiceConfig {
             .field("missed_heartbeats", &self.missed_heartbeats)
             .field("clock", &self.clock)
             .field("tls", &self.tls)
+            .field("stop_at_end", &self.stop_at_end)
             .finish()
     }
 }
@@ -253,6 +259,11 @@ pub enum ServeError {
 /// Serves one job's dispatcher on `listener` until `shutdown` completes, then drains: stops
 /// accepting, finishes the requests in flight, stops the ticker, and returns once the last
 /// journal write is durable.
+///
+/// With [`ServiceConfig::stop_at_end`] it also stops once the job is finished: end of data,
+/// the training side told so (a `Consumed` or `RegisterConsumer` answer saying end of data),
+/// and every registered worker told so by a `Lease` answer (a worker that never asks again is
+/// declared lost after its silence, which also counts).
 pub async fn serve(
     listener: TcpListener,
     config: ServiceConfig,
@@ -271,6 +282,7 @@ pub async fn serve(
         missed_heartbeats,
         clock,
         tls,
+        stop_at_end,
     } = config;
     // Reading and replaying the journal is file I/O: keep it off the async workers.
     let mut restored =
@@ -299,7 +311,7 @@ pub async fn serve(
     let served = Server::builder()
         .concurrency_limit_per_connection(MAX_CONCURRENT_REQUESTS_PER_CONNECTION)
         .add_service(server)
-        .serve_with_incoming_shutdown(incoming, shutdown)
+        .serve_with_incoming_shutdown(incoming, until_finished(&service, stop_at_end, shutdown))
         .await;
     // The ticker stops between ticks; the accept loop stops once the server dropped its end.
     let _ = stop_ticker.send(());
@@ -310,6 +322,27 @@ pub async fn serve(
     served.map_err(ServeError::Transport)?;
     ticked.map_err(ServeError::Task)?;
     accepted.map_err(ServeError::Task)
+}
+
+/// `shutdown`, or, with `stop_at_end`, the job's end as well (whichever comes first).
+fn until_finished(
+    service: &DispatcherService,
+    stop_at_end: bool,
+    shutdown: impl Future<Output = ()> + Send,
+) -> impl Future<Output = ()> + Send {
+    let mut finished = service.finished();
+    async move {
+        let finished = async {
+            if !stop_at_end || finished.wait_for(|done| *done).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            tracing::info!("the job is finished: the training side and every worker know");
+        };
+        tokio::select! {
+            () = shutdown => {}
+            () = finished => {}
+        }
+    }
 }
 
 /// Ticks every [`TICK_INTERVAL`] until `stop`; a tick in progress finishes first.

@@ -50,6 +50,8 @@ struct Inner {
     /// Where the clock resumes: the journal's last time.
     resume_at: Time,
     core: Arc<Mutex<Core>>,
+    /// [`Core::finished`], as of the last change.
+    finished: tokio::sync::watch::Sender<bool>,
 }
 
 /// What a change must reach before it is answered (the crate docs' "Durability" says why
@@ -111,9 +113,15 @@ impl DispatcherService {
                 silence_ms: interval.saturating_mul(u64::from(parts.missed_heartbeats)),
                 clock: parts.clock,
                 resume_at,
+                finished: tokio::sync::watch::Sender::new(core.finished()),
                 core: Arc::new(Mutex::new(core)),
             }),
         }
+    }
+
+    /// Whether the job is finished and everyone in it knows (see [`Core::finished`]).
+    pub(crate) fn finished(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.inner.finished.subscribe()
     }
 
     /// The dispatcher's clock: the journal's last time plus the time since the service started.
@@ -141,6 +149,12 @@ impl DispatcherService {
         let mut core = self.inner.core.lock().await;
         let now = self.now();
         let result = change(&mut core, now);
+        let finished = core.finished();
+        self.inner.finished.send_if_modified(|was| {
+            let changed = *was != finished;
+            *was = finished;
+            changed
+        });
         if durability == Durability::Written {
             return result;
         }
@@ -291,6 +305,7 @@ impl Dispatcher for DispatcherService {
                     return Ok(Outcome::Drained(v1::Drained {}));
                 }
                 if core.state().is_end_of_data() {
+                    core.told_worker_end(worker);
                     return Ok(Outcome::EndOfData(v1::EndOfData {}));
                 }
                 // Expiry happens on ticks only: tick first, so that a step whose deadline
@@ -326,6 +341,9 @@ impl Dispatcher for DispatcherService {
                         | Error::Draining { .. },
                     )) => Ok(wait()),
                     Err(ApplyError::State(Error::StageFinished { .. })) => {
+                        if core.state().is_end_of_data() {
+                            core.told_worker_end(worker);
+                        }
                         Ok(Outcome::EndOfData(v1::EndOfData {}))
                     }
                     // The tick above may have drained it (its last lease expired).
@@ -349,23 +367,28 @@ impl Dispatcher for DispatcherService {
     ) -> Result<Response<v1::HeartbeatResponse>, Status> {
         self.authorize("Heartbeat", &request, request.get_ref().job_id)?;
         let worker = WorkerId(request.into_inner().worker_id);
-        let (draining, receiver_addr) = self
+        let (draining, receiver_addr, end_of_data) = self
             .mutate(Durability::Written, move |core, now| {
                 let addr = core.receiver_addr().to_owned();
                 if core.is_drained(worker) {
-                    return Ok((true, addr));
+                    return Ok((true, addr, false));
                 }
                 core.apply(Command::Heartbeat { worker }, now)?;
                 let draining = core
                     .state()
                     .worker(worker)
                     .is_some_and(|info| info.status == WorkerStatus::Draining);
-                Ok((draining, addr))
+                let end_of_data = core.state().is_end_of_data();
+                if end_of_data {
+                    core.told_worker_end(worker);
+                }
+                Ok((draining, addr, end_of_data))
             })
             .await?;
         Ok(Response::new(v1::HeartbeatResponse {
             draining,
             receiver_addr,
+            end_of_data,
         }))
     }
 
@@ -455,10 +478,10 @@ impl Dispatcher for DispatcherService {
         self.authorize("Consumed", &request, request.get_ref().job_id)?;
         let req = request.into_inner();
         let watermark = StepId::new(req.epoch, req.step);
-        let busy_us = req.busy_us;
-        let events = self
+        let (busy_us, end_job) = (req.busy_us, req.end_job);
+        let (events, end_of_data) = self
             .mutate(Durability::Synced, move |core, now| {
-                let events = match core.apply(Command::Consumed { watermark }, now) {
+                let mut events = match core.apply(Command::Consumed { watermark }, now) {
                     Ok(events) => events,
                     // After a crash that lost grants answered without a sync, the training side
                     // may have consumed steps this dispatcher no longer remembers leasing; they
@@ -471,13 +494,26 @@ impl Dispatcher for DispatcherService {
                 };
                 core.counters.consumer_busy_us =
                     core.counters.consumer_busy_us.saturating_add(busy_us);
-                Ok(events)
+                if end_job {
+                    events.extend(core.apply(Command::EndJob { last: watermark }, now)?);
+                }
+                let end_of_data = core.state().is_end_of_data();
+                if end_of_data {
+                    core.told_consumer_end();
+                }
+                Ok((events, end_of_data))
             })
             .await?;
-        if let Some(Event::EndOfData { last }) = events.last() {
-            tracing::info!(%last, "end of data: the training side consumed the last step");
+        match events.last() {
+            Some(Event::EndOfData { last }) => {
+                tracing::info!(%last, "end of data: the training side consumed the last step");
+            }
+            Some(Event::JobEnded { last }) => {
+                tracing::info!(%last, "end of data: the training side ended the job");
+            }
+            _ => {}
         }
-        Ok(Response::new(v1::ConsumedResponse {}))
+        Ok(Response::new(v1::ConsumedResponse { end_of_data }))
     }
 
     async fn register_consumer(
@@ -502,7 +538,11 @@ impl Dispatcher for DispatcherService {
                 }
                 // The new receiver holds nothing: what the last one buffered is redone.
                 core.apply(Command::ReceiverReset, now)?;
-                Ok((core.first_unconsumed(), core.state().is_end_of_data()))
+                let end_of_data = core.state().is_end_of_data();
+                if end_of_data {
+                    core.told_consumer_end();
+                }
+                Ok((core.first_unconsumed(), end_of_data))
             })
             .await?;
         Ok(Response::new(v1::RegisterConsumerResponse {
