@@ -406,6 +406,10 @@ enum Op {
     },
     /// A new receiver registered (what the old one buffered is redone).
     ReceiverReset,
+    /// The training side ends the job at its watermark (or, `stray`, at another step).
+    EndJob {
+        stray: bool,
+    },
     /// Complete the `nth` lease the worker holds (or a step it does not hold when it holds none).
     CompleteHeld {
         worker: u64,
@@ -452,6 +456,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => w.prop_map(Op::Lost),
         2 => (0u64..150).prop_map(Op::Tick),
         1 => Just(Op::ReceiverReset),
+        1 => prop::bool::weighted(0.2).prop_map(|stray| Op::EndJob { stray }),
     ]
 }
 
@@ -606,6 +611,15 @@ impl Driver {
                 Command::Tick
             }
             Op::ReceiverReset => Command::ReceiverReset,
+            Op::EndJob { stray } => {
+                let last = state.watermark().unwrap_or(StepId::new(0, 0));
+                let last = if stray {
+                    StepId::new(last.epoch.0, last.step.0 + 1)
+                } else {
+                    last
+                };
+                Command::EndJob { last }
+            }
         }
     }
 }
@@ -718,7 +732,10 @@ proptest! {
         // Only the modelled training side below reports consumption here.
         // A receiver reset redoes completed steps on purpose (its own test below).
         let ops = ops.iter().filter(|op| {
-            !matches!(op, Op::ConsumeAny { .. } | Op::ConsumeNext | Op::ReceiverReset)
+            !matches!(
+                op,
+                Op::ConsumeAny { .. } | Op::ConsumeNext | Op::ReceiverReset | Op::EndJob { .. }
+            )
         });
         for op in ops {
             let command = driver.command(&state, op);
