@@ -347,7 +347,7 @@ pub fn run_status(args: StatusArgs, out: &mut dyn std::io::Write) -> anyhow::Res
                 "end_of_data": status.end_of_data,
                 "workers": workers,
                 "leases": status.leases.len(),
-                "steps_completed": status.steps_completed,
+                "steps_consumed": status.steps_consumed,
                 "steps_per_epoch": status.steps_per_epoch,
                 "epochs": status.epochs,
                 "steps_computed": status.steps_computed,
@@ -376,7 +376,7 @@ pub fn run_status(args: StatusArgs, out: &mut dyn std::io::Write) -> anyhow::Res
             writeln!(
                 out,
                 "steps consumed {}, steps per epoch {}",
-                status.steps_completed, status.steps_per_epoch
+                status.steps_consumed, status.steps_per_epoch
             )?;
             writeln!(out, "workers {}:", status.workers.len())?;
             for w in &status.workers {

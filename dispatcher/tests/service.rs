@@ -262,7 +262,7 @@ async fn register_lease_complete_consume_round_trip() {
     consumed(&mut client, 0, 0).await;
     let mid = status(&mut client).await;
     assert_eq!(mid.watermark, Some(v1::StepRef { epoch: 0, step: 0 }));
-    assert_eq!((mid.steps_completed, mid.steps_per_epoch), (1, 2));
+    assert_eq!((mid.steps_consumed, mid.steps_per_epoch), (1, 2));
     assert!(!mid.end_of_data);
     assert_eq!(mid.workers.len(), 2);
     assert_eq!(mid.leases.len(), 1);
@@ -295,7 +295,7 @@ async fn register_lease_complete_consume_round_trip() {
     ));
     let done = status(&mut client).await;
     assert!(done.end_of_data);
-    assert_eq!(done.steps_completed, 2);
+    assert_eq!(done.steps_consumed, 2);
     assert!(done.leases.is_empty());
     assert_eq!(
         (done.steps_computed, done.compute_us, done.consumer_busy_us),

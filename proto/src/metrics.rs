@@ -176,7 +176,7 @@ pub fn render_dispatcher(job: u64, s: &StatusResponse) -> String {
             "lode_dispatcher_steps_consumed_total",
             "counter",
             "Steps consumed through the watermark.",
-            count(s.steps_completed),
+            count(s.steps_consumed),
         ),
         (
             "lode_dispatcher_steps_computed_total",
@@ -220,7 +220,7 @@ mod tests {
         let s = StatusResponse {
             epoch: 2,
             steps_per_epoch: 8,
-            steps_completed: 3,
+            steps_consumed: 3,
             ..StatusResponse::default()
         };
         let text = render_dispatcher(7, &s);

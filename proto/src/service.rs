@@ -117,11 +117,14 @@ pub fn authorize<T>(
 }
 
 /// Whether a status means the peer could not be reached (restarting, gone): tonic reports a
-/// refused connection as UNAVAILABLE and a connection dropped mid-call as UNKNOWN.
+/// refused connection as UNAVAILABLE and a connection dropped mid-call as UNKNOWN or (the
+/// connection closed under the call) CANCELLED.
 pub fn is_unreachable(status: &Status) -> bool {
     matches!(
         status.code(),
-        tonic::Code::Unavailable | tonic::Code::Unknown
+        // Cancelled: the client's call ended with its connection (the peer exited or
+        // restarted mid-call); no Lode server answers it.
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
     )
 }
 

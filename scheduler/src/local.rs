@@ -402,11 +402,11 @@ impl LocalBackend {
             status
                 .epochs
                 .saturating_mul(status.steps_per_epoch)
-                .saturating_sub(status.steps_completed)
+                .saturating_sub(status.steps_consumed)
         });
         let reading = QueueReading {
             at_s,
-            steps_consumed: status.steps_completed,
+            steps_consumed: status.steps_consumed,
             steps_computed: status.steps_computed,
             compute_us: status.compute_us,
             consumer_busy_us: status.consumer_busy_us,

@@ -330,6 +330,27 @@ impl Consumer {
             })
     }
 
+    /// Runs `call` to its end, or until `cancelled()` (looked at every [`POLL`]).
+    fn until_cancelled<T>(
+        &self,
+        cancelled: &dyn Fn() -> bool,
+        call: impl std::future::Future<Output = Result<T, ConsumerError>>,
+    ) -> Result<T, ConsumerError> {
+        self.rt.block_on(async {
+            tokio::pin!(call);
+            loop {
+                tokio::select! {
+                    answer = &mut call => return answer,
+                    () = tokio::time::sleep(POLL) => {
+                        if cancelled() {
+                            return Err(ConsumerError::Cancelled);
+                        }
+                    }
+                }
+            }
+        })
+    }
+
     /// Reports the newest watermark whenever it changes, one report at a time.
     fn spawn_reporter(&self) {
         let mut changes = self.watermark.subscribe();
@@ -391,11 +412,40 @@ impl Consumer {
             if let Some(step) = self.served.buffer.pop(POLL) {
                 return Ok(Next::Step(step));
             }
-            self.flush()?;
+            // Both calls give way to `cancelled()`: a dispatcher stopped with the training
+            // side would otherwise hold it for the full patience.
+            let mark = *self.watermark.borrow();
+            self.until_cancelled(cancelled, async {
+                report(
+                    &self.dispatcher,
+                    self.config.job,
+                    self.per_epoch,
+                    mark,
+                    &self.reported,
+                    self.config.patience,
+                )
+                .await
+                .map_err(|source| ConsumerError::Rpc {
+                    url: self.config.dispatcher.clone(),
+                    source: Box::new(source),
+                })
+            })?;
             let end_of_data = self.reported.blocking_lock().end_of_data || {
                 let job_id = self.config.job;
-                let status = self.call("Status", |mut d| async move {
-                    d.status(StatusRequest { job_id }).await
+                let d = self.dispatcher.clone();
+                let status = self.until_cancelled(cancelled, async {
+                    retry_unreachable(self.config.patience, || {
+                        let mut d = d.clone();
+                        async move { d.status(StatusRequest { job_id }).await }
+                    })
+                    .await
+                    .map_err(|status| ConsumerError::Rpc {
+                        url: self.config.dispatcher.clone(),
+                        source: Box::new(RpcError {
+                            rpc: "Status",
+                            status,
+                        }),
+                    })
                 })?;
                 status.end_of_data
             };
@@ -475,6 +525,12 @@ impl Consumer {
 
     /// Reports the newest watermark now, if the dispatcher has not acknowledged it yet.
     pub fn flush(&self) -> Result<(), ConsumerError> {
+        self.flush_within(self.config.patience)
+    }
+
+    /// [`Self::flush`], retrying an unreachable dispatcher for at most `window` (a consumer
+    /// that is stopping does not wait the full patience for a dispatcher that is gone).
+    pub fn flush_within(&self, window: Duration) -> Result<(), ConsumerError> {
         let mark = *self.watermark.borrow();
         self.rt
             .block_on(report(
@@ -483,7 +539,7 @@ impl Consumer {
                 self.per_epoch,
                 mark,
                 &self.reported,
-                self.config.patience,
+                window,
             ))
             .map_err(|source| ConsumerError::Rpc {
                 url: self.config.dispatcher.clone(),
@@ -526,9 +582,12 @@ impl Consumer {
     }
 }
 
+/// How long a dropped consumer retries its last report.
+const DROP_PATIENCE: Duration = Duration::from_secs(1);
+
 impl Drop for Consumer {
     fn drop(&mut self) {
-        let _ = self.flush();
+        let _ = self.flush_within(DROP_PATIENCE);
         let served = Served {
             buffer: self.served.buffer.clone(),
             stop: self.served.stop.take(),

@@ -22,6 +22,11 @@ use crate::transfer::Step;
 /// Logged steps are flushed and reported at least this often while steps keep coming.
 pub const REPORT_EVERY: Duration = Duration::from_millis(50);
 
+/// How long a consumer told to stop retries its last report: what it logged is on disk, and a
+/// dispatcher stopped with it (SIGTERM to the whole job) would otherwise keep it for the full
+/// patience. An unreported step is delivered again to the next consumer.
+pub const STOP_PATIENCE: Duration = Duration::from_secs(2);
+
 /// What the emulator does.
 #[derive(Debug, Clone)]
 pub struct EmulatorConfig {
@@ -190,7 +195,11 @@ pub fn emulate(
         Ok(())
     })();
     let reported = log.report(&consumer).map_err(log_error);
-    let flushed = consumer.flush();
+    let flushed = if cancelled() {
+        consumer.flush_within(STOP_PATIENCE)
+    } else {
+        consumer.flush()
+    };
     result?;
     reported?;
     flushed?;

@@ -135,7 +135,7 @@ impl Receiver for ReceiverService {
     ) -> Result<Response<FetchResponse>, Status> {
         self.authorize("Fetch", &request, request.get_ref().job_id)?;
         let req = request.into_inner();
-        let Some(msg) = self.buffer.peek(req.stage, req.step) else {
+        let Some(msg) = self.buffer.peek(req.stage, req.global_step) else {
             return Ok(Response::new(FetchResponse {
                 found: false,
                 frame: lode_proto::service::Bytes::new(),

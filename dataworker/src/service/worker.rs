@@ -569,7 +569,7 @@ async fn run_step(
             .fetch(FetchRequest {
                 job_id: ctx.job,
                 stage: from,
-                step: global,
+                global_step: global,
             })
             .await
             .map_err(ServiceError::rpc("Fetch"))?

@@ -600,7 +600,7 @@ impl Dispatcher for DispatcherService {
                         .into_iter()
                         .map(|(stage, step, lease)| convert::lease_entry(stage, step, lease))
                         .collect(),
-                    steps_completed: core.steps_consumed(),
+                    steps_consumed: core.steps_consumed(),
                     steps_per_epoch: state.config().steps_per_epoch(),
                     now_ms: now.as_millis(),
                     epochs: state.config().epochs.unwrap_or(0),
