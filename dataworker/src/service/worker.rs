@@ -388,7 +388,13 @@ pub async fn run_worker(
     // for), or the dispatcher would lease them again at their deadline only for the receiver
     // to drop them. A lease request in flight is not waited for: what it grants expires at
     // the dispatcher (or, once drained or at end of data, was never granted).
-    let _ = tokio::time::timeout(REPORT_DRAIN, async {
+    // At end of data nothing is left to report: every step is consumed or void.
+    let report_drain = if matches!(end, WorkerEnd::EndOfData) {
+        Duration::ZERO
+    } else {
+        REPORT_DRAIN
+    };
+    let _ = tokio::time::timeout(report_drain, async {
         loop {
             if state.is_reporting() {
                 match answers.recv().await {
