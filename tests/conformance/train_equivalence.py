@@ -228,13 +228,15 @@ tf.graph_util.import_graph_def(gd, name='')
 recv = tf.compat.v1.get_default_graph().get_operation_by_name(sys.argv[2])
 started = time.time()
 with tf.compat.v1.Session() as sess:
-    for step in range(1000):
+    # Far more steps than the probe reads before its dispatcher is killed: it must still be
+    # reading when that happens.
+    for step in range(10_000_000):
         try:
             sess.run(recv.outputs)
         except tf.errors.OpError as e:
             print(json.dumps({"steps": step, "seconds": time.time() - started, "error": e.message}))
             sys.exit(0)
-print(json.dumps({"steps": 1000, "seconds": time.time() - started, "error": None}))
+print(json.dumps({"steps": 10_000_000, "seconds": time.time() - started, "error": None}))
 """.replace("import os, sys, time", "import json, os, sys, time")
 
 
@@ -262,11 +264,13 @@ def bad_cases(lode, tmp):
         print(f"ok    no job configured: {first_line(out['error'], 'LODE_DISPATCHER')}")
 
     # A dispatcher that goes away: DWRecv fails within the patience, naming the dispatcher.
+    # The job is made long (--epochs), so that it is still running when the dispatcher dies.
     journal = os.path.join(tmp, "gone.journal")
     addr_file = os.path.join(tmp, "gone.addr")
     cwd = os.path.join(FIXTURES, "adam_resource")
     dispatcher = subprocess.Popen([lode, "dispatcher", "--plan", plan, "--journal", journal, "--listen",
-                                   "127.0.0.1:0", "--addr-file", addr_file, "--token", "t0ken"],
+                                   "127.0.0.1:0", "--addr-file", addr_file, "--token", "t0ken",
+                                   "--epochs", "100000"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=QUIET)
     while not os.path.exists(addr_file):
         time.sleep(0.05)
