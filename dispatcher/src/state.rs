@@ -502,18 +502,7 @@ impl DispatcherState {
                         watermark: self.watermark(),
                     });
                 }
-                let mut touched = Vec::new();
-                for (stage, step, lease) in self.leases() {
-                    touched.push(lease.worker);
-                    self.emit(
-                        &mut out,
-                        Event::LeaseRevoked {
-                            worker: lease.worker,
-                            stage,
-                            step,
-                        },
-                    )?;
-                }
+                let touched = self.revoke_all(&mut out)?;
                 self.emit(&mut out, Event::JobEnded { last })?;
                 self.finish_drained(&mut out, touched)?;
             }
@@ -546,18 +535,7 @@ impl DispatcherState {
                 // Complete still on the way (a worker completes in batches): completing it
                 // now would retire a step the new receiver never saw. So every lease is
                 // revoked; a late Complete is refused as not held, and the step is redone.
-                let mut touched = Vec::new();
-                for (stage, step, lease) in self.leases() {
-                    touched.push(lease.worker);
-                    self.emit(
-                        &mut out,
-                        Event::LeaseRevoked {
-                            worker: lease.worker,
-                            stage,
-                            step,
-                        },
-                    )?;
-                }
+                let touched = self.revoke_all(&mut out)?;
                 let mut returned = Vec::new();
                 for (i, st) in self.stages.iter().enumerate() {
                     let stage = StageId(u32::try_from(i).unwrap_or(u32::MAX));
@@ -574,18 +552,7 @@ impl DispatcherState {
                 let seq = self
                     .seq_or_end(next)
                     .ok_or(Error::StepOutOfRange { step: next })?;
-                let mut touched = Vec::new();
-                for (stage, step, lease) in self.leases() {
-                    touched.push(lease.worker);
-                    self.emit(
-                        &mut out,
-                        Event::LeaseRevoked {
-                            worker: lease.worker,
-                            stage,
-                            step,
-                        },
-                    )?;
-                }
+                let touched = self.revoke_all(&mut out)?;
                 self.emit(&mut out, Event::Rewound { next })?;
                 self.finish_drained(&mut out, touched)?;
                 if let Some(last) = seq.checked_sub(1).filter(|_| self.total == Some(seq)) {
@@ -619,6 +586,24 @@ impl DispatcherState {
             }
         }
         Ok(out)
+    }
+
+    /// Revokes every held lease (each step goes back to be leased again); returns the workers
+    /// that held them, for [`Self::finish_drained`].
+    fn revoke_all(&mut self, out: &mut Vec<Event>) -> Result<Vec<WorkerId>> {
+        let mut touched = Vec::new();
+        for (stage, step, lease) in self.leases() {
+            touched.push(lease.worker);
+            self.emit(
+                out,
+                Event::LeaseRevoked {
+                    worker: lease.worker,
+                    stage,
+                    step,
+                },
+            )?;
+        }
+        Ok(touched)
     }
 
     /// Grants `worker` up to `max` steps of its stage (at least one, or an error and no
