@@ -2,11 +2,20 @@
 //!
 //! # Layout
 //! - `cli`: clap argument types, nothing else.
-//! - `exec`: `lode exec`, a plan's stages run in-process on the bundled data.
-//! - `runtime`: `lode dispatcher`, `worker`, `consume`, `status` and `run`.
-//! - `simulate`: `lode simulate`, the cluster simulator of lode-scheduler.
-//! - `train`: `lode train`, an unmodified TensorFlow program trained on Lode.
+//! - `exec`: `lode exec` (the stages run by `lode_dataworker::exec::local` in the order
+//!   `lode_dispatcher` leases).
+//! - `runtime`: `lode dispatcher`, `worker`, `consume`, `drain`, `status` and `run`, and
+//!   [`runtime::LocalJob`] (a dispatcher on a thread with local worker processes), which
+//!   `lode run` and `lode train` share.
+//! - `simulate`: `lode simulate` (`lode_scheduler::experiment`).
+//! - `scheduler`: `lode scheduler` (`lode_scheduler::local`).
+//! - `train`: `lode train` (the session hook of `lode_dataworker::service::hook`, answered
+//!   with a job cut by `lode_decoupler`).
 //! - [`run`]: dispatches a parsed command; `main` only parses, sets up logging and exits.
+//!
+//! Logic lives in the crates; what stays here turns arguments into the crates' settings and
+//! wires crates that do not know each other (the cut needs the data worker's kernels, a job
+//! needs a dispatcher and workers).
 //!
 //! # Invariants
 //! - Exit status 0 on success, 2 on any error; errors are one line naming the file and the
@@ -134,49 +143,16 @@ pub fn partition_to(
         data_root: None,
         format: OutputFormat::Text,
     };
-    match run_partition(args, &mut std::io::sink()) {
-        Err(e) if e.downcast_ref::<NegativeAnswer>().is_some() => Err(e),
-        other => other,
-    }
+    run_partition(args, &mut std::io::sink())
 }
 
-/// The absolute directory relative data paths resolve against (see `PartitionArgs::data_root`).
-fn data_root(args: &PartitionArgs) -> anyhow::Result<std::path::PathBuf> {
-    let dir = match &args.data_root {
-        Some(dir) => dir.clone(),
-        None => {
-            let model = &args.model.model;
-            // A SavedModel given as its directory, or as the file inside it, has its data
-            // beside the directory.
-            let model = if model.is_dir() {
-                model.clone()
-            } else {
-                model
-                    .parent()
-                    .map(std::path::Path::to_path_buf)
-                    .unwrap_or_default()
-            };
-            let model = if args.model.model.is_dir()
-                || model.join("saved_model.pb").is_file()
-                || model.join("saved_model.pbtxt").is_file()
-            {
-                model
-                    .parent()
-                    .map(std::path::Path::to_path_buf)
-                    .unwrap_or_default()
-            } else {
-                model
-            };
-            if model.as_os_str().is_empty() {
-                std::path::PathBuf::from(".")
-            } else {
-                model
-            }
-        }
-    };
-    std::fs::canonicalize(&dir)
-        .with_context(|| format!("{}: the data root is not a directory", dir.display()))
-}
+/// The data worker's kernels, as the decoupler's cut takes them.
+pub const KERNELS: lode_decoupler::kernels::KernelCheck =
+    lode_dataworker::exec::stage::runs_natively;
+
+/// What the data worker has no kernel for, as the decoupler records it.
+pub const MISSING: lode_decoupler::kernels::MissingKernels =
+    lode_dataworker::exec::stage::unsupported_ops;
 
 fn run_partition(args: PartitionArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
     let options = LoadOptions {
@@ -187,12 +163,15 @@ fn run_partition(args: PartitionArgs, out: &mut dyn std::io::Write) -> anyhow::R
         simple: args.simple,
         stateful_ops: args.stateful_ops.clone(),
         // Strict: cut as if every op ran, then refuse below what the workers cannot run.
-        kernels: (!args.strict_kernels).then_some(
-            lode_dataworker::exec::stage::runs_natively as lode_decoupler::kernels::KernelCheck,
-        ),
+        kernels: (!args.strict_kernels).then_some(KERNELS),
+    };
+    let data_root = match &args.data_root {
+        Some(dir) => std::fs::canonicalize(dir)
+            .with_context(|| format!("{}: the data root is not a directory", dir.display()))?,
+        None => io::default_data_root(&args.model.model)?,
     };
     let (decoupled, missing) =
-        decouple_graph(&path, &bytes, &decouple_options, &data_root(&args)?)?;
+        lode_decoupler::decouple_file(&path, &bytes, &decouple_options, &data_root, MISSING)?;
     lode_decoupler::plan::write_dir(
         &args.output,
         &decoupled.graphs,
@@ -201,10 +180,7 @@ fn run_partition(args: PartitionArgs, out: &mut dyn std::io::Write) -> anyhow::R
         &decoupled.dot,
     )?;
     match args.format {
-        OutputFormat::Json => {
-            serde_json::to_writer_pretty(&mut *out, &decoupled.plan)?;
-            writeln!(out)?;
-        }
+        OutputFormat::Json => writeln!(out, "{}", serde_json::to_string_pretty(&decoupled.plan)?)?,
         OutputFormat::Text => {
             out.write_all(decoupled.report.as_bytes())?;
             writeln!(out, "\nwrote {}", args.output.display())?;
@@ -213,80 +189,19 @@ fn run_partition(args: PartitionArgs, out: &mut dyn std::io::Write) -> anyhow::R
     // Without --strict-kernels the cut keeps what workers cannot run in training, so a
     // missing kernel here would be the cut's own bug: refused all the same.
     if missing > 0 {
+        let strict = if args.strict_kernels {
+            " (without --strict-kernels those nodes stay in training)"
+        } else {
+            ""
+        };
         return Err(NegativeAnswer(format!(
             "{}: the plan was written, but {missing} op(s) of its stages have no data-worker \
-             kernel (listed in the report); data workers will refuse those stages{}",
+             kernel (listed in the report); data workers will refuse those stages{strict}",
             args.output.display(),
-            if args.strict_kernels {
-                " (without --strict-kernels those nodes stay in training)"
-            } else {
-                ""
-            }
         ))
         .into());
     }
     Ok(())
-}
-
-/// Cuts a binary GraphDef read from `path` into a plan whose data paths resolve against
-/// `data_root`; also returns how many distinct ops of its stages have no data-worker kernel.
-pub fn decouple_graph(
-    path: &std::path::Path,
-    bytes: &[u8],
-    options: &lode_decoupler::Options,
-    data_root: &std::path::Path,
-) -> anyhow::Result<(lode_decoupler::Decoupled, usize)> {
-    let view = lode_proto::view::GraphView::parse(bytes)
-        .with_context(|| format!("{}: not a valid binary GraphDef", path.display()))?;
-    io::warn_if_unversioned(path, view.versions.is_some());
-    let mut decoupled = lode_decoupler::decouple(&view, options)
-        .with_context(|| format!("{}: cannot partition", path.display()))?;
-    decoupled.plan.data_root = Some(data_root.display().to_string());
-    let missing = missing_kernels(&mut decoupled)?;
-    Ok((decoupled, missing))
-}
-
-/// Checks every stage graph against the data worker's kernels; records what is missing in
-/// plan.json and the report. Returns how many distinct ops are missing.
-fn missing_kernels(decoupled: &mut lode_decoupler::Decoupled) -> anyhow::Result<usize> {
-    use std::fmt::Write as _;
-    let mut all = std::collections::BTreeSet::new();
-    let mut section = String::from("\ndata-worker kernels\n");
-    for stage in &mut decoupled.plan.stages {
-        let Some((_, bytes)) = decoupled
-            .graphs
-            .iter()
-            .find(|(name, _)| *name == stage.graph)
-        else {
-            continue;
-        };
-        let graph: lode_proto::tf::graph::GraphDef = io::decode_binary(bytes)
-            .with_context(|| format!("{}: cannot read back the stage graph", stage.graph))?;
-        stage.missing_kernels = lode_dataworker::exec::stage::unsupported_ops(&graph);
-        if stage.missing_kernels.is_empty() {
-            let _ = writeln!(section, "  stage {}: every op has a kernel", stage.index);
-        }
-        for (op, nodes) in &stage.missing_kernels {
-            all.insert(op.clone());
-            let shown: Vec<&str> = nodes.iter().take(3).map(String::as_str).collect();
-            let more = nodes.len().saturating_sub(3);
-            let _ = writeln!(
-                section,
-                "  stage {}: NO KERNEL for {op}: {}{}",
-                stage.index,
-                shown.join(", "),
-                if more > 0 {
-                    format!(" and {more} more")
-                } else {
-                    String::new()
-                }
-            );
-        }
-    }
-    if !decoupled.plan.stages.is_empty() {
-        decoupled.report.push_str(&section);
-    }
-    Ok(all.len())
 }
 
 /// A command answered "no" (e.g. unsupported ops found): exit status 1, not 2.
@@ -328,37 +243,13 @@ fn run_coverage(
     format: OutputFormat,
     out: &mut dyn std::io::Write,
 ) -> anyhow::Result<()> {
-    use lode_decoupler::coverage::{self, ConstructIndex, Report};
-    let index_path = dir.join("constructs.json");
-    let text = std::fs::read_to_string(&index_path)
-        .with_context(|| format!("cannot read {}", index_path.display()))?;
-    let index: ConstructIndex = serde_json::from_str(&text)
-        .with_context(|| format!("{}: not a construct index", index_path.display()))?;
     let options = lode_decoupler::Options {
-        simple: false,
-        stateful_ops: Vec::new(),
-        kernels: Some(
-            lode_dataworker::exec::stage::runs_natively as lode_decoupler::kernels::KernelCheck,
-        ),
+        kernels: Some(KERNELS),
+        ..lode_decoupler::Options::default()
     };
-    let mut verdicts = Vec::with_capacity(index.constructs.len());
-    for construct in &index.constructs {
-        let path = dir.join(&construct.name).join("model.pb");
-        let bytes =
-            std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
-        let view = lode_proto::view::GraphView::parse(&bytes)
-            .with_context(|| format!("{}: not a valid binary GraphDef", path.display()))?;
-        verdicts.push(
-            coverage::check(construct, &view, &options)
-                .with_context(|| format!("{}: cannot partition", path.display()))?,
-        );
-    }
-    let report = Report::new(verdicts);
+    let report = lode_decoupler::coverage::check_dir(dir, &options)?;
     match format {
-        OutputFormat::Json => {
-            serde_json::to_writer_pretty(&mut *out, &report)?;
-            writeln!(out)?;
-        }
+        OutputFormat::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
         OutputFormat::Text => out.write_all(report.text().as_bytes())?,
     }
     if !report.problems.is_empty() {

@@ -113,6 +113,36 @@ pub fn check(
     })
 }
 
+/// Cuts every construct graph of `dir` (its `constructs.json` index, a `NAME/model.pb` each)
+/// and gives the report; errors name the file.
+pub fn check_dir(dir: &std::path::Path, options: &Options) -> Result<Report> {
+    let read = |path: std::path::PathBuf| {
+        std::fs::read(&path).map_err(|source| crate::Error::Io { path, source })
+    };
+    let index_path = dir.join("constructs.json");
+    let index: ConstructIndex =
+        serde_json::from_slice(&read(index_path.clone())?).map_err(|e| crate::Error::Output {
+            path: index_path,
+            reason: format!("not a construct index: {e}"),
+        })?;
+    let mut verdicts = Vec::with_capacity(index.constructs.len());
+    for construct in &index.constructs {
+        let path = dir.join(&construct.name).join("model.pb");
+        let bytes = read(path.clone())?;
+        let in_file = |source: crate::Error| crate::Error::InFile {
+            path: path.clone(),
+            source: Box::new(source),
+        };
+        let view = GraphView::parse(&bytes).map_err(|e| {
+            in_file(crate::Error::InvalidGraph {
+                reason: format!("not a valid binary GraphDef: {e}"),
+            })
+        })?;
+        verdicts.push(check(construct, &view, options).map_err(in_file)?);
+    }
+    Ok(Report::new(verdicts))
+}
+
 /// Every construct's verdict.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {

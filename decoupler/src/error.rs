@@ -32,6 +32,12 @@ pub enum Error {
     Proto(#[from] lode_proto::Error),
     #[error("{}: {reason}", path.display())]
     Output { path: PathBuf, reason: String },
+    #[error("{}: cannot partition: {source}", path.display())]
+    InFile {
+        path: PathBuf,
+        #[source]
+        source: Box<Error>,
+    },
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,

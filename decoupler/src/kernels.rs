@@ -28,6 +28,60 @@ use crate::graph::{Graph, NodeId};
 /// Whether the data worker runs an op (a stage graph's node of that op).
 pub type KernelCheck = fn(&str) -> bool;
 
+/// The ops of a stage graph (and of the functions it reaches) that the data worker has no
+/// kernel for, each with the nodes that use it.
+pub type MissingKernels = fn(&lode_proto::tf::graph::GraphDef) -> BTreeMap<String, Vec<String>>;
+
+/// Checks every stage graph of `decoupled` with `missing`, records what is missing in each
+/// stage of the plan (`missing_kernels`) and as a section of the report; returns how many
+/// distinct ops are missing.
+pub fn record_missing(
+    decoupled: &mut crate::Decoupled,
+    missing: MissingKernels,
+) -> crate::Result<usize> {
+    use std::fmt::Write as _;
+    let mut all = BTreeSet::new();
+    let mut section = String::from("\ndata-worker kernels\n");
+    for stage in &mut decoupled.plan.stages {
+        let Some((_, bytes)) = decoupled
+            .graphs
+            .iter()
+            .find(|(name, _)| *name == stage.graph)
+        else {
+            continue;
+        };
+        let graph: lode_proto::tf::graph::GraphDef =
+            lode_proto::io::decode_binary(bytes).map_err(|e| crate::Error::InvalidGraph {
+                reason: format!("{}: cannot read back the stage graph: {e}", stage.graph),
+            })?;
+        stage.missing_kernels = missing(&graph);
+        // Writing to a String cannot fail.
+        if stage.missing_kernels.is_empty() {
+            let _ = writeln!(section, "  stage {}: every op has a kernel", stage.index);
+        }
+        for (op, nodes) in &stage.missing_kernels {
+            all.insert(op.clone());
+            let shown: Vec<&str> = nodes.iter().take(3).map(String::as_str).collect();
+            let more = nodes.len().saturating_sub(3);
+            let _ = writeln!(
+                section,
+                "  stage {}: NO KERNEL for {op}: {}{}",
+                stage.index,
+                shown.join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
+    if !decoupled.plan.stages.is_empty() {
+        decoupled.report.push_str(&section);
+    }
+    Ok(all.len())
+}
+
 /// The deepest chain of function calls the cut follows.
 pub const MAX_CALL_DEPTH: usize = 64;
 

@@ -80,6 +80,33 @@ pub struct Decoupled {
     pub dot: String,
 }
 
+/// Partitions the binary GraphDef `bytes` read from `path` into a plan whose data paths
+/// resolve against `data_root`, then records in the plan and report which ops of its stages
+/// have no data-worker kernel (`missing`, see [`kernels::record_missing`]). Returns the
+/// result and how many distinct ops have none. Errors name `path`.
+pub fn decouple_file(
+    path: &std::path::Path,
+    bytes: &[u8],
+    options: &Options,
+    data_root: &std::path::Path,
+    missing: kernels::MissingKernels,
+) -> Result<(Decoupled, usize)> {
+    let in_file = |source: Error| Error::InFile {
+        path: path.to_owned(),
+        source: Box::new(source),
+    };
+    let view = GraphView::parse(bytes).map_err(|e| {
+        in_file(Error::InvalidGraph {
+            reason: format!("not a valid binary GraphDef: {e}"),
+        })
+    })?;
+    lode_proto::io::warn_if_unversioned(path, view.versions.is_some());
+    let mut decoupled = decouple(&view, options).map_err(in_file)?;
+    decoupled.plan.data_root = Some(data_root.display().to_string());
+    let count = kernels::record_missing(&mut decoupled, missing).map_err(in_file)?;
+    Ok((decoupled, count))
+}
+
 /// Partitions a graph and builds the plan (no I/O).
 pub fn decouple(def: &GraphView, options: &Options) -> Result<Decoupled> {
     let normalized = one_shot::normalize(def)?;

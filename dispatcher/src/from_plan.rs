@@ -117,11 +117,50 @@ impl DispatcherConfig {
     }
 }
 
+impl DispatcherConfig {
+    /// The records of global steps `wanted`, in the order a job over `records` records of
+    /// `source` leases them (TensorFlow's chain, epoch after epoch), as `(global step,
+    /// records)`; the list ends early where a finite pipeline does. Runs the order without a
+    /// job: what `lode exec` computes. An unseeded shuffle takes a seed picked here (logged).
+    pub fn program_steps(
+        source: &Source,
+        records: u64,
+        wanted: std::ops::Range<u64>,
+    ) -> Result<Vec<(u64, Vec<u64>)>, Error> {
+        let (mut chain, epochs) = IndexChain::from_program(&source.order, None);
+        if let Some(picked) = chain.pick_seed(None) {
+            tracing::warn!(
+                seed = picked.seed,
+                "the input pipeline shuffles without a seed (TensorFlow would pick one at \
+                 random); this run uses a seed Lode picked"
+            );
+        }
+        // The lease settings play no part in the order.
+        let config =
+            DispatcherConfig::for_chain(records, chain, epochs, Duration::from_secs(1), 1, 1)?;
+        // An empty epoch has no step to walk.
+        let Ok(per_epoch) = lode_proto::step::steps_per_epoch(config.steps_per_epoch()) else {
+            return Ok(Vec::new());
+        };
+        let Some(mut order) = config.step_order() else {
+            return Err(Error::InvalidConfig {
+                field: "source.order",
+                reason: "the chain gives no order".into(),
+            });
+        };
+        Ok(wanted
+            .map_while(|s| {
+                let step = lode_proto::step::StepRef::from_global(s, per_epoch);
+                order.batch(step.epoch, step.in_epoch).map(|r| (s, r))
+            })
+            .collect())
+    }
+}
+
 impl ServiceConfig {
     /// The service of job `job` for the plan in `plan`: its plan.json and stage graphs, served
     /// to workers, with `config`'s order and the journal in `journal`. An unseeded shuffle
-    /// gets its seed here (the journal's, when it recorded one), returned so that the caller
-    /// can say so.
+    /// gets its seed here (the journal's, when it recorded one); it is logged, and returned.
     pub fn for_plan(
         plan: &PlanDir,
         job: JobId,
@@ -130,6 +169,23 @@ impl ServiceConfig {
         journal: &Path,
     ) -> Result<(ServiceConfig, Option<PickedSeed>), PlanConfigError> {
         let picked = pick_seed(&mut config, journal)?;
+        if let Some(picked) = &picked {
+            if picked.recorded {
+                tracing::info!(
+                    seed = picked.seed,
+                    journal = %journal.display(),
+                    "the input pipeline shuffles without a seed; using the seed its journal recorded"
+                );
+            } else {
+                tracing::warn!(
+                    seed = picked.seed,
+                    journal = %journal.display(),
+                    "the input pipeline shuffles without a seed (TensorFlow would pick one at \
+                     random on every run); Lode picked this one and records it in the journal, \
+                     so that a restart keeps the order"
+                );
+            }
+        }
         let read = |path: PathBuf| {
             std::fs::read(&path).map_err(|source| PlanConfigError::Read { path, source })
         };

@@ -100,7 +100,9 @@ pub use from_plan::{plan_source, PlanConfigError, RunSettings};
 pub use ids::{Epoch, JobId, StageId, Step, StepId, Time, WorkerId};
 pub use journal::{pick_seed, Journal, JournalError};
 pub use order::{IndexChain, PickedSeed, StepOrder};
-pub use service::{serve, Clock, ManualClock, MonotonicClock, ServeError, ServiceConfig};
+pub use service::{
+    serve, Clock, DispatcherThread, ManualClock, MonotonicClock, ServeError, ServiceConfig,
+};
 pub use state::{
     Command, DispatcherState, Event, Lease, WorkerInfo, WorkerStatus, PROTOCOL_VERSION,
 };

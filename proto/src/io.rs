@@ -397,6 +397,32 @@ pub fn decode_binary_at<M: Message>(bytes: &[u8]) -> Result<M, (u64, protobuf::E
     Ok(message)
 }
 
+/// The absolute directory a model's relative data paths resolve against when none is given:
+/// the directory holding the model file, or for a SavedModel (given as its directory or as
+/// the `saved_model.pb` inside it) the directory beside which it sits.
+pub fn default_data_root(model: &Path) -> Result<PathBuf> {
+    let parent = |p: &Path| p.parent().map(Path::to_path_buf).unwrap_or_default();
+    let dir = if model.is_dir() {
+        model.to_path_buf()
+    } else {
+        parent(model)
+    };
+    let dir = if model.is_dir()
+        || dir.join("saved_model.pb").is_file()
+        || dir.join("saved_model.pbtxt").is_file()
+    {
+        parent(&dir)
+    } else {
+        dir
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        dir
+    };
+    fs::canonicalize(&dir).map_err(|source| Error::Io { path: dir, source })
+}
+
 /// Warns when a GraphDef lacks `versions`. TensorFlow always writes it, after the nodes and
 /// the library, so a file cut between two nodes decodes as a valid, smaller graph without it:
 /// the only sign of that truncation left to see. Returns whether it warned.

@@ -14,8 +14,11 @@
 //! - [`attr`]: typed NodeDef attribute access whose errors name the node and op.
 //! - [`ops`]: TensorFlow's op registry (embedded) and dtype inference for node outputs.
 //! - [`plan`]: the plan directory's `plan.json`, shared by every crate that reads a plan.
+//! - [`process`]: the stop request (SIGINT, SIGTERM) every long-running command obeys, and
+//!   fresh job tokens.
 //! - [`service`]: Lode's service protocol (`lode.v1`: dispatcher RPCs), prost + tonic code
 //!   generated from `protos/lode/service/`, with the token interceptor and shared limits.
+//! - [`status`]: a job's status as `lode status` prints it (text and JSON).
 //! - [`step`]: [`step::StepRef`], a step in both numberings (epoch and step within it; the
 //!   global step), with the one checked conversion every crate uses.
 //! - [`tls`]: optional TLS for every connection (rustls, ring): server identities, client
@@ -36,7 +39,9 @@ pub mod metrics;
 pub mod names;
 pub mod ops;
 pub mod plan;
+pub mod process;
 pub mod service;
+pub mod status;
 pub mod step;
 pub mod text;
 pub mod tls;

@@ -21,6 +21,8 @@
 //! - [`sim`]: the discrete-event simulator (a `Backend`) and the paper's baseline schedulers.
 //! - [`model`]: the simulator's ground-truth workload model (scaling curves per model type).
 //! - [`trace`]: the job trace CSV format and synthetic Philly-like traces.
+//! - [`experiment`]: the paper's cluster experiment as one call (`lode simulate`): a trace
+//!   under each scheduler, Table 5 rows, and the files it writes.
 //! - [`cluster`]: cluster specs such as `8x8gpu64cpu`.
 //! - [`report`]: Table 5-like summaries, per-job CSV and the utilisation SVG.
 //! - `rng`: a seeded SplitMix64, so that every run is reproducible from its seed.
@@ -38,6 +40,7 @@
 
 pub mod backend;
 pub mod cluster;
+pub mod experiment;
 pub mod ids;
 pub mod live;
 pub mod live_tuner;

@@ -430,24 +430,13 @@ impl LocalBackend {
         self.spawn_seq += 1;
         let a = &tracked.announcement;
         let worker_name = worker_name(probe, self.spawn_seq, &a.name);
-        let mut command = std::process::Command::new(&self.exe);
-        command
-            .args(["worker", "--dispatcher", &a.dispatcher])
-            .args(["--job", &a.job.to_string(), "-q"])
-            .args(["--threads", &threads.max(1).to_string()])
-            .args(["--name", &worker_name]);
-        if let Some(stage) = stage {
-            command.args(["--stage", &stage.to_string()]);
+        let child = WorkerCommand {
+            stage,
+            threads: threads.max(1),
+            tls_ca: self.tls.as_ref().map(|(ca, _)| ca.as_path()),
+            ..WorkerCommand::new(&self.exe, &a.dispatcher, &a.token, a.job, &worker_name)
         }
-        if let Some((ca, _)) = &self.tls {
-            command.arg("--tls-ca").arg(ca);
-        }
-        let child = command
-            .env("LODE_TOKEN", &a.token)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
+        .spawn();
         match child {
             Ok(child) => {
                 tracing::info!(job = %name, worker = %worker_name, threads, pid = child.id(), "worker started");
@@ -782,6 +771,88 @@ struct RoundLine {
     jobs: Vec<JobLine>,
     tuning: Vec<TuningLine>,
     decisions: Vec<DecisionLine>,
+}
+
+/// How one `lode worker` process is started on this machine: by the local backend, by
+/// `lode run` and by `lode train`. The token travels in the environment (`LODE_TOKEN`), never
+/// in argv, where every user of the machine could read it.
+#[derive(Debug, Clone)]
+pub struct WorkerCommand<'a> {
+    pub exe: &'a Path,
+    pub dispatcher: &'a str,
+    pub token: &'a str,
+    pub job: u64,
+    pub name: &'a str,
+    pub threads: u32,
+    /// A fixed stage (None: the dispatcher picks one).
+    pub stage: Option<usize>,
+    pub tls_ca: Option<&'a Path>,
+    /// Where relative data paths resolve (None: the plan's data root).
+    pub data_root: Option<&'a Path>,
+    /// A file the worker's output and logs are appended to (None: discarded, errors only).
+    pub log: Option<&'a Path>,
+}
+
+impl<'a> WorkerCommand<'a> {
+    /// A one-thread worker of `job`, quiet, its output discarded.
+    pub fn new(
+        exe: &'a Path,
+        dispatcher: &'a str,
+        token: &'a str,
+        job: u64,
+        name: &'a str,
+    ) -> Self {
+        WorkerCommand {
+            exe,
+            dispatcher,
+            token,
+            job,
+            name,
+            threads: 1,
+            stage: None,
+            tls_ca: None,
+            data_root: None,
+            log: None,
+        }
+    }
+
+    /// Starts the process.
+    pub fn spawn(&self) -> std::io::Result<Child> {
+        let mut command = std::process::Command::new(self.exe);
+        command
+            .args(["worker", "--dispatcher", self.dispatcher])
+            .args(["--job", &self.job.to_string()])
+            .args(["--threads", &self.threads.max(1).to_string()])
+            .args(["--name", self.name]);
+        if let Some(stage) = self.stage {
+            command.args(["--stage", &stage.to_string()]);
+        }
+        if let Some(ca) = self.tls_ca {
+            command.arg("--tls-ca").arg(ca);
+        }
+        if let Some(root) = self.data_root {
+            command.arg("--data-root").arg(root);
+        }
+        match self.log {
+            Some(path) => {
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)?;
+                command.stdout(file.try_clone()?).stderr(file);
+            }
+            None => {
+                command
+                    .arg("-q")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null());
+            }
+        }
+        command
+            .env("LODE_TOKEN", self.token)
+            .stdin(Stdio::null())
+            .spawn()
+    }
 }
 
 /// What `lode scheduler` runs with, validated by [`run_local`].

@@ -11,11 +11,14 @@
 //!   number).
 //! - [`dataset`]: the `tf.data` chain between `DWSource` and the iterator (map, batch).
 //! - [`stage`]: [`Stage::load`] and [`Stage::run_step`].
+//! - [`local`]: stages run in this process over given steps (`lode exec`), with a dump of
+//!   their tensors.
 //!
 //! A stage that uses an op with no kernel is refused at load with every such op and the nodes
 //! that use it ([`ExecError::MissingKernels`]).
 
 pub mod dataset;
+pub mod local;
 pub mod ops;
 pub mod program;
 pub mod source;

@@ -7,6 +7,8 @@
 //!   the workers' push path.
 //! - [`emulator`]: the training side emulated (`lode consume`): a consumer that logs each
 //!   step, digested, and reports it only once the line is written.
+//! - [`hook`]: the session hook's Lode half (`lode train`): a program run with the hook, its
+//!   graph answered with a job, and the job directory's graph identity.
 //! - [`metrics`]: the receiver's Prometheus exposition.
 //! - [`worker`]: the data-worker loop: register, load the stage, lease → read → execute →
 //!   push → complete, heartbeat, drain; a thin async shell around
@@ -18,6 +20,8 @@
 pub mod consumer;
 pub mod data_plane;
 pub mod emulator;
+#[cfg(unix)]
+pub mod hook;
 pub mod metrics;
 pub mod receiver;
 pub mod worker;

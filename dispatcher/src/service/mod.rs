@@ -254,6 +254,80 @@ pub enum ServeError {
     Transport(#[source] tonic::transport::Error),
     #[error("a dispatcher task failed")]
     Task(#[source] tokio::task::JoinError),
+    #[error("cannot start the dispatcher's thread")]
+    Thread(#[source] io::Error),
+}
+
+/// A dispatcher serving on a thread of its own (its own one-thread runtime), for a process
+/// whose main thread does other work (`lode train`). Dropping it stops it as [`stop`] does.
+///
+/// [`stop`]: DispatcherThread::stop
+#[derive(Debug)]
+pub struct DispatcherThread {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<(), ServeError>>>,
+}
+
+impl DispatcherThread {
+    /// Serves `config` on `listener` (see [`serve`]) until stopped.
+    pub fn spawn(
+        listener: std::net::TcpListener,
+        config: ServiceConfig,
+    ) -> Result<Self, ServeError> {
+        listener
+            .set_nonblocking(true)
+            .map_err(ServeError::Listener)?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("lode-dispatcher".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .enable_all()
+                    .build()
+                    .map_err(ServeError::Thread)?;
+                rt.block_on(async move {
+                    let listener = TcpListener::from_std(listener).map_err(ServeError::Listener)?;
+                    serve(listener, config, async {
+                        let _ = stopped.await;
+                    })
+                    .await
+                })
+            })
+            .map_err(ServeError::Thread)?;
+        Ok(DispatcherThread {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops serving (draining, as on any shutdown) and waits for the thread; returns how
+    /// serving ended.
+    pub fn stop(mut self) -> Result<(), ServeError> {
+        self.end()
+    }
+
+    fn end(&mut self) -> Result<(), ServeError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match self.thread.take().map(std::thread::JoinHandle::join) {
+            None => Ok(()),
+            Some(Ok(outcome)) => outcome,
+            Some(Err(_)) => {
+                tracing::error!("the dispatcher's thread panicked");
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Drop for DispatcherThread {
+    fn drop(&mut self) {
+        if let Err(e) = self.end() {
+            tracing::warn!(cause = %e, "the dispatcher stopped with an error");
+        }
+    }
 }
 
 /// Serves one job's dispatcher on `listener` until `shutdown` completes, then drains: stops
