@@ -1,5 +1,5 @@
 //! Prometheus text endpoints (`GET /metrics`): an HTTP/1.1 server on hyper with the limits
-//! every Lode server has (a connection cap, a header timeout, a whole-connection timeout) and a
+//! every Lode server has (the one accept loop of [`crate::accept`] with its connection cap, a header timeout, a whole-connection timeout) and a
 //! graceful shutdown, and the text format's writer. The dispatcher's exposition
 //! ([`render_dispatcher`]) is here because it renders the protocol's `StatusResponse`; the
 //! receiver's lives with the receiver.
@@ -19,8 +19,9 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::accept::{accept_loop, Permit};
 
 use crate::service::v1::StatusResponse;
 
@@ -34,8 +35,6 @@ pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// The exposition format's content type.
 const TEXT_FORMAT: &str = "text/plain; version=0.0.4";
-/// Pause after a failed accept (out of descriptors, say) rather than spin.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// Serves `render()` at `GET /metrics` on `listener` until `shutdown` resolves, then drains.
 /// Any other path is 404, any other method 405.
@@ -48,27 +47,8 @@ pub async fn serve_metrics<F, Fut>(
     Fut: Future<Output = String> + Send + 'static,
 {
     let render = Arc::new(render);
-    let permits = Arc::new(Semaphore::new(MAX_METRICS_CONNECTIONS));
     let graceful = GracefulShutdown::new();
-    tokio::pin!(shutdown);
-    loop {
-        let permit = tokio::select! {
-            () = &mut shutdown => break,
-            permit = Arc::clone(&permits).acquire_owned() => permit,
-        };
-        let Ok(permit) = permit else { break };
-        let accepted = tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => accepted,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
-            Err(err) => {
-                tracing::debug!(cause = %err, "metrics: accept failed");
-                tokio::time::sleep(ACCEPT_BACKOFF).await;
-                continue;
-            }
-        };
+    let handle = |stream: TcpStream, _peer, permit: Permit| {
         let render = Arc::clone(&render);
         let service = service_fn(move |request: Request<Incoming>| {
             let render = Arc::clone(&render);
@@ -79,12 +59,12 @@ pub async fn serve_metrics<F, Fut>(
             .header_read_timeout(HEADER_READ_TIMEOUT)
             .keep_alive(false);
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
-        tokio::spawn(async move {
+        async move {
             let _ = tokio::time::timeout(CONNECTION_TIMEOUT, connection).await;
             drop(permit);
-        });
-    }
-    drop(listener);
+        }
+    };
+    accept_loop(listener, MAX_METRICS_CONNECTIONS, shutdown, handle).await;
     let _ = tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown()).await;
 }
 

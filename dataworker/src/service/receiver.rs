@@ -7,6 +7,8 @@
 //! offer frames through [`ReceiverService::offer_frame`], so they answer alike. With TLS every
 //! connection is TLS: the handshake comes first, then the same sniffing inside it; a peer that
 //! does not complete a handshake (a plaintext client) is logged and closed, untouched.
+//! Connections come through `lode_proto::accept` (the one accept loop), at most
+//! [`MAX_CONNECTIONS`] open at once.
 
 use std::future::Future;
 use std::io;
@@ -16,6 +18,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use lode_proto::accept::{self, Limited};
 use lode_proto::service::v1::receiver_server::{Receiver, ReceiverServer};
 use lode_proto::service::v1::{FetchRequest, FetchResponse, PushRequest, PushResponse, PushStatus};
 use lode_proto::service::MAX_MESSAGE_BYTES;
@@ -158,6 +161,11 @@ impl Receiver for ReceiverService {
 /// Accepted connections waiting for the gRPC server to take them.
 const GRPC_BACKLOG: usize = 64;
 
+/// Open connections of a receiver, data plane and gRPC together; more wait in the listen
+/// backlog. Twice the data-plane bound, so that a data-plane connection over its own bound is
+/// still accepted and told why it is refused.
+pub const MAX_CONNECTIONS: usize = 2 * MAX_DATA_CONNECTIONS;
+
 /// Serves `service` on `listener` until `shutdown` resolves: gRPC, and the data plane on the
 /// same port (see [`super::data_plane`]), over TLS only when `tls` is given. On shutdown, no
 /// connection is accepted any more, data-plane connections close after the frame in hand, and
@@ -171,7 +179,7 @@ pub async fn serve_receiver(
     let addr = listener
         .local_addr()
         .map_or_else(|_| "?".to_owned(), |a| a.to_string());
-    let (to_grpc, grpc_incoming) = mpsc::channel::<io::Result<Sniffed>>(GRPC_BACKLOG);
+    let (to_grpc, grpc_incoming) = mpsc::channel::<io::Result<Limited<Sniffed>>>(GRPC_BACKLOG);
     let (stop, stopped) = watch::channel(false);
     let grpc = {
         let mut stopped = stopped.clone();
@@ -189,32 +197,15 @@ pub async fn serve_receiver(
             )
     };
     let admission = Arc::new(Semaphore::new(MAX_DATA_CONNECTIONS));
+    let handle = move |stream, peer, permit| {
+        let (tls, service, to_grpc) = (tls.clone(), service.clone(), to_grpc.clone());
+        let (admission, stopped) = (admission.clone(), stopped.clone());
+        route(
+            stream, peer, permit, tls, service, to_grpc, admission, stopped,
+        )
+    };
     let accept = async move {
-        tokio::pin!(shutdown);
-        loop {
-            let (stream, peer) = tokio::select! {
-                () = &mut shutdown => break,
-                accepted = listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    Err(e) => {
-                        // Out of descriptors or a connection reset before accept: wait a
-                        // little rather than spin.
-                        tracing::warn!(cause = %e, "receiver: accept failed");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                },
-            };
-            tokio::spawn(route(
-                stream,
-                peer,
-                tls.clone(),
-                service.clone(),
-                to_grpc.clone(),
-                admission.clone(),
-                stopped.clone(),
-            ));
-        }
+        accept::accept_loop(listener, MAX_CONNECTIONS, shutdown, handle).await;
         let _ = stop.send(true);
     };
     let ((), served) = tokio::join!(accept, grpc);
@@ -222,35 +213,32 @@ pub async fn serve_receiver(
 }
 
 /// Hands a new connection to the data plane or to gRPC by its first four bytes (inside TLS
-/// when the receiver serves TLS).
+/// when the receiver serves TLS); the connection holds `permit` while it is open.
+#[allow(clippy::too_many_arguments)]
 async fn route(
     stream: TcpStream,
     peer: SocketAddr,
+    permit: accept::Permit,
     tls: Option<ServerTls>,
     service: ReceiverService,
-    to_grpc: mpsc::Sender<io::Result<Sniffed>>,
+    to_grpc: mpsc::Sender<io::Result<Limited<Sniffed>>>,
     admission: Arc<Semaphore>,
     stopped: watch::Receiver<bool>,
 ) {
-    let sniffed = match tls {
-        None => sniff_plain(stream, false).await,
-        Some(tls) => match tls.accept(stream).await {
-            // A plaintext client: it is told, in its protocol, that this port takes TLS.
-            Ok(ServerStream::PlainOnTlsPort(tcp)) => sniff_plain(tcp, true).await,
-            Ok(stream) => sniff_tls(stream).await,
-            Err(e) => {
-                tracing::warn!(%peer, cause = %e, "receiver: TLS handshake failed; connection closed");
-                return;
-            }
-        },
+    let sniffed = match accept::secure(stream, peer, tls.as_ref()).await {
+        None => return,
+        // A plaintext client on the TLS port: it is told, in its protocol, that this port
+        // takes TLS.
+        Some(ServerStream::PlainOnTlsPort(tcp)) => sniff_plain(tcp, true).await,
+        Some(ServerStream::Plain(tcp)) => sniff_plain(tcp, false).await,
+        Some(stream) => sniff_tls(stream).await,
     };
     match sniffed {
         Some(stream) if stream.head == DATA_PLANE_MAGIC => {
-            let _ = stream.inner.tcp().set_nodelay(true);
-            let permit = admission.try_acquire_owned().ok();
+            let data_permit = admission.try_acquire_owned().ok();
             let refusal = if matches!(stream.inner, ServerStream::PlainOnTlsPort(_)) {
                 Some(plaintext_refusal(stream.inner.tcp().local_addr().ok()))
-            } else if permit.is_none() {
+            } else if data_permit.is_none() {
                 Some(format!(
                     "over {MAX_DATA_CONNECTIONS} data-plane connections"
                 ))
@@ -258,11 +246,11 @@ async fn route(
                 None
             };
             data_plane::serve_connection(stream, Some(peer), service, refusal, stopped).await;
-            drop(permit);
+            drop((data_permit, permit));
         }
         // Anything else is HTTP/2's business (it refuses what is not HTTP/2).
         Some(stream) => {
-            let _ = to_grpc.send(Ok(stream)).await;
+            let _ = to_grpc.send(Ok(Limited::new(stream, permit))).await;
         }
         // Closed before saying anything.
         None => {}

@@ -13,7 +13,8 @@
 //! `Lease`, `Complete` and `Heartbeat`, whose loss a restart recomputes, do not (see the
 //! crate docs, "Durability").
 //!
-//! With [`ServiceConfig::tls`] the port serves TLS only: every accepted connection completes a
+//! Connections come through `lode_proto::accept` (the one accept loop). With
+//! [`ServiceConfig::tls`] the port serves TLS only: every accepted connection completes a
 //! handshake (on its own task, within [`lode_proto::tls::HANDSHAKE_TIMEOUT`], holding one of
 //! the [`MAX_CONNECTIONS`] permits) before gRPC sees a byte of it; one that does not is logged
 //! and closed.
@@ -39,19 +40,16 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
+use lode_proto::accept::{self, Limited};
 use lode_proto::service::v1::dispatcher_server::DispatcherServer;
-use lode_proto::tls::{ServerConnectInfo, ServerStream, ServerTls};
+use lode_proto::tls::{ServerStream, ServerTls};
 use prost::bytes::Bytes;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::server::Connected;
 use tonic::transport::Server;
 
 pub use self::clock::{Clock, ManualClock, MonotonicClock};
@@ -102,9 +100,6 @@ pub const DEFAULT_MISSED_HEARTBEATS: u32 = 5;
 
 /// Room for everything in a registration answer besides the plan and the stage graph.
 const REGISTER_OVERHEAD_BYTES: usize = 64 << 10;
-
-/// How long the accept loop backs off after an accept error (e.g. out of file descriptors).
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Everything [`serve`] needs to serve one job.
 #[derive(Clone)]
@@ -441,127 +436,31 @@ async fn run_ticker(service: DispatcherService, mut stop: oneshot::Receiver<()>)
     }
 }
 
-/// A connection that holds one of [`MAX_CONNECTIONS`] permits while it is open.
-#[derive(Debug)]
-struct LimitedStream {
-    stream: ServerStream,
-    _permit: OwnedSemaphorePermit,
-}
-
-/// Accepts connections while fewer than `limit` are open, handing them to the server; with
-/// `tls`, only once their handshake completed (each handshake runs on its own task, so a slow
-/// or silent peer holds up nobody; it holds its permit until it fails or times out).
+/// Accepts connections while fewer than `limit` are open (`lode_proto::accept`), handing
+/// them to the server; with `tls`, only once their handshake completed (on the connection's
+/// own task, so a slow or silent peer holds up nobody but its permit). The loop stops once the
+/// server dropped its end.
 fn limited_incoming(
     listener: TcpListener,
     limit: usize,
     tls: Option<ServerTls>,
 ) -> (
-    ReceiverStream<io::Result<LimitedStream>>,
+    ReceiverStream<io::Result<Limited<ServerStream>>>,
     tokio::task::JoinHandle<()>,
 ) {
     let (tx, rx) = mpsc::channel(1);
-    let permits = Arc::new(Semaphore::new(limit));
-    let acceptor = tokio::spawn(async move {
-        loop {
-            let permit = tokio::select! {
-                permit = Arc::clone(&permits).acquire_owned() => permit,
-                () = tx.closed() => return,
-            };
-            let Ok(permit) = permit else { return };
-            let accepted = tokio::select! {
-                accepted = listener.accept() => accepted,
-                () = tx.closed() => return,
-            };
-            match accepted {
-                Ok((stream, peer)) => {
-                    if let Err(err) = stream.set_nodelay(true) {
-                        tracing::debug!(%peer, cause = %err, "cannot set TCP_NODELAY");
-                    }
-                    let Some(tls) = &tls else {
-                        let conn = LimitedStream {
-                            stream: ServerStream::Plain(stream),
-                            _permit: permit,
-                        };
-                        if tx.send(Ok(conn)).await.is_err() {
-                            return;
-                        }
-                        continue;
-                    };
-                    let (tls, tx) = (tls.clone(), tx.clone());
-                    tokio::spawn(async move {
-                        match tls.accept(stream).await {
-                            Ok(stream) => {
-                                let conn = LimitedStream {
-                                    stream,
-                                    _permit: permit,
-                                };
-                                let _ = tx.send(Ok(conn)).await;
-                            }
-                            Err(err) => {
-                                tracing::warn!(%peer, cause = %err, "TLS handshake failed; connection closed");
-                            }
-                        }
-                    });
-                }
-                Err(err) => {
-                    tracing::warn!(cause = %err, "accept failed; backing off");
-                    tokio::select! {
-                        () = tokio::time::sleep(ACCEPT_BACKOFF) => {}
-                        () = tx.closed() => return,
-                    }
-                }
+    let closed = tx.clone();
+    let handle = move |stream, peer, permit| {
+        let (tls, tx) = (tls.clone(), tx.clone());
+        async move {
+            if let Some(stream) = accept::secure(stream, peer, tls.as_ref()).await {
+                let _ = tx.send(Ok(Limited::new(stream, permit))).await;
             }
         }
-    });
+    };
+    let stop = async move { closed.closed().await };
+    let acceptor = tokio::spawn(accept::accept_loop(listener, limit, stop, handle));
     (ReceiverStream::new(rx), acceptor)
-}
-
-impl Connected for LimitedStream {
-    type ConnectInfo = ServerConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
-    }
-}
-
-impl AsyncRead for LimitedStream {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for LimitedStream {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
-    }
 }
 
 /// The address a client should dial for a plaintext listener bound to `addr`.
