@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use lode_proto::step::{steps_per_epoch, StepRef};
 use serde::{Deserialize, Serialize};
 
 /// A training job; one dispatcher serves one job.
@@ -29,7 +30,9 @@ pub struct Epoch(pub u64);
 #[serde(transparent)]
 pub struct Step(pub u64);
 
-/// A step of the job: `(epoch, step)`, ordered as the training side consumes them.
+/// A step of the job as the protocol and the journal name it: `(epoch, step)`, ordered as the
+/// training side consumes them, not yet checked against the job. Its global number, and the
+/// way back, go through [`lode_proto::step::StepRef`] (the one checked conversion).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct StepId {
     pub epoch: Epoch,
@@ -42,6 +45,25 @@ impl StepId {
             epoch: Epoch(epoch),
             step: Step(step),
         }
+    }
+
+    /// This step in both numberings in a job of `per_epoch` steps an epoch; None when the
+    /// epoch has no such step or the step no global number.
+    pub fn numbered(self, per_epoch: u64) -> Option<StepRef> {
+        let per = steps_per_epoch(per_epoch).ok()?;
+        StepRef::new(self.epoch.0, self.step.0, per).ok()
+    }
+
+    /// The step of global number `global`; None when an epoch has no steps.
+    pub fn from_global(global: u64, per_epoch: u64) -> Option<StepId> {
+        let per = steps_per_epoch(per_epoch).ok()?;
+        Some(StepRef::from_global(global, per).into())
+    }
+}
+
+impl From<StepRef> for StepId {
+    fn from(s: StepRef) -> Self {
+        StepId::new(s.epoch, s.in_epoch)
     }
 }
 

@@ -28,6 +28,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use lode_proto::plan::IndexOp;
+use lode_proto::step::{steps_per_epoch, StepRef};
 use serde::{Deserialize, Serialize};
 
 use crate::philox::{Samples, SeedGenerator};
@@ -722,10 +723,11 @@ impl StepOrder {
 
     /// The records of step `step` of `epoch`; `None` when the job has no such step.
     pub fn batch(&mut self, epoch: u64, step: u64) -> Option<Vec<u64>> {
-        if step >= self.per_epoch || self.epochs.is_some_and(|e| epoch >= e) {
+        if self.epochs.is_some_and(|e| epoch >= e) {
             return None;
         }
-        let seq = epoch.checked_mul(self.per_epoch)?.checked_add(step)?;
+        let per_epoch = steps_per_epoch(self.per_epoch).ok()?;
+        let seq = StepRef::new(epoch, step, per_epoch).ok()?.global;
         if let Some(b) = self.cache.get(&seq) {
             return Some(b.clone());
         }
@@ -743,9 +745,7 @@ impl StepOrder {
         let cursor = self.cursor.as_mut()?;
         while cursor.step <= step {
             let records = cursor.walk.next_elem()?.into_records();
-            let at = epoch
-                .checked_mul(self.per_epoch)?
-                .checked_add(cursor.step)?;
+            let at = StepRef::new(epoch, cursor.step, per_epoch).ok()?.global;
             cursor.step += 1;
             self.cached_records += records.len();
             self.cache.insert(at, records);

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::batch::index_batch;
 use crate::config::DispatcherConfig;
-use crate::ids::{Epoch, StageId, Step, StepId, Time, WorkerId};
+use crate::ids::{StageId, StepId, Time, WorkerId};
 use crate::order::StepOrder;
 use crate::{Error, Result};
 
@@ -943,13 +943,10 @@ impl DispatcherState {
 
     /// The sequence number of `step`, `None` outside the job.
     fn seq_of(&self, step: StepId) -> Option<u64> {
-        if step.step.0 >= self.per_epoch || self.config.epochs.is_some_and(|e| step.epoch.0 >= e) {
+        if self.config.epochs.is_some_and(|e| step.epoch.0 >= e) {
             return None;
         }
-        step.epoch
-            .0
-            .checked_mul(self.per_epoch)?
-            .checked_add(step.step.0)
+        step.numbered(self.per_epoch).map(|s| s.global)
     }
 
     /// [`Self::seq_of`], also accepting the step one past the last of a finite job.
@@ -957,16 +954,14 @@ impl DispatcherState {
         match self.seq_of(step) {
             Some(seq) => Some(seq),
             None if step.step.0 == 0 && self.config.epochs == Some(step.epoch.0) => {
-                step.epoch.0.checked_mul(self.per_epoch)
+                step.numbered(self.per_epoch).map(|s| s.global)
             }
             None => None,
         }
     }
 
     fn step_of(&self, seq: u64) -> StepId {
-        StepId {
-            epoch: Epoch(seq.checked_div(self.per_epoch).unwrap_or(0)),
-            step: Step(seq.checked_rem(self.per_epoch).unwrap_or(seq)),
-        }
+        // An empty epoch has no steps; its sequence numbers stay in epoch 0.
+        StepId::from_global(seq, self.per_epoch).unwrap_or(StepId::new(0, seq))
     }
 }

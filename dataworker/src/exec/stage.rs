@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use lode_proto::ops::function_index;
 use lode_proto::plan::{PlanDir, RecvPlan, Source};
+use lode_proto::step::{steps_per_epoch, StepRef};
 use lode_proto::tf::graph::GraphDef;
 use lode_proto::tf::node_def::NodeDef;
 
@@ -433,14 +434,11 @@ pub fn sequential_records(
         } else {
             epoch_len.div_ceil(per_step)
         };
-        if per_epoch == 0 {
+        let step = StepRef::from_global(step, steps_per_epoch(per_epoch).ok()?);
+        if epochs.is_some_and(|e| step.epoch >= e) {
             return None;
         }
-        let epoch = step / per_epoch;
-        if epochs.is_some_and(|e| epoch >= e) {
-            return None;
-        }
-        let start = (step % per_epoch) * per_step;
+        let start = step.in_epoch * per_step;
         let end = (start + per_step).min(epoch_len);
         Some((start..end).collect())
     } else {

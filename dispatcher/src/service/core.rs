@@ -4,13 +4,14 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use lode_proto::step::steps_per_epoch;
 use tonic::Status;
 
 use crate::journal::{Batch, Journal, JournalError, Record};
 use crate::service::ServeError;
 use crate::{
-    Command, DispatcherConfig, DispatcherState, Epoch, Error, Event, JobId, StageId, Step, StepId,
-    Time, WorkerId, WorkerStatus,
+    Command, DispatcherConfig, DispatcherState, Error, Event, JobId, StageId, StepId, Time,
+    WorkerId, WorkerStatus,
 };
 
 /// Why [`Core::apply`] refused a command.
@@ -311,14 +312,10 @@ impl Core {
         let per_epoch = self.state.config().steps_per_epoch();
         match self.state.watermark() {
             None => StepId::new(0, 0),
-            Some(w) if w.step.0.saturating_add(1) < per_epoch => StepId {
-                epoch: w.epoch,
-                step: Step(w.step.0 + 1),
-            },
-            Some(w) => StepId {
-                epoch: Epoch(w.epoch.0.saturating_add(1)),
-                step: Step(0),
-            },
+            Some(w) => w
+                .numbered(per_epoch)
+                .and_then(|s| s.next(steps_per_epoch(per_epoch).ok()?))
+                .map_or_else(|| StepId::new(w.epoch.0.saturating_add(1), 0), StepId::from),
         }
     }
 
@@ -326,11 +323,8 @@ impl Core {
     pub(crate) fn steps_consumed(&self) -> u64 {
         let per_epoch = self.state.config().steps_per_epoch();
         self.state.watermark().map_or(0, |w| {
-            w.epoch
-                .0
-                .saturating_mul(per_epoch)
-                .saturating_add(w.step.0)
-                .saturating_add(1)
+            w.numbered(per_epoch)
+                .map_or(u64::MAX, |s| s.global.saturating_add(1))
         })
     }
 }
