@@ -30,7 +30,7 @@ pub mod scheduler;
 pub mod simulate;
 pub mod train;
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use lode_proto::io::{self, GraphEncoding, LoadOptions};
 
 use crate::cli::{
@@ -95,34 +95,14 @@ fn run_inspect(args: InspectArgs, out: &mut dyn std::io::Write) -> anyhow::Resul
 
 fn run_convert(args: ConvertArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
     let model = load(&args.model)?;
-    if same_file(&model.path, &args.output) || same_file(&args.model.model, &args.output) {
-        bail!(
-            "{}: refusing to write the output over the input model",
-            args.output.display()
-        );
-    }
     let encoding = match args.to {
         GraphFormat::Pb => GraphEncoding::Binary,
         GraphFormat::Pbtxt => GraphEncoding::Text,
     };
-    let bytes = io::encode_graph(&model.graph, encoding)?;
-    io::write_atomic(&args.output, &bytes)
-        .with_context(|| format!("cannot write {}", args.output.display()))?;
-    writeln!(
-        out,
-        "wrote {} ({} nodes, {} bytes)",
-        args.output.display(),
-        model.graph.node.len(),
-        bytes.len()
-    )?;
+    let bytes = io::write_graph(&model, &args.model.model, &args.output, encoding)?;
+    let (output, nodes) = (args.output.display(), model.graph.node.len());
+    writeln!(out, "wrote {output} ({nodes} nodes, {bytes} bytes)")?;
     Ok(())
-}
-
-fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
-    match (a.canonicalize(), b.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => false,
-    }
 }
 
 /// Partitions `model` into `dir` with default options (what `lode run MODEL` does first).
@@ -275,17 +255,6 @@ fn run_synthetic(args: cli::SyntheticArgs, out: &mut dyn std::io::Write) -> anyh
         parallelism: args.parallelism,
     };
     spec.write(&args.output)?;
-    writeln!(
-        out,
-        "wrote {}: {} records, {} steps per epoch of {} records, {} epoch(s), {:?} per step ({}, {} part(s))",
-        args.output.display(),
-        spec.records,
-        spec.steps_per_epoch(),
-        spec.batch,
-        spec.epochs,
-        spec.latency,
-        if spec.spin { "spinning" } else { "sleeping" },
-        spec.parallelism
-    )?;
+    writeln!(out, "wrote {}: {spec}", args.output.display())?;
     Ok(())
 }

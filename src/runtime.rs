@@ -173,21 +173,12 @@ pub fn run_dispatcher(args: DispatcherArgs, out: &mut dyn std::io::Write) -> any
                 .with_context(|| format!("cannot serve metrics on {metrics_addr}"))?;
             writeln!(out, "metrics on http://{}/metrics", metrics.local_addr()?)?;
             out.flush()?;
-            let (job, token, url) = (args.job, token.clone(), url.clone());
-            let render = move || {
-                let (token, url, ca) = (token.clone(), url.clone(), own_ca.clone());
-                async move {
-                    let status = async {
-                        let mut c = connect(&url, &token, ca.as_ref()).await.ok()?;
-                        c.status(StatusRequest { job_id: job }).await.ok()
-                    };
-                    status.await.map_or_else(String::new, |s| {
-                        lode_proto::metrics::render_dispatcher(job, s.get_ref())
-                    })
-                }
-            };
-            let pending = std::future::pending();
-            tokio::spawn(lode_proto::metrics::serve_metrics(metrics, render, pending));
+            let (job, token, url, pending) =
+                (args.job, token.clone(), url.clone(), std::future::pending());
+            let metrics = lode_proto::metrics::serve_dispatcher_metrics(
+                metrics, job, url, token, own_ca, pending,
+            );
+            tokio::spawn(metrics);
         }
         lode_dispatcher::serve(listener, service, stop_requested()).await?;
         anyhow::Ok(())

@@ -20,9 +20,11 @@
 //!   (DWRecv): a reorder/dedup buffer with backpressure and queue metrics.
 //! - [`exec`]: the stage executor: a stage graph compiled once, run per step on the records
 //!   of an index batch (map functions, batching, the ops after the iterator), in parallel on
-//!   rayon.
-//! - [`service`]: the network side (tokio + tonic): the receiver endpoint and the
-//!   data-worker loop.
+//!   rayon; `exec::local` runs stages over given steps in-process (`lode exec`).
+//! - [`service`]: the network side (tokio + tonic): the receiver endpoint, the data-worker
+//!   loop and its state machine, and the training side: the consumer (receive in order, report
+//!   the watermark), its emulation (`lode consume`) and the session hook's server (`lode
+//!   train`).
 //! - [`synthetic`]: synthetic one-stage plans whose step takes a fixed time (benchmarks, the
 //!   scheduler's live tests).
 //! - [`error`]: the crate's [`Error`].

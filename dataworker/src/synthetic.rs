@@ -434,6 +434,22 @@ pub fn fixed_latency(
     )
 }
 
+impl std::fmt::Display for SyntheticSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} records, {} steps per epoch of {} records, {} epoch(s), {:?} per step ({}, {} part(s))",
+            self.records,
+            self.steps_per_epoch(),
+            self.batch,
+            self.epochs,
+            self.latency,
+            if self.spin { "spinning" } else { "sleeping" },
+            self.parallelism
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

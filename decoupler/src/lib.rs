@@ -10,7 +10,10 @@
 //! - `inspect`: what a model holds (`lode inspect`): signatures, variables, iterators and the
 //!   input pipeline traced into the function library.
 //! - `kernels`: the kernel-aware cut: data-side nodes the data worker cannot run stay in
-//!   training.
+//!   training; `record_missing` records in a plan what its stages lack (the knowledge of
+//!   kernels comes in as functions, from the binary).
+//! - [`decouple_file`] cuts a graph file (and records missing kernels); [`decouple`] is the
+//!   pipeline of passes over a parsed graph, with no I/O.
 //! - `partition`: the cut: model state, training region, data region, shared nodes, stages.
 //! - `rewrite`: stage and training GraphDefs with fused DWSend / DWRecv nodes and stand-ins.
 //! - `shapes`: static shapes of data-side tensors (exact rules only).

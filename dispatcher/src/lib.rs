@@ -7,10 +7,12 @@
 //! answer. [`serve`] is the entry point a binary calls.
 //!
 //! # Layout
-//! - [`ids`]: newtype ids (`JobId`, `WorkerId`, `StageId`, `Epoch`, `Step`, `StepId`) and `Time`.
+//! - [`ids`]: newtype ids (`JobId`, `WorkerId`, `StageId`, `Epoch`, `Step`, `StepId`) and `Time`;
+//!   a `StepId` is numbered through `lode_proto::step::StepRef`, the one step conversion.
 //! - [`config`]: [`DispatcherConfig`], validated with errors that name the field.
 //! - [`from_plan`]: a plan directory's source and stage graphs turned into a
-//!   [`DispatcherConfig`] and a [`ServiceConfig`], every number checked.
+//!   [`DispatcherConfig`] and a [`ServiceConfig`], every number checked; the lease order
+//!   computed without a job (`DispatcherConfig::program_steps`, for `lode exec`).
 //! - [`batch`]: [`index_batch`], the records of a step: TensorFlow's order for a config with a
 //!   chain, else Lode's own (a seeded per-epoch permutation).
 //! - [`order`]: TensorFlow's order on indices: [`IndexChain`] (skip, take, repeat, shuffle,
@@ -21,8 +23,8 @@
 //! - [`journal`]: the append-only, CRC-checked JSON-lines file of applied events, with torn-tail
 //!   recovery.
 //! - [`service`]: the tonic service (`lode.v1.Dispatcher`, see `lode_proto::service`),
-//!   [`serve`] and [`ServiceConfig`], the injected [`Clock`], the lease-expiry ticker and the
-//!   named limits.
+//!   [`serve`] and [`ServiceConfig`], [`DispatcherThread`] (a dispatcher on a thread of its
+//!   own), the injected [`Clock`], the lease-expiry ticker and the named limits.
 //!
 //! # Invariants
 //! - `index_batch(config, step)` depends on the config and the step alone, and a re-leased or

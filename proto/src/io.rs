@@ -485,6 +485,33 @@ fn check_graph(path: &Path, graph: &GraphDef) -> Result<()> {
 }
 
 /// Encodes a GraphDef in the chosen encoding.
+/// Writes `model`'s graph to `output` in `encoding` (atomically), refusing to write over the
+/// model it was read from (`given`: the path the user named, which may be a SavedModel
+/// directory). Returns the bytes written.
+pub fn write_graph(
+    model: &Model,
+    given: &Path,
+    output: &Path,
+    encoding: GraphEncoding,
+) -> Result<usize> {
+    let same = |a: &Path| match (a.canonicalize(), output.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if same(&model.path) || same(given) {
+        return Err(Error::Io {
+            path: output.to_owned(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "refusing to write the output over the input model",
+            ),
+        });
+    }
+    let bytes = encode_graph(&model.graph, encoding)?;
+    write_atomic(output, &bytes)?;
+    Ok(bytes.len())
+}
+
 pub fn encode_graph(graph: &GraphDef, encoding: GraphEncoding) -> Result<Vec<u8>> {
     match encoding {
         GraphEncoding::Binary => graph.write_to_bytes().map_err(|source| Error::Encode {

@@ -68,6 +68,35 @@ pub async fn serve_metrics<F, Fut>(
     let _ = tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown()).await;
 }
 
+/// Serves job `job`'s dispatcher metrics on `listener`: each scrape reads the job's status
+/// from the dispatcher at `url` (a `Status` call with `token`, trusting `ca` for https) and
+/// renders it ([`render_dispatcher`]); an unreachable dispatcher gives an empty page.
+pub async fn serve_dispatcher_metrics(
+    listener: TcpListener,
+    job: u64,
+    url: String,
+    token: String,
+    ca: Option<crate::tls::ClientTls>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let render = move || {
+        let (token, url, ca) = (token.clone(), url.clone(), ca.clone());
+        async move {
+            let status = async {
+                let mut c = crate::service::connect(&url, &token, ca.as_ref())
+                    .await
+                    .ok()?;
+                let request = crate::service::v1::StatusRequest { job_id: job };
+                c.status(request).await.ok()
+            };
+            status
+                .await
+                .map_or_else(String::new, |s| render_dispatcher(job, s.get_ref()))
+        }
+    };
+    serve_metrics(listener, render, shutdown).await;
+}
+
 async fn answer<F, Fut>(request: &Request<Incoming>, render: &F) -> Response<Full<Bytes>>
 where
     F: Fn() -> Fut,

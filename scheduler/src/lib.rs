@@ -15,7 +15,8 @@
 //! - [`live`]: a live job's dispatcher counters turned into rates and a `JobView` (the local
 //!   backend's measurements, pure).
 //! - [`local`]: the live scheduler on this machine (`lode scheduler`): job announcements, the
-//!   local backend (starts and drains `lode worker` processes) and its round loop.
+//!   local backend (starts and drains `lode worker` processes) and its round loop;
+//!   `WorkerCommand`, the one way any Lode process starts a local worker.
 //! - [`live_tuner`]: the job-level tuner applied to a live job: probe workers sized from their
 //!   measured speedups, the fallback, and the tuned job's `JobView` (pure).
 //! - [`sim`]: the discrete-event simulator (a `Backend`) and the paper's baseline schedulers.
