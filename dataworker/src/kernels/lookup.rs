@@ -5,7 +5,7 @@
 //! only if it brings exactly the entries already there. Duplicate keys within one
 //! initialization are fine when they carry the same value and an error otherwise.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::path::PathBuf;
 
 use super::{number, output, show, KernelError, Result};
@@ -202,7 +202,8 @@ fn build(dtype: DType, vals: Vec<Scalar>) -> TensorData {
 pub struct HashTable {
     key_dtype: DType,
     value_dtype: DType,
-    map: HashMap<Key, Scalar>,
+    /// Fx-hashed: looked up for every element; its keys come from the graph, not the records.
+    map: FxHashMap<Key, Scalar>,
     initialized: bool,
 }
 
@@ -237,7 +238,7 @@ impl HashTable {
         Ok(HashTable {
             key_dtype,
             value_dtype,
-            map: HashMap::new(),
+            map: FxHashMap::default(),
             initialized: false,
         })
     }
@@ -256,7 +257,7 @@ impl HashTable {
                 Err(TableError::AlreadyInitialized)
             };
         }
-        let mut map = HashMap::with_capacity(pairs.len());
+        let mut map = FxHashMap::with_capacity_and_hasher(pairs.len(), Default::default());
         for (k, v) in pairs {
             let shown = k.show();
             match map.entry(key_of(k)) {

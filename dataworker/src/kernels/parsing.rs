@@ -24,7 +24,7 @@
 //!
 //! Errors name the record (CSV) or the example index and the feature key (Example).
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use super::{number, output, show, strings_of, KernelError};
 use crate::tensor::{checked_num_elements, DType, Tensor, TensorData};
@@ -731,7 +731,8 @@ struct Config<'a> {
     dense: Vec<DenseSpec<'a>>,
     /// (key, value dtype, row-splits dtype).
     ragged: Vec<(&'a [u8], DType, DType)>,
-    index: HashMap<&'a [u8], Slot>,
+    /// Fx-hashed: looked up for every feature of every example; its keys are the op's own.
+    index: FxHashMap<&'a [u8], Slot>,
     /// `ParseSingleExample`'s decoder skips empty features before anything else.
     single: bool,
 }
@@ -835,7 +836,7 @@ impl<'a> Config<'a> {
                 default,
             });
         }
-        let mut index: HashMap<&[u8], Slot> = HashMap::new();
+        let mut index: FxHashMap<&[u8], Slot> = FxHashMap::default();
         let slots = sparse
             .iter()
             .enumerate()
