@@ -371,7 +371,11 @@ fn stack(node: &str, group: &[Element]) -> Result<Element> {
                         err(format!("component {c} is not a tensor in every element"))
                     })?;
                 let shape = parts[0].shape();
-                if let Some((i, p)) = parts.iter().enumerate().find(|(_, p)| p.shape() != shape) {
+                if let Some((i, p)) = parts
+                    .iter()
+                    .enumerate()
+                    .find(|(_, p)| !p.same_shape(parts[0]))
+                {
                     return Err(err(format!(
                         "cannot batch tensors of different shapes: component {c} has shape \
                          {shape:?} in element 0 and {:?} in element {i}",

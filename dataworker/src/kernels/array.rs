@@ -305,7 +305,7 @@ pub fn pack(values: &[&Tensor], axis: i64) -> Result<Vec<Tensor>> {
         });
     };
     same_dtype(OP, values)?;
-    if let Some(t) = values.iter().find(|t| t.shape() != first.shape()) {
+    if let Some(t) = values.iter().find(|t| !t.same_shape(first)) {
         return Err(KernelError::IncompatibleShapes {
             op: OP,
             left: "values[0]",
