@@ -53,3 +53,28 @@ fn a_malformed_trace_is_refused_with_its_line() {
         "{err}"
     );
 }
+
+#[test]
+fn no_floors_reaches_the_simulator() {
+    // A long 8-GPU job among short jobs that want more CPUs than the cluster has: SRTF ranks it
+    // last, and only its floor keeps it training (scheduler/README.md, "Floors"), so the flag
+    // must change the average JCT.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let trace = tmp.path().join("trace.csv");
+    let mut csv = String::from("0,0,8,24000,resnet18\n");
+    for i in 1..=120 {
+        csv.push_str(&format!("{i},{},1,8000,resnet18\n", 60 * i));
+    }
+    std::fs::write(&trace, csv).expect("write");
+    let jct = |extra: &[&str]| {
+        let path = trace.to_str().expect("path");
+        let mut args = vec![
+            "simulate", "--trace", path, "--policy", "srtf", "--format", "json",
+        ];
+        args.extend_from_slice(extra);
+        let rows: serde_json::Value = serde_json::from_str(&ok(&lode(&args))).expect("JSON");
+        rows[0]["avg_jct_min"].as_f64().expect("a number")
+    };
+    let (with, without) = (jct(&[]), jct(&["--no-floors"]));
+    assert!((with - without).abs() > 0.01 * with, "{with} vs {without}");
+}
