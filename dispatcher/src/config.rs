@@ -54,7 +54,7 @@ pub struct DispatcherConfig {
 /// Steps one worker may hold at once unless the user says otherwise: a worker leases up to
 /// half of them in one request (`WorkerState`), runs one, and reports the rest as they are
 /// delivered, so that a lease round trip and the journal's write overlap the work.
-pub const DEFAULT_MAX_LEASES: u32 = 8;
+pub const DEFAULT_MAX_LEASES: u32 = 32;
 
 impl DispatcherConfig {
     /// A config whose order is `chain` over `records` records, for `epochs` passes.

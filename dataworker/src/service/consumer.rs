@@ -14,8 +14,8 @@
 //!
 //! # Watermark
 //! [`Consumer::consumed`] records the last consumed step; a background task reports it to the
-//! dispatcher (the newest only, one report in flight), and [`Consumer::flush`] reports it
-//! synchronously. A report is never ahead of what the caller said it consumed.
+//! dispatcher (the newest only, one report in flight, at most one per [`REPORT_INTERVAL`]), and
+//! [`Consumer::flush`] reports it synchronously. A report is never ahead of what the caller said it consumed.
 //!
 //! # Restart
 //! [`Consumer::resume`] re-registers from a checkpoint's step: the dispatcher moves its
@@ -38,6 +38,13 @@ use crate::transfer::{ReceiverConfig, ReceiverMetrics, SharedReceiver, Step, Tra
 
 /// How long one wait for the next step lasts before the dispatcher is asked for the end of data.
 const POLL: Duration = Duration::from_millis(100);
+
+/// The least time between two background watermark reports. Each report is an RPC that the
+/// dispatcher answers after its journal is synced, so one per step would cost a round trip and
+/// an `fdatasync` per step; the watermark only frees the dispatcher's memory of delivered steps
+/// and feeds the scheduler's rates, which a few milliseconds of lag do not change. The reports
+/// that must not wait ([`Consumer::flush`], the end of the job) are synchronous and unpaced.
+pub const REPORT_INTERVAL: Duration = Duration::from_millis(5);
 
 /// Settings of a [`Consumer`].
 #[derive(Debug, Clone)]
@@ -351,7 +358,8 @@ impl Consumer {
         })
     }
 
-    /// Reports the newest watermark whenever it changes, one report at a time.
+    /// Reports the newest watermark whenever it changes, one report at a time and at most one
+    /// per [`REPORT_INTERVAL`] (what changes meanwhile goes in the next).
     fn spawn_reporter(&self) {
         let mut changes = self.watermark.subscribe();
         let (d, job, per_epoch, reported, patience) = (
@@ -363,10 +371,12 @@ impl Consumer {
         );
         self.rt.spawn(async move {
             while changes.changed().await.is_ok() {
+                let started = tokio::time::Instant::now();
                 let mark = *changes.borrow_and_update();
                 if let Err(e) = report(&d, job, per_epoch, mark, &reported, patience).await {
                     tracing::warn!(cause = %e, "cannot report the consumed watermark");
                 }
+                tokio::time::sleep_until(started + REPORT_INTERVAL).await;
             }
         });
     }

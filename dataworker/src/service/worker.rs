@@ -334,7 +334,7 @@ pub async fn run_worker(
                 let _ = tx.send(Answer::Lease(answer, asked.elapsed())).await;
             });
         }
-        if let Some(report) = state.next_report() {
+        if let Some(report) = state.next_report(now) {
             steps += report.len() as u64;
             let (client, tx, job) = (dispatcher.clone(), answers_tx.clone(), config.job);
             tokio::spawn(async move {
@@ -404,7 +404,7 @@ pub async fn run_worker(
                 }
                 continue;
             }
-            let Some(report) = state.next_report() else {
+            let Some(report) = state.take_report() else {
                 break;
             };
             steps += report.len() as u64;

@@ -13,6 +13,12 @@
 //!   most [`ROUND_TRIP_SHARE`] of the work it buys: `k = ceil(round trip / (share · step
 //!   time))`, measured as moving averages, within `1 ..= max(1, max_leases / 2)` (half, so that
 //!   the next batch is leased while the current one runs).
+//! - **Paced reports.** Delivered steps wait to be reported together, so that a report (an RPC
+//!   the dispatcher answers) is not paid per step: a report goes out once a lease batch's
+//!   worth (`k`) is delivered, once the oldest has waited [`REPORT_DELAY`], or at once when the
+//!   worker has nothing queued or running, is draining, or the dispatcher said the end.
+//!   [`WorkerState::wakeup`] names the delay's end. Held steps still count against the limit,
+//!   so at worst a lease waits [`REPORT_DELAY`] for room.
 //! - **Delivery before report.** A step is reported complete only after the receiver took its
 //!   frame (or already had it); a step whose push was refused, or whose lease expired first,
 //!   is never reported.
@@ -31,6 +37,9 @@ pub const ROUND_TRIP_SHARE: f64 = 0.05;
 
 /// The most steps asked for at once, whatever the measurements say.
 pub const MAX_BATCH: u32 = 64;
+
+/// The longest a delivered step waits for others to share its report (see the module docs).
+pub const REPORT_DELAY: Duration = Duration::from_millis(2);
 
 /// Weight of a new sample in the moving averages of step time and round trip.
 const EWMA_WEIGHT: f64 = 0.2;
@@ -102,6 +111,8 @@ pub struct WorkerState {
     running: Option<(HeldStep, Duration)>,
     /// Delivered, not yet in a report.
     delivered: Vec<Delivered>,
+    /// When the oldest of `delivered` was delivered.
+    delivered_since: Option<Instant>,
     /// Steps in the report in flight (still counted by the dispatcher).
     reporting: usize,
     lease_in_flight: bool,
@@ -123,6 +134,7 @@ impl WorkerState {
             queued: VecDeque::new(),
             running: None,
             delivered: Vec::new(),
+            delivered_since: None,
             reporting: 0,
             lease_in_flight: false,
             lease_not_before: None,
@@ -295,6 +307,7 @@ impl WorkerState {
         };
         match answer {
             PushAnswer::Taken => {
+                self.delivered_since.get_or_insert(now);
                 self.delivered.push(Delivered {
                     epoch: step.epoch,
                     step: step.step,
@@ -323,12 +336,31 @@ impl WorkerState {
         self.running = None;
     }
 
-    /// The delivered steps to report now, if no report is in flight; the caller answers with
-    /// [`Self::reported`].
-    pub fn next_report(&mut self) -> Option<Vec<Delivered>> {
+    /// The delivered steps to report now, if no report is in flight and one is due (see the
+    /// module docs: "Paced reports"); the caller answers with [`Self::reported`].
+    pub fn next_report(&mut self, now: Instant) -> Option<Vec<Delivered>> {
         if self.reporting > 0 || self.delivered.is_empty() {
             return None;
         }
+        let k = usize::try_from(self.batch_size()).unwrap_or(1);
+        let due = self.delivered.len() >= k
+            || self.report_due().is_some_and(|t| now >= t)
+            || (self.queued.is_empty() && self.running.is_none())
+            || self.draining
+            || self.end.is_some();
+        if !due {
+            return None;
+        }
+        self.take_report()
+    }
+
+    /// Every delivered step, due or not, if no report is in flight (a stopping worker's last
+    /// report); answered with [`Self::reported`] like [`Self::next_report`].
+    pub fn take_report(&mut self) -> Option<Vec<Delivered>> {
+        if self.reporting > 0 || self.delivered.is_empty() {
+            return None;
+        }
+        self.delivered_since = None;
         let report = std::mem::take(&mut self.delivered);
         self.reporting = report.len();
         Some(report)
@@ -338,6 +370,11 @@ impl WorkerState {
     /// its own when they expire).
     pub fn reported(&mut self) {
         self.reporting = 0;
+    }
+
+    /// When the delivered steps' report is due at the latest, if any wait.
+    fn report_due(&self) -> Option<Instant> {
+        self.delivered_since.map(|t| t + REPORT_DELAY)
     }
 
     /// Whether a report is in flight.
@@ -355,14 +392,16 @@ impl WorkerState {
         }
     }
 
-    /// The earliest time at which [`Self::next_lease`] or [`Self::next_step`] may change its
-    /// answer without any other input (a `Wait` ending, a queued lease expiring).
+    /// The earliest time at which [`Self::next_lease`], [`Self::next_step`] or
+    /// [`Self::next_report`] may change its answer without any other input (a `Wait` ending, a
+    /// queued lease expiring, a report falling due).
     pub fn wakeup(&self) -> Option<Instant> {
         let expiry = self.queued.iter().map(|s| s.expires).min();
-        match (self.lease_not_before, expiry) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let report = self.report_due().filter(|_| self.reporting == 0);
+        [self.lease_not_before, expiry, report]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Steps dropped because their lease expired before delivery.
@@ -436,7 +475,7 @@ mod tests {
         let s = w.next_step(later).expect("the live one");
         assert_eq!(s.global, 1, "step 0 expired while queued");
         assert!(!w.may_push(t0 + Duration::from_millis(60)));
-        assert_eq!(w.next_report(), None);
+        assert_eq!(w.next_report(later), None);
         assert_eq!(w.abandoned(), 2);
         assert_eq!(w.outstanding(), 0);
     }
@@ -469,6 +508,84 @@ mod tests {
     }
 
     #[test]
+    fn delivered_steps_wait_for_company_until_a_batch_or_the_delay() {
+        let t0 = Instant::now();
+        let far = t0 + Duration::from_secs(10);
+        let mut w = WorkerState::new(32);
+        w.round_trip = Some(0.001);
+        w.step_time = Some(0.0001);
+        assert_eq!(w.batch_size(), 16);
+        assert_eq!(w.next_lease(t0), Some(16));
+        w.leased(
+            (0..16).map(|g| step(g, far)).collect(),
+            Duration::from_millis(1),
+        );
+        let deliver = |w: &mut WorkerState, at: Instant| {
+            w.next_step(at).expect("a queued step");
+            w.computed(Duration::from_micros(100));
+            assert_eq!(w.pushed(PushAnswer::Taken, at), PushNext::Done);
+        };
+        for _ in 0..3 {
+            deliver(&mut w, t0);
+        }
+        assert_eq!(w.next_report(t0), None, "3 of 16, with work queued: wait");
+        assert_eq!(
+            w.wakeup(),
+            Some(t0 + REPORT_DELAY),
+            "the delay's end is a wakeup"
+        );
+        let report = w
+            .next_report(t0 + REPORT_DELAY)
+            .expect("due after the delay");
+        assert_eq!(
+            report.iter().map(|d| d.global).collect::<Vec<_>>(),
+            [0, 1, 2]
+        );
+        w.reported();
+        let t1 = t0 + REPORT_DELAY;
+        for _ in 0..12 {
+            deliver(&mut w, t1);
+        }
+        assert_eq!(w.next_report(t1), None, "12 of 16, one step still queued");
+        deliver(&mut w, t1);
+        let report = w
+            .next_report(t1)
+            .expect("nothing queued or running: at once");
+        assert_eq!(report.len(), 13);
+        w.reported();
+        // A whole batch goes at once, with work still queued.
+        assert_eq!(w.next_lease(t1), Some(16));
+        w.leased(
+            (16..32).map(|g| step(g, far)).collect(),
+            Duration::from_millis(1),
+        );
+        deliver(&mut w, t1);
+        assert_eq!(
+            w.next_lease(t1),
+            Some(16),
+            "15 queued: lease the next batch"
+        );
+        w.leased(
+            (32..48).map(|g| step(g, far)).collect(),
+            Duration::from_millis(1),
+        );
+        for _ in 0..14 {
+            deliver(&mut w, t1);
+        }
+        assert_eq!(
+            w.next_report(t1),
+            None,
+            "17 queued: holding 15 blocks no lease"
+        );
+        deliver(&mut w, t1);
+        assert_eq!(
+            w.next_report(t1).map(|r| r.len()),
+            Some(16),
+            "a batch's worth"
+        );
+    }
+
+    #[test]
     fn a_draining_worker_finishes_what_it_holds_then_asks_once_and_ends() {
         let t0 = Instant::now();
         let far = t0 + Duration::from_secs(10);
@@ -483,7 +600,7 @@ mod tests {
         assert!(w.may_push(t0));
         assert_eq!(w.pushed(PushAnswer::Taken, t0), PushNext::Done);
         assert_eq!(w.next_lease(t0), None, "its report is still to be answered");
-        let report = w.next_report().expect("report");
+        let report = w.next_report(t0).expect("report");
         assert_eq!(report.len(), 1);
         w.reported();
         assert_eq!(
@@ -617,7 +734,16 @@ mod tests {
                         }
                     }
                     Op::AskReport => {
-                        if let Some(report) = w.next_report() {
+                        let waiting = !w.delivered.is_empty() && w.reporting == 0;
+                        let due = w.report_due();
+                        let report = w.next_report(now);
+                        if report.is_none() && waiting {
+                            // Held back for company: its deadline is named, and kept.
+                            let due = due.expect("a waiting report has a deadline");
+                            prop_assert!(due > now, "a due report was held");
+                            prop_assert!(w.wakeup().is_some_and(|t| t <= due), "the report's deadline is not a wakeup");
+                        }
+                        if let Some(report) = report {
                             prop_assert!(in_report.is_empty(), "two reports in flight");
                             for d in &report {
                                 prop_assert!(taken.contains(&d.global), "reported {} before the receiver took it", d.global);
