@@ -268,6 +268,7 @@ pub async fn run_worker(
         stage_index,
         stage,
         pool,
+        single_thread: threads == 1,
         send_names,
         shared: shared.clone(),
     };
@@ -547,9 +548,17 @@ struct StepContext {
     stage_index: u32,
     stage: Arc<Stage>,
     pool: Arc<rayon::ThreadPool>,
+    /// The stage runs on one thread (no parallel kernels): a short step may run in line.
+    single_thread: bool,
     send_names: HashMap<u32, Vec<String>>,
     shared: Arc<Mutex<Shared>>,
 }
+
+/// Steps measured shorter than this run in line on the worker's runtime thread when the stage
+/// has one thread: handing a 40 µs step to a rayon thread and back costs two wake-ups, and
+/// the idle rayon thread's spinning (`sched_yield`) besides, more CPU than the step. A longer
+/// step goes to rayon so that it never holds up the heartbeat and the RPC tasks.
+pub const INLINE_STEP_MAX: Duration = Duration::from_millis(1);
 
 /// Runs the state's current step: fetch its inputs from earlier stages, execute it on rayon,
 /// encode it, and push it until the receiver takes it, the state drops it (its lease expired,
@@ -592,25 +601,36 @@ async fn run_step(
             received.insert(name, Arc::new(t));
         }
     }
-    // The stage runs as a rayon job (no tokio task per step); its answer comes back on a
-    // oneshot channel.
-    let (done, output) = tokio::sync::oneshot::channel();
-    let run_stage = ctx.stage.clone();
-    let records = held.records.clone();
-    ctx.pool.spawn(move || {
+    let (output, compute) = if ctx.single_thread
+        && state.step_time().is_some_and(|t| t < INLINE_STEP_MAX)
+    {
         let computing = Instant::now();
-        let output = run_stage.run_step(StepInput {
-            records: &records,
+        let output = ctx.stage.run_step(StepInput {
+            records: &held.records,
             received: &received,
         });
-        let _ = done.send((output, computing.elapsed()));
-    });
-    let (output, compute) = tokio::select! {
-        () = &mut *shutdown => {
-            state.drop_running();
-            return Ok(false);
+        (output, computing.elapsed())
+    } else {
+        // The stage runs as a rayon job (no tokio task per step); its answer comes back on
+        // a oneshot channel.
+        let (done, output) = tokio::sync::oneshot::channel();
+        let run_stage = ctx.stage.clone();
+        let records = held.records.clone();
+        ctx.pool.spawn(move || {
+            let computing = Instant::now();
+            let output = run_stage.run_step(StepInput {
+                records: &records,
+                received: &received,
+            });
+            let _ = done.send((output, computing.elapsed()));
+        });
+        tokio::select! {
+            () = &mut *shutdown => {
+                state.drop_running();
+                return Ok(false);
+            }
+            output = output => output.map_err(|_| ServiceError::Join("the stage's rayon job was dropped".into()))?,
         }
-        output = output => output.map_err(|_| ServiceError::Join("the stage's rayon job was dropped".into()))?,
     };
     let output = output.map_err(|source| ServiceError::Step {
         stage: ctx.stage_index,

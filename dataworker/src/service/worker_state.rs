@@ -154,6 +154,12 @@ impl WorkerState {
             + self.reporting
     }
 
+    /// The moving average of the stage's compute time per step, once one was measured.
+    pub fn step_time(&self) -> Option<Duration> {
+        self.step_time
+            .and_then(|t| Duration::try_from_secs_f64(t).ok())
+    }
+
     /// Steps asked for per lease now (see the module docs).
     pub fn batch_size(&self) -> u32 {
         let cap = u32::try_from(self.max_leases / 2)
