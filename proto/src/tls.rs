@@ -464,6 +464,16 @@ impl ServerStream {
     }
 }
 
+impl ClientStream {
+    /// The TCP connection underneath.
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            MaybeTls::Plain(tcp) | MaybeTls::PlainOnTlsPort(tcp) => tcp,
+            MaybeTls::Tls(tls) => tls.get_ref().0,
+        }
+    }
+}
+
 impl Connected for ServerStream {
     type ConnectInfo = ServerConnectInfo;
 

@@ -126,9 +126,17 @@ pub struct PushAnswer {
 pub struct DataPlaneClient {
     addr: String,
     stream: ClientStream,
+    /// The receiver is on this machine (the connection's peer is a loopback address).
+    loopback: bool,
 }
 
 impl DataPlaneClient {
+    /// Whether the receiver is reached over loopback (on this machine), where compressing a
+    /// frame costs CPU and saves no bandwidth that matters.
+    pub fn is_loopback(&self) -> bool {
+        self.loopback
+    }
+
     /// Connects to the receiver at `addr` (`host:port`, `http://host:port` as the dispatcher
     /// hands it out, or `https://host:port` over TLS checked against `tls`'s CA) and says
     /// hello for `job` with `token`.
@@ -159,6 +167,10 @@ impl DataPlaneClient {
         match verdict {
             WELCOME => Ok(DataPlaneClient {
                 addr: host.to_owned(),
+                loopback: stream
+                    .tcp()
+                    .peer_addr()
+                    .is_ok_and(|peer| peer.ip().is_loopback()),
                 stream,
             }),
             REFUSED => {

@@ -204,6 +204,7 @@ async fn frames_are_answered_like_grpc_push() {
     let mut client = DataPlaneClient::connect(&served.addr, JOB, TOKEN, None)
         .await
         .expect("welcome");
+    assert!(client.is_loopback(), "{} is on this machine", served.addr);
     let good = frame(&message(JOB, 0, 0));
     assert_eq!(
         client.push(&good).await.expect("answer").status,

@@ -653,7 +653,9 @@ async fn run_step(
         records: held.records,
         tensors,
     };
-    let frame = encoder.encode_parts(&msg)?;
+    // The receiver's connection from the step before says whether it is on this machine.
+    let local = plane.as_ref().is_some_and(|(_, c)| c.is_loopback());
+    let frame = encoder.encode_parts_for(&msg, local)?;
     // Push until taken; backpressure answers RETRY; an unreachable receiver (a consumer
     // restarting) is retried, at the address the heartbeat last reported.
     let started = Instant::now();

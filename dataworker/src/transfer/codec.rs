@@ -40,7 +40,9 @@
 //! the compressed and raw payload is smaller, and adds up both sizes. At the end of the probe
 //! it chooses LZ4 for the rest of the window when LZ4 saved at least
 //! [`AUTO_MIN_SAVING_PERCENT`]% over the probed messages, and no compression otherwise.
-//! [`StepEncoder::chosen`] says what it chose.
+//! [`StepEncoder::chosen`] says what it chose. A sender whose receiver is on the same machine
+//! ([`StepEncoder::encode_parts_for`] with `local`) sends raw frames under `auto`: on loopback
+//! the bytes cost a memory copy, and compressing them costs more.
 //!
 //! # Frames in parts
 //! [`StepEncoder::encode_parts`] gives the same bytes as [`StepEncoder::encode_into`] as a list
@@ -340,11 +342,22 @@ impl StepEncoder {
         &mut self,
         msg: &'m StepMessage,
     ) -> Result<FrameParts<'m>, TransferError> {
+        self.encode_parts_for(msg, false)
+    }
+
+    /// [`StepEncoder::encode_parts`] for a receiver on this machine when `local`: then
+    /// [`Compression::Auto`] sends the frame raw without probing (over loopback, compression
+    /// costs CPU and saves no bandwidth that matters); `off` and `lz4` are kept as configured.
+    pub fn encode_parts_for<'m>(
+        &mut self,
+        msg: &'m StepMessage,
+        local: bool,
+    ) -> Result<FrameParts<'m>, TransferError> {
         let uncompressed = match self.config.compression {
             Compression::Off => true,
             Compression::Lz4 => false,
             Compression::Auto => {
-                !self.probing() && self.auto_choice == Some(FrameCompression::None)
+                local || (!self.probing() && self.auto_choice == Some(FrameCompression::None))
             }
         };
         if !uncompressed || !cfg!(target_endian = "little") {

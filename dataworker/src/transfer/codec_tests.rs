@@ -208,6 +208,35 @@ fn auto_chooses_after_the_probe_and_rechecks_every_window() {
 }
 
 #[test]
+fn auto_sends_raw_to_a_local_receiver_and_other_settings_stay() {
+    let zeros = message(vec![compressible()]);
+    let mut auto = encoder(Compression::Auto);
+    let local = auto
+        .encode_parts_for(&zeros, true)
+        .expect("encodes")
+        .to_vec();
+    assert_eq!(local[5], 0, "raw to a local receiver, even while probing");
+    assert!(decode_frame(&local, DEFAULT_MAX_MESSAGE_BYTES)
+        .expect("decodes")
+        .bitwise_eq(&zeros));
+    let remote = auto
+        .encode_parts_for(&zeros, false)
+        .expect("encodes")
+        .to_vec();
+    assert_eq!(
+        remote[5],
+        FrameCompression::Lz4.flag(),
+        "a remote one gets the probe"
+    );
+    let mut lz4 = encoder(Compression::Lz4);
+    let frame = lz4
+        .encode_parts_for(&zeros, true)
+        .expect("encodes")
+        .to_vec();
+    assert_eq!(frame[5], FrameCompression::Lz4.flag(), "lz4 stays lz4");
+}
+
+#[test]
 fn auto_needs_a_ten_percent_saving() {
     // Half compressible, half noise saves about half: LZ4. Mostly noise saves under 10%: off.
     let mut enc = encoder(Compression::Auto);
