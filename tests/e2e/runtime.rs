@@ -123,18 +123,17 @@ fn ending(w: &mut Proc) -> Option<String> {
     Some(out)
 }
 
+/// A `lode consume` that logs to `log`; its step time is 0 unless `extra` sets one.
 fn consumer(addr: &str, log: &Path, extra: &[&str]) -> Proc {
+    let step_time: &[&str] = if extra.contains(&"--step-time") {
+        &[]
+    } else {
+        &["--step-time", "0ms"]
+    };
     Proc(
         bin()
-            .args([
-                "consume",
-                "--dispatcher",
-                addr,
-                "--token",
-                TOKEN,
-                "--step-time",
-                "0ms",
-            ])
+            .args(["consume", "--dispatcher", addr, "--token", TOKEN])
+            .args(step_time)
             .args(["--log", log.to_str().expect("UTF-8")])
             .args(extra)
             .stdout(Stdio::null())
@@ -239,7 +238,7 @@ fn assert_exactly_once(got: &[Value], reference: &[Value], records: u64) {
 }
 
 #[test]
-fn exactly_once_while_workers_scale_and_are_killed_every_second() {
+fn exactly_once_while_workers_scale_and_are_killed_every_half_second() {
     let tmp = tempfile::tempdir().expect("tempdir");
     // Enough steps that the job outlasts the chaos and the wait for the killed workers to be
     // declared lost (5 s) even when nothing holds the runtime back: the scale-in must find it
@@ -252,9 +251,12 @@ fn exactly_once_while_workers_scale_and_are_killed_every_second() {
 
     let log = tmp.path().join("chaos.jsonl");
     let (mut disp, addr) = dispatcher(&plan, &tmp.path().join("journal"), "127.0.0.1:0");
-    let mut cons = consumer(&addr, &log, &[]);
-    // Scale out from 1 to 8 workers, kill one at random every second (replacing it), then
-    // scale back in to 1.
+    // Paced (2 ms a step, at least 19 s for the job) so that the chaos, the wait for the
+    // killed workers to be declared lost and the scale-in all happen while it runs, however
+    // fast the workers are.
+    let mut cons = consumer(&addr, &log, &["--step-time", "2ms"]);
+    // Scale out from 1 to 8 workers, kill one at random every half second (replacing it),
+    // then scale back in to 1.
     let mut workers = vec![worker(&addr, "w0")];
     wait_for_lines(&log, 200, Duration::from_secs(120));
     for i in 1..8 {
@@ -268,7 +270,7 @@ fn exactly_once_while_workers_scale_and_are_killed_every_second() {
             started.elapsed() < Duration::from_secs(240),
             "the job did not finish"
         );
-        std::thread::sleep(Duration::from_secs(1));
+        std::thread::sleep(Duration::from_millis(500));
         seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
         let victim = usize::try_from(seed >> 33).expect("small") % workers.len();
         kill(&mut workers[victim]);

@@ -24,6 +24,9 @@
 //!                 server: status u8 (PushStatus's numbers), retry_after_ms u32,
 //!                         reason length u16, reason (UTF-8)
 //! ```
+//! The receiver answers frames in the order they came, one at a time. A client need not wait
+//! for an answer before doing other work: the worker sends step n, computes step n + 1 while
+//! the receiver takes step n, and reads step n's answer before it sends step n + 1.
 //! The hello is checked (token in constant time, then job, then protocol version) before the
 //! receiver's buffer is touched; a refusal says why and closes the connection. A frame length
 //! over [`MAX_MESSAGE_BYTES`] is refused before anything is allocated, and the frame buffer
@@ -203,12 +206,26 @@ impl DataPlaneClient {
         &mut self,
         frame: &FrameParts<'_>,
     ) -> Result<PushAnswer, DataPlaneError> {
+        self.send_parts(frame).await?;
+        self.read_answer().await
+    }
+
+    /// Sends one frame given in parts without waiting for its answer: the caller reads it
+    /// later with [`Self::read_answer`] (answers come in the order of the frames), and may do
+    /// other work meanwhile.
+    pub async fn send_parts(&mut self, frame: &FrameParts<'_>) -> Result<(), DataPlaneError> {
         let pieces: Vec<&[u8]> = frame.slices().collect();
-        self.push_pieces(&pieces).await
+        self.send_pieces(&pieces).await
     }
 
     /// Sends the frame made of `pieces` with vectored writes, then reads the answer.
     async fn push_pieces(&mut self, pieces: &[&[u8]]) -> Result<PushAnswer, DataPlaneError> {
+        self.send_pieces(pieces).await?;
+        self.read_answer().await
+    }
+
+    /// Sends the frame made of `pieces` with vectored writes.
+    async fn send_pieces(&mut self, pieces: &[&[u8]]) -> Result<(), DataPlaneError> {
         let total: usize = pieces.iter().map(|p| p.len()).sum();
         let len = u32::try_from(total)
             .ok()
@@ -235,7 +252,16 @@ impl DataPlaneClient {
             IoSlice::advance_slices(&mut unsent, sent);
         }
         // Over TLS the last records may still sit in the session's buffer.
-        self.stream.flush().await.map_err(io)?;
+        self.stream.flush().await.map_err(io)
+    }
+
+    /// Reads the answer to the oldest frame sent and not yet answered.
+    pub async fn read_answer(&mut self) -> Result<PushAnswer, DataPlaneError> {
+        let addr = &self.addr;
+        let io = |source| DataPlaneError::Io {
+            addr: addr.clone(),
+            source,
+        };
         // Status, retry_after_ms and the reason's length in one read.
         let mut head = [0u8; 7];
         self.stream.read_exact(&mut head).await.map_err(io)?;

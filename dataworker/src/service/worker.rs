@@ -257,10 +257,14 @@ pub async fn run_worker(
         })
     };
 
-    let mut encoder = StepEncoder::new(CodecConfig {
-        compression: config.compression,
-        max_message_bytes: MAX_MESSAGE_BYTES as u64,
-    });
+    let mut out = Outbox {
+        encoder: StepEncoder::new(CodecConfig {
+            compression: config.compression,
+            max_message_bytes: MAX_MESSAGE_BYTES as u64,
+        }),
+        plane: None,
+        pending: None,
+    };
     let ctx = StepContext {
         job: config.job,
         token: config.token.clone(),
@@ -272,9 +276,8 @@ pub async fn run_worker(
         send_names,
         shared: shared.clone(),
     };
-    // gRPC for `Fetch`; the data plane for pushes.
+    // gRPC for `Fetch`; the data plane (in `out`) for pushes.
     let mut receiver: Option<(String, ReceiverClient)> = None;
-    let mut plane: Option<(String, DataPlaneClient)> = None;
     let mut steps = 0u64;
     let steps_per_epoch =
         lode_proto::step::steps_per_epoch(reg.steps_per_epoch).map_err(|e| bad("register", e))?;
@@ -292,6 +295,9 @@ pub async fn run_worker(
         state.set_draining(draining);
         if ended {
             state.job_ended();
+        }
+        if !state.awaits_answer() {
+            out.pending = None;
         }
         while let Ok(answer) = answers.try_recv() {
             absorb(&mut state, answer, steps_per_epoch, Instant::now())?;
@@ -354,9 +360,8 @@ pub async fn run_worker(
                 &ctx,
                 &mut state,
                 held,
-                &mut encoder,
                 &mut receiver,
-                &mut plane,
+                &mut out,
                 &mut shutdown,
             )
             .await
@@ -366,6 +371,17 @@ pub async fn run_worker(
                 ran => ran?,
             };
             if !ran {
+                break WorkerEnd::Shutdown;
+            }
+            continue;
+        }
+        if out.pending.is_some() {
+            // Nothing else to run: the awaited answer is read now.
+            let settled = match settle(&ctx, &mut state, &mut out, &mut shutdown).await {
+                Err(ServiceError::JobEnded) => true,
+                settled => settled?,
+            };
+            if !settled {
                 break WorkerEnd::Shutdown;
             }
             continue;
@@ -554,11 +570,14 @@ struct StepContext {
     shared: Arc<Mutex<Shared>>,
 }
 
-/// Steps measured shorter than this run in line on the worker's runtime thread when the stage
-/// has one thread: handing a 40 µs step to a rayon thread and back costs two wake-ups, and
-/// the idle rayon thread's spinning (`sched_yield`) besides, more CPU than the step. A longer
-/// step goes to rayon so that it never holds up the heartbeat and the RPC tasks.
-pub const INLINE_STEP_MAX: Duration = Duration::from_millis(1);
+/// A step measured shorter than this is short. A short step runs in line on the worker's
+/// runtime thread when the stage has one thread: handing a 40 µs step to a rayon thread and
+/// back costs two wake-ups, and the idle rayon thread's spinning (`sched_yield`) besides, more
+/// CPU than the step; a longer one goes to rayon so that it never holds up the heartbeat and
+/// the RPC tasks. A short step's push answer is read after the next step ran (the receiver
+/// takes the frame meanwhile, and the worker does not sleep waiting for it); a longer one's
+/// at once.
+pub const SHORT_STEP: Duration = Duration::from_millis(1);
 
 /// Runs the state's current step: fetch its inputs from earlier stages, execute it on rayon,
 /// encode it, and push it until the receiver takes it, the state drops it (its lease expired,
@@ -567,9 +586,8 @@ async fn run_step(
     ctx: &StepContext,
     state: &mut WorkerState,
     held: HeldStep,
-    encoder: &mut StepEncoder,
     receiver: &mut Option<(String, ReceiverClient)>,
-    plane: &mut Option<(String, DataPlaneClient)>,
+    out: &mut Outbox,
     shutdown: &mut (impl Future<Output = ()> + Unpin),
 ) -> Result<bool, ServiceError> {
     let tls = ctx.tls.as_ref();
@@ -602,7 +620,7 @@ async fn run_step(
         }
     }
     let (output, compute) = if ctx.single_thread
-        && state.step_time().is_some_and(|t| t < INLINE_STEP_MAX)
+        && state.step_time().is_some_and(|t| t < SHORT_STEP)
     {
         let computing = Instant::now();
         let output = ctx.stage.run_step(StepInput {
@@ -653,35 +671,109 @@ async fn run_step(
         records: held.records,
         tensors,
     };
-    // The receiver's connection from the step before says whether it is on this machine.
-    let local = plane.as_ref().is_some_and(|(_, c)| c.is_loopback());
-    let frame = encoder.encode_parts_for(&msg, local)?;
-    // Push until taken; backpressure answers RETRY; an unreachable receiver (a consumer
-    // restarting) is retried, at the address the heartbeat last reported.
+    // The step before is answered first: one frame is unanswered at a time.
+    if !settle(ctx, state, out, shutdown).await? {
+        return Ok(false);
+    }
+    if !state.may_push(Instant::now()) {
+        tracing::debug!(step = global, "lease expired before the push");
+        return Ok(true);
+    }
+    let client = data_plane_client(&ctx.shared, &mut out.plane, ctx.job, &ctx.token, tls).await?;
+    let frame = out.encoder.encode_parts_for(&msg, client.is_loopback())?;
+    let sent = match client.send_parts(&frame).await {
+        Ok(()) => true,
+        // Sent again, after a reconnection, by `settle`.
+        Err(e) if e.is_unreachable() => {
+            tracing::debug!(cause = %e, "receiver unavailable; retrying");
+            false
+        }
+        Err(e) => return Err(e.into()),
+    };
+    drop(frame);
+    if !sent {
+        out.plane = None;
+    }
+    state.sent();
+    out.pending = Some(Pending { msg, sent });
+    // A long step's answer is read at once: overlapping it with the next step would save
+    // little and hold the step's report back a whole step (past the consumer's watermark).
+    if state.step_time().is_none_or(|t| t >= SHORT_STEP) {
+        return settle(ctx, state, out, shutdown).await;
+    }
+    Ok(true)
+}
+
+/// The sending side of a worker: the frame encoder, the data-plane connection and the step
+/// whose answer is awaited (the state's `pushing`).
+struct Outbox {
+    encoder: StepEncoder,
+    plane: Option<(String, DataPlaneClient)>,
+    pending: Option<Pending>,
+}
+
+/// A step sent to the receiver (or to be sent: `sent` false after a lost connection or a
+/// `RETRY`), kept until the receiver's answer is read: the frame is encoded again to resend it.
+struct Pending {
+    msg: StepMessage,
+    sent: bool,
+}
+
+/// Reads the receiver's answer to the pending step, sending it (again) first when it has
+/// not gone out, until the receiver takes it or the state drops it (its lease expired, or the
+/// receiver refused it). Backpressure answers `RETRY`; an unreachable receiver (a consumer
+/// restarting) is retried at the address the heartbeat last reported. Returns false when
+/// `shutdown` completes first.
+async fn settle(
+    ctx: &StepContext,
+    state: &mut WorkerState,
+    out: &mut Outbox,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+) -> Result<bool, ServiceError> {
+    let Some(mut step) = out.pending.take() else {
+        return Ok(true);
+    };
+    let tls = ctx.tls.as_ref();
+    let global = step.msg.step;
     let started = Instant::now();
     let mut pause = Duration::from_millis(10);
     loop {
-        if !state.may_push(Instant::now()) {
-            tracing::debug!(step = global, "lease expired before the push");
-            return Ok(true);
+        if !step.sent {
+            if !state.may_resend(Instant::now()) {
+                tracing::debug!(step = global, "lease expired before the push");
+                return Ok(true);
+            }
+            let client =
+                data_plane_client(&ctx.shared, &mut out.plane, ctx.job, &ctx.token, tls).await?;
+            let frame = out
+                .encoder
+                .encode_parts_for(&step.msg, client.is_loopback())?;
+            match client.send_parts(&frame).await {
+                Ok(()) => step.sent = true,
+                Err(e) if e.is_unreachable() && started.elapsed() < RECONNECT_WINDOW => {
+                    tracing::debug!(cause = %e, "receiver unavailable; retrying");
+                    out.plane = None;
+                    if !backoff(ctx, state, shutdown, &mut pause).await? {
+                        return Ok(false);
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
-        let client = data_plane_client(&ctx.shared, plane, ctx.job, &ctx.token, tls).await?;
-        let answer = match client.push_parts(&frame).await {
+        let Some((_, client)) = out.plane.as_mut() else {
+            step.sent = false;
+            continue;
+        };
+        let answer = match client.read_answer().await {
             Ok(answer) => answer,
             Err(e) if e.is_unreachable() && started.elapsed() < RECONNECT_WINDOW => {
                 tracing::debug!(cause = %e, "receiver unavailable; retrying");
-                *plane = None;
-                if shared_end_of_data(&ctx.shared) {
-                    return Err(ServiceError::JobEnded);
+                out.plane = None;
+                step.sent = false;
+                if !backoff(ctx, state, shutdown, &mut pause).await? {
+                    return Ok(false);
                 }
-                tokio::select! {
-                    () = &mut *shutdown => {
-                        state.drop_running();
-                        return Ok(false);
-                    }
-                    () = tokio::time::sleep(pause) => {}
-                }
-                pause = (pause * 2).min(Duration::from_millis(500));
                 continue;
             }
             Err(e) => return Err(e.into()),
@@ -706,6 +798,7 @@ async fn run_step(
                 return Ok(true);
             }
             PushNext::RetryAfter(pause) => {
+                step.sent = false;
                 tokio::select! {
                     () = &mut *shutdown => {
                         state.drop_running();
@@ -716,6 +809,29 @@ async fn run_step(
             }
         }
     }
+}
+
+/// Waits `pause` (doubled for the next time, up to 500 ms) before a receiver is tried again;
+/// false when `shutdown` completes first. [`ServiceError::JobEnded`] once the job's data
+/// ended (the receiver is gone with the job).
+async fn backoff(
+    ctx: &StepContext,
+    state: &mut WorkerState,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+    pause: &mut Duration,
+) -> Result<bool, ServiceError> {
+    if shared_end_of_data(&ctx.shared) {
+        return Err(ServiceError::JobEnded);
+    }
+    tokio::select! {
+        () = &mut *shutdown => {
+            state.drop_running();
+            return Ok(false);
+        }
+        () = tokio::time::sleep(*pause) => {}
+    }
+    *pause = (*pause * 2).min(Duration::from_millis(500));
+    Ok(true)
 }
 
 /// A connection to the receiver the dispatcher last named: waits until one is named (the

@@ -107,8 +107,11 @@ pub struct WorkerState {
     max_leases: usize,
     /// Leased and not started, in lease order.
     queued: VecDeque<HeldStep>,
-    /// Being computed or pushed (one at a time).
+    /// Being computed, or computed and not yet sent (one at a time).
     running: Option<(HeldStep, Duration)>,
+    /// Sent to the receiver, its answer not yet read (at most one): the next step is computed
+    /// while the receiver takes this one.
+    pushing: Option<(HeldStep, Duration)>,
     /// Delivered, not yet in a report.
     delivered: Vec<Delivered>,
     /// When the oldest of `delivered` was delivered.
@@ -133,6 +136,7 @@ impl WorkerState {
             max_leases: usize::try_from(max_leases.max(1)).unwrap_or(usize::MAX),
             queued: VecDeque::new(),
             running: None,
+            pushing: None,
             delivered: Vec::new(),
             delivered_since: None,
             reporting: 0,
@@ -150,6 +154,7 @@ impl WorkerState {
     pub fn outstanding(&self) -> usize {
         self.queued.len()
             + usize::from(self.running.is_some())
+            + usize::from(self.pushing.is_some())
             + self.delivered.len()
             + self.reporting
     }
@@ -221,6 +226,7 @@ impl WorkerState {
                 .queued
                 .iter_mut()
                 .chain(self.running.as_mut().map(|(h, _)| h))
+                .chain(self.pushing.as_mut().map(|(h, _)| h))
                 .find(|h| h.global == step.global);
             if let Some(held) = held {
                 held.expires = step.expires;
@@ -255,10 +261,13 @@ impl WorkerState {
     /// void (its lease was revoked or retired), so the queue and the running step are dropped
     /// and nothing more is leased. Delivered steps are still reported (and refused).
     pub fn job_ended(&mut self) {
-        let dropped = self.queued.len() + usize::from(self.running.is_some());
+        let dropped = self.queued.len()
+            + usize::from(self.running.is_some())
+            + usize::from(self.pushing.is_some());
         self.abandoned += dropped as u64;
         self.queued.clear();
         self.running = None;
+        self.pushing = None;
         self.ended(End::EndOfData);
     }
 
@@ -292,23 +301,48 @@ impl WorkerState {
         }
     }
 
-    /// Whether the running step may be pushed now: its lease has not expired. When it has, the
-    /// step is dropped (never pushed) and this returns false.
+    /// Whether the running step may be sent now: its lease has not expired. When it has, the
+    /// step is dropped (never sent) and this returns false.
     pub fn may_push(&mut self, now: Instant) -> bool {
-        match &self.running {
+        Self::live(&mut self.running, &mut self.abandoned, now)
+    }
+
+    /// Whether the step whose answer is awaited may be sent again now (after a `RETRY` or a
+    /// lost connection): its lease has not expired. When it has, it is dropped and this
+    /// returns false.
+    pub fn may_resend(&mut self, now: Instant) -> bool {
+        Self::live(&mut self.pushing, &mut self.abandoned, now)
+    }
+
+    fn live(slot: &mut Option<(HeldStep, Duration)>, abandoned: &mut u64, now: Instant) -> bool {
+        match slot {
             Some((step, _)) if step.expires > now => true,
             Some(_) => {
-                self.running = None;
-                self.abandoned += 1;
+                *slot = None;
+                *abandoned += 1;
                 false
             }
             None => false,
         }
     }
 
-    /// What the receiver answered the running step's push, at `now`.
+    /// The running step's frame went out: its answer is awaited (read it, with
+    /// [`Self::pushed`], before the next frame goes out), and the next step may run meanwhile.
+    /// Does nothing while another answer is awaited.
+    pub fn sent(&mut self) {
+        if self.pushing.is_none() {
+            self.pushing = self.running.take();
+        }
+    }
+
+    /// Whether a sent step's answer is awaited.
+    pub fn awaits_answer(&self) -> bool {
+        self.pushing.is_some()
+    }
+
+    /// What the receiver answered the awaited step's push, at `now`.
     pub fn pushed(&mut self, answer: PushAnswer, now: Instant) -> PushNext {
-        let Some((step, compute)) = self.running.take() else {
+        let Some((step, compute)) = self.pushing.take() else {
             return PushNext::Drop;
         };
         match answer {
@@ -324,7 +358,7 @@ impl WorkerState {
                 PushNext::Done
             }
             PushAnswer::Retry(pause) if step.expires > now + pause => {
-                self.running = Some((step, compute));
+                self.pushing = Some((step, compute));
                 PushNext::RetryAfter(pause)
             }
             // The receiver waits for an earlier step and our lease ends first: it went back
@@ -337,9 +371,11 @@ impl WorkerState {
         }
     }
 
-    /// The running step is given up (shutdown, an error): it is neither pushed nor reported.
+    /// The running and the awaited step are given up (shutdown, an error): neither is pushed
+    /// nor reported.
     pub fn drop_running(&mut self) {
         self.running = None;
+        self.pushing = None;
     }
 
     /// The delivered steps to report now, if no report is in flight and one is due (see the
@@ -351,7 +387,7 @@ impl WorkerState {
         let k = usize::try_from(self.batch_size()).unwrap_or(1);
         let due = self.delivered.len() >= k
             || self.report_due().is_some_and(|t| now >= t)
-            || (self.queued.is_empty() && self.running.is_none())
+            || (self.queued.is_empty() && self.running.is_none() && self.pushing.is_none())
             || self.draining
             || self.end.is_some();
         if !due {
@@ -500,6 +536,7 @@ mod tests {
         );
         w.next_step(t0).expect("step 0");
         w.computed(Duration::from_micros(100));
+        w.sent();
         w.pushed(PushAnswer::Taken, t0);
         w.next_step(t0).expect("step 1 runs");
         w.job_ended();
@@ -529,6 +566,7 @@ mod tests {
         let deliver = |w: &mut WorkerState, at: Instant| {
             w.next_step(at).expect("a queued step");
             w.computed(Duration::from_micros(100));
+            w.sent();
             assert_eq!(w.pushed(PushAnswer::Taken, at), PushNext::Done);
         };
         for _ in 0..3 {
@@ -592,6 +630,55 @@ mod tests {
     }
 
     #[test]
+    fn the_next_step_runs_while_the_receiver_answers_the_one_before() {
+        let t0 = Instant::now();
+        let mut w = WorkerState::new(8);
+        assert_eq!(w.next_lease(t0), Some(1));
+        w.leased(
+            vec![
+                step(0, t0 + Duration::from_secs(10)),
+                step(1, t0 + Duration::from_secs(10)),
+                step(2, t0 + Duration::from_millis(20)),
+            ],
+            Duration::from_millis(1),
+        );
+        w.next_step(t0).expect("step 0");
+        w.computed(Duration::from_micros(40));
+        assert!(w.may_push(t0));
+        w.sent();
+        assert!(w.awaits_answer());
+        let s = w
+            .next_step(t0)
+            .expect("step 1 runs while step 0's answer is awaited");
+        assert_eq!(s.global, 1);
+        assert_eq!(w.outstanding(), 3, "step 0 still counts until its answer");
+        w.sent();
+        assert!(
+            w.may_push(t0),
+            "step 1 stays running: one answer is awaited at a time"
+        );
+        let pause = Duration::from_millis(5);
+        assert_eq!(
+            w.pushed(PushAnswer::Retry(pause), t0),
+            PushNext::RetryAfter(pause)
+        );
+        assert!(w.may_resend(t0 + pause), "step 0 is sent again");
+        assert_eq!(w.pushed(PushAnswer::Taken, t0 + pause), PushNext::Done);
+        assert!(!w.awaits_answer());
+        w.sent();
+        assert_eq!(w.pushed(PushAnswer::Taken, t0 + pause), PushNext::Done);
+        assert_eq!(w.next_report(t0 + pause), None, "2 of k = 4, step 2 queued");
+        let report = w.next_report(t0 + pause + REPORT_DELAY).expect("due");
+        assert_eq!(report.iter().map(|d| d.global).collect::<Vec<_>>(), [0, 1]);
+        // A step whose lease ends while its answer is awaited is not sent again.
+        w.next_step(t0).expect("step 2");
+        w.sent();
+        assert!(!w.may_resend(t0 + Duration::from_millis(30)));
+        assert!(!w.awaits_answer());
+        assert_eq!(w.abandoned(), 1);
+    }
+
+    #[test]
     fn a_draining_worker_finishes_what_it_holds_then_asks_once_and_ends() {
         let t0 = Instant::now();
         let far = t0 + Duration::from_secs(10);
@@ -604,6 +691,7 @@ mod tests {
         assert_eq!(w.next_lease(t0), None, "nothing new while it holds a step");
         w.computed(Duration::from_millis(1));
         assert!(w.may_push(t0));
+        w.sent();
         assert_eq!(w.pushed(PushAnswer::Taken, t0), PushNext::Done);
         assert_eq!(w.next_lease(t0), None, "its report is still to be answered");
         let report = w.next_report(t0).expect("report");
@@ -635,7 +723,10 @@ mod tests {
         Run {
             compute_us: u64,
         },
-        Push(u8),
+        /// The running step's frame goes out (after the awaited answer, as the shell does).
+        Send,
+        /// The receiver answers the awaited step (resending it first after a `RETRY`).
+        Answer(u8),
         AskReport,
         Reported,
         Drain(bool),
@@ -649,7 +740,8 @@ mod tests {
             1 => (1u64..50).prop_map(Op::Wait),
             1 => Just(Op::EndOfData),
             4 => (1u64..20_000).prop_map(|compute_us| Op::Run { compute_us }),
-            4 => (0u8..4).prop_map(Op::Push),
+            3 => Just(Op::Send),
+            4 => (0u8..4).prop_map(Op::Answer),
             3 => Just(Op::AskReport),
             3 => Just(Op::Reported),
             1 => any::<bool>().prop_map(Op::Drain),
@@ -674,6 +766,8 @@ mod tests {
             let mut reported: BTreeSet<u64> = BTreeSet::new();
             let mut in_report: Vec<Delivered> = Vec::new();
             let mut running: Option<HeldStep> = None;
+            // Sent, its answer awaited; true once a `RETRY` asks for it again.
+            let mut pushing: Option<(HeldStep, bool)> = None;
             let limit = usize::try_from(max_leases).expect("small");
             for op in ops {
                 match op {
@@ -706,6 +800,7 @@ mod tests {
                             // As the shell does: the job is over, what is held is void.
                             w.job_ended();
                             running = None;
+                            pushing = None;
                         }
                     }
                     Op::Run { compute_us } => {
@@ -717,13 +812,31 @@ mod tests {
                             }
                         }
                     }
-                    Op::Push(answer) => {
+                    Op::Send => {
+                        if pushing.is_some() {
+                            continue;
+                        }
                         if let Some(s) = running.take() {
                             if !w.may_push(now) {
                                 prop_assert!(s.expires <= now);
                                 continue;
                             }
-                            prop_assert!(s.expires > now, "pushed an expired lease");
+                            prop_assert!(s.expires > now, "sent an expired lease");
+                            w.sent();
+                            prop_assert!(w.awaits_answer());
+                            pushing = Some((s, false));
+                        }
+                    }
+                    Op::Answer(answer) => {
+                        if let Some((s, resend)) = pushing.take() {
+                            if resend {
+                                if !w.may_resend(now) {
+                                    prop_assert!(s.expires <= now);
+                                    prop_assert!(!w.awaits_answer());
+                                    continue;
+                                }
+                                prop_assert!(s.expires > now, "resent an expired lease");
+                            }
                             let answer = match answer {
                                 0 | 1 => PushAnswer::Taken,
                                 2 => PushAnswer::Retry(Duration::from_millis(5)),
@@ -733,10 +846,11 @@ mod tests {
                                 taken.insert(s.global);
                             }
                             match w.pushed(answer, now) {
-                                PushNext::RetryAfter(_) => running = Some(s),
+                                PushNext::RetryAfter(_) => pushing = Some((s, true)),
                                 PushNext::Done => prop_assert_eq!(answer, PushAnswer::Taken),
                                 PushNext::Drop => prop_assert!(answer != PushAnswer::Taken),
                             }
+                            prop_assert_eq!(w.awaits_answer(), pushing.is_some());
                         }
                     }
                     Op::AskReport => {
@@ -771,11 +885,11 @@ mod tests {
                     // Drained: everything held was delivered and reported first.
                     Some(End::Drained) => {
                         prop_assert_eq!(w.outstanding(), 0);
-                        prop_assert!(running.is_none() && in_report.is_empty());
+                        prop_assert!(running.is_none() && pushing.is_none() && in_report.is_empty());
                     }
                     // End of data: nothing more runs or is pushed (reports are moot).
                     Some(End::EndOfData) => {
-                        prop_assert!(running.is_none());
+                        prop_assert!(running.is_none() && pushing.is_none());
                         prop_assert_eq!(w.next_step(now), None);
                         prop_assert_eq!(w.next_lease(now), None);
                     }

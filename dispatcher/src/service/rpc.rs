@@ -456,11 +456,19 @@ impl Dispatcher for DispatcherService {
                         _ => None,
                     })
                     .collect();
-                let compute_us = steps
+                // The compute counters measure the worker (the scheduler's per-worker rate):
+                // a step the training side consumed before its report came was computed and
+                // delivered by this worker all the same, so it counts, though its lease is gone.
+                let watermark = core.state().watermark();
+                let (computed, compute_us) = steps
                     .iter()
-                    .filter(|(step, _, _)| done.contains(step))
-                    .fold(0u64, |sum, (_, us, _)| sum.saturating_add(*us));
-                core.count_completed(worker, done.len() as u64, compute_us);
+                    .filter(|(step, _, _)| {
+                        done.contains(step) || watermark.is_some_and(|w| *step <= w)
+                    })
+                    .fold((0u64, 0u64), |(n, sum), (_, us, _)| {
+                        (n + 1, sum.saturating_add(*us))
+                    });
+                core.count_completed(worker, computed, compute_us);
                 Ok(steps
                     .iter()
                     .filter(|(step, _, _)| !done.contains(step))
