@@ -890,6 +890,36 @@ async fn a_batch_is_leased_and_completed_in_one_request_each() {
         (now.leases.len(), now.steps_computed, now.compute_us),
         (1, 2, 20)
     );
+
+    // The training side consumes step 0 before its worker's report comes: the report is
+    // refused (the lease is gone with the watermark), but the step was computed and counts.
+    consumed(&mut client, 0, 0).await;
+    let late = client
+        .complete(v1::CompleteRequest {
+            job_id: JOB,
+            worker_id: other,
+            stage: 0,
+            epoch: 0,
+            step: 0,
+            compute_us: 0,
+            steps: vec![v1::CompletedStep {
+                epoch: 0,
+                step: 0,
+                compute_us: 10,
+                deadline_ms: relet.deadline_ms,
+            }],
+        })
+        .await
+        .expect("complete")
+        .into_inner();
+    assert_eq!(late.refused.len(), 1, "{late:?}");
+    let now = status(&mut client).await;
+    assert_eq!(
+        (now.leases.len(), now.steps_computed, now.compute_us),
+        (0, 3, 30)
+    );
+    let mine = now.workers.iter().find(|w| w.id == other).expect("other");
+    assert_eq!((mine.steps_computed, mine.compute_us), (1, 10));
     server.stop().await;
 }
 

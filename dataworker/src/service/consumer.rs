@@ -15,7 +15,8 @@
 //! # Watermark
 //! [`Consumer::consumed`] records the last consumed step; a background task reports it to the
 //! dispatcher (the newest only, one report in flight, at most one per [`REPORT_INTERVAL`]), and
-//! [`Consumer::flush`] reports it synchronously. A report is never ahead of what the caller said it consumed.
+//! [`Consumer::flush`] reports it synchronously. A report is never ahead of what the caller
+//! said it consumed.
 //!
 //! # Restart
 //! [`Consumer::resume`] re-registers from a checkpoint's step: the dispatcher moves its

@@ -679,23 +679,13 @@ async fn run_step(
         tracing::debug!(step = global, "lease expired before the push");
         return Ok(true);
     }
-    let client = data_plane_client(&ctx.shared, &mut out.plane, ctx.job, &ctx.token, tls).await?;
-    let frame = out.encoder.encode_parts_for(&msg, client.is_loopback())?;
-    let sent = match client.send_parts(&frame).await {
-        Ok(()) => true,
-        // Sent again, after a reconnection, by `settle`.
-        Err(e) if e.is_unreachable() => {
-            tracing::debug!(cause = %e, "receiver unavailable; retrying");
-            false
-        }
-        Err(e) => return Err(e.into()),
-    };
-    drop(frame);
-    if !sent {
-        out.plane = None;
+    let mut step = Pending { msg, sent: false };
+    // An unsent frame is sent again, after a reconnection, by `settle`.
+    if let Err(e) = send_frame(ctx, out, &mut step).await? {
+        tracing::debug!(cause = %e, "receiver unavailable; retrying");
     }
     state.sent();
-    out.pending = Some(Pending { msg, sent });
+    out.pending = Some(step);
     // A long step's answer is read at once: overlapping it with the next step would save
     // little and hold the step's report back a whole step (past the consumer's watermark).
     if state.step_time().is_none_or(|t| t >= SHORT_STEP) {
@@ -719,6 +709,31 @@ struct Pending {
     sent: bool,
 }
 
+/// Sends `step`'s frame once, connecting first. An unreachable receiver is the inner error:
+/// the frame stays unsent and the connection is dropped, for the caller to try again.
+async fn send_frame(
+    ctx: &StepContext,
+    out: &mut Outbox,
+    step: &mut Pending,
+) -> Result<Result<(), DataPlaneError>, ServiceError> {
+    let tls = ctx.tls.as_ref();
+    let client = data_plane_client(&ctx.shared, &mut out.plane, ctx.job, &ctx.token, tls).await?;
+    let frame = out
+        .encoder
+        .encode_parts_for(&step.msg, client.is_loopback())?;
+    match client.send_parts(&frame).await {
+        Ok(()) => {
+            step.sent = true;
+            Ok(Ok(()))
+        }
+        Err(e) if e.is_unreachable() => {
+            out.plane = None;
+            Ok(Err(e))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Reads the receiver's answer to the pending step, sending it (again) first when it has
 /// not gone out, until the receiver takes it or the state drops it (its lease expired, or the
 /// receiver refused it). Backpressure answers `RETRY`; an unreachable receiver (a consumer
@@ -733,7 +748,6 @@ async fn settle(
     let Some(mut step) = out.pending.take() else {
         return Ok(true);
     };
-    let tls = ctx.tls.as_ref();
     let global = step.msg.step;
     let started = Instant::now();
     let mut pause = Duration::from_millis(10);
@@ -743,22 +757,15 @@ async fn settle(
                 tracing::debug!(step = global, "lease expired before the push");
                 return Ok(true);
             }
-            let client =
-                data_plane_client(&ctx.shared, &mut out.plane, ctx.job, &ctx.token, tls).await?;
-            let frame = out
-                .encoder
-                .encode_parts_for(&step.msg, client.is_loopback())?;
-            match client.send_parts(&frame).await {
-                Ok(()) => step.sent = true,
-                Err(e) if e.is_unreachable() && started.elapsed() < RECONNECT_WINDOW => {
-                    tracing::debug!(cause = %e, "receiver unavailable; retrying");
-                    out.plane = None;
-                    if !backoff(ctx, state, shutdown, &mut pause).await? {
-                        return Ok(false);
-                    }
-                    continue;
+            if let Err(e) = send_frame(ctx, out, &mut step).await? {
+                if started.elapsed() >= RECONNECT_WINDOW {
+                    return Err(e.into());
                 }
-                Err(e) => return Err(e.into()),
+                tracing::debug!(cause = %e, "receiver unavailable; retrying");
+                if !backoff(ctx, state, shutdown, &mut pause).await? {
+                    return Ok(false);
+                }
+                continue;
             }
         }
         let Some((_, client)) = out.plane.as_mut() else {
