@@ -180,6 +180,41 @@ async fn consumed(client: &mut DispatcherClient, epoch: u64, step: u64) {
         .expect("consumed");
 }
 
+/// Reports `steps` (epoch, step, the grant's deadline or 0) of stage 0 completed in one
+/// request, 10 µs of compute each; returns the refused ones.
+async fn report_steps(
+    client: &mut DispatcherClient,
+    worker: u64,
+    steps: &[(u64, u64, u64)],
+) -> Vec<(u64, u64)> {
+    let steps = steps
+        .iter()
+        .map(|&(epoch, step, deadline_ms)| v1::CompletedStep {
+            epoch,
+            step,
+            compute_us: 10,
+            deadline_ms,
+        })
+        .collect();
+    client
+        .complete(v1::CompleteRequest {
+            job_id: JOB,
+            worker_id: worker,
+            stage: 0,
+            epoch: 0,
+            step: 0,
+            compute_us: 0,
+            steps,
+        })
+        .await
+        .expect("complete")
+        .into_inner()
+        .refused
+        .iter()
+        .map(|s| (s.epoch, s.step))
+        .collect()
+}
+
 /// The part of a status that survives a restart: worker names and the scheduler's counters
 /// are not journaled (they restart empty and at zero).
 fn durable(mut status: v1::StatusResponse) -> v1::StatusResponse {
@@ -814,30 +849,12 @@ async fn a_batch_is_leased_and_completed_in_one_request_each() {
     assert_eq!(relet.records, batch.steps[0].records);
 
     // The first worker reports all three (and a step it never held) in one request.
-    let reported: Vec<v1::CompletedStep> = [(0, 0), (0, 1), (0, 2), (1, 0)]
-        .iter()
-        .map(|&(epoch, step)| v1::CompletedStep {
-            epoch,
-            step,
-            compute_us: 10,
-            deadline_ms: 0,
-        })
-        .collect();
-    let refused = client
-        .complete(v1::CompleteRequest {
-            job_id: JOB,
-            worker_id: worker,
-            stage: 0,
-            epoch: 0,
-            step: 0,
-            compute_us: 0,
-            steps: reported,
-        })
-        .await
-        .expect("complete")
-        .into_inner()
-        .refused;
-    let refused: Vec<(u64, u64)> = refused.iter().map(|s| (s.epoch, s.step)).collect();
+    let refused = report_steps(
+        &mut client,
+        worker,
+        &[(0, 0, 0), (0, 1, 0), (0, 2, 0), (1, 0, 0)],
+    )
+    .await;
     // Every lease of the first worker expired with the clock; only the re-let step 0 is held,
     // by the other worker.
     assert_eq!(refused, vec![(0, 0), (0, 1), (0, 2), (1, 0)]);
@@ -861,30 +878,8 @@ async fn a_batch_is_leased_and_completed_in_one_request_each() {
     };
     let steps: Vec<(u64, u64)> = batch.steps.iter().map(|l| (l.epoch, l.step)).collect();
     assert_eq!(steps, vec![(0, 1), (0, 2)], "returned steps first");
-    let reported = batch
-        .steps
-        .iter()
-        .map(|l| v1::CompletedStep {
-            epoch: l.epoch,
-            step: l.step,
-            compute_us: 10,
-            deadline_ms: 0,
-        })
-        .collect();
-    let answer = client
-        .complete(v1::CompleteRequest {
-            job_id: JOB,
-            worker_id: worker,
-            stage: 0,
-            epoch: 0,
-            step: 0,
-            compute_us: 0,
-            steps: reported,
-        })
-        .await
-        .expect("complete")
-        .into_inner();
-    assert!(answer.refused.is_empty());
+    let all: Vec<(u64, u64, u64)> = batch.steps.iter().map(|l| (l.epoch, l.step, 0)).collect();
+    assert!(report_steps(&mut client, worker, &all).await.is_empty());
     let now = status(&mut client).await;
     assert_eq!(
         (now.leases.len(), now.steps_computed, now.compute_us),
@@ -894,25 +889,8 @@ async fn a_batch_is_leased_and_completed_in_one_request_each() {
     // The training side consumes step 0 before its worker's report comes: the report is
     // refused (the lease is gone with the watermark), but the step was computed and counts.
     consumed(&mut client, 0, 0).await;
-    let late = client
-        .complete(v1::CompleteRequest {
-            job_id: JOB,
-            worker_id: other,
-            stage: 0,
-            epoch: 0,
-            step: 0,
-            compute_us: 0,
-            steps: vec![v1::CompletedStep {
-                epoch: 0,
-                step: 0,
-                compute_us: 10,
-                deadline_ms: relet.deadline_ms,
-            }],
-        })
-        .await
-        .expect("complete")
-        .into_inner();
-    assert_eq!(late.refused.len(), 1, "{late:?}");
+    let late = report_steps(&mut client, other, &[(0, 0, relet.deadline_ms)]).await;
+    assert_eq!(late, vec![(0, 0)]);
     let now = status(&mut client).await;
     assert_eq!(
         (now.leases.len(), now.steps_computed, now.compute_us),
@@ -937,37 +915,12 @@ async fn a_late_report_of_an_earlier_grant_does_not_complete_the_new_one() {
     let second = leased(&mut client, worker).await;
     assert_eq!((second.epoch, second.step), (first.epoch, first.step));
     assert_ne!(second.deadline_ms, first.deadline_ms);
-    let report = |deadline_ms| v1::CompleteRequest {
-        job_id: JOB,
-        worker_id: worker,
-        stage: 0,
-        epoch: 0,
-        step: 0,
-        compute_us: 0,
-        steps: vec![v1::CompletedStep {
-            epoch: first.epoch,
-            step: first.step,
-            compute_us: 1,
-            deadline_ms,
-        }],
-    };
-    let stale = client
-        .complete(report(first.deadline_ms))
-        .await
-        .expect("complete")
-        .into_inner();
-    assert_eq!(
-        stale.refused.len(),
-        1,
-        "the earlier grant's report is refused"
-    );
+    let grant = |deadline_ms| [(first.epoch, first.step, deadline_ms)];
+    let stale = report_steps(&mut client, worker, &grant(first.deadline_ms)).await;
+    assert_eq!(stale.len(), 1, "the earlier grant's report is refused");
     assert_eq!(status(&mut client).await.leases.len(), 1, "still leased");
-    let current = client
-        .complete(report(second.deadline_ms))
-        .await
-        .expect("complete")
-        .into_inner();
-    assert!(current.refused.is_empty());
+    let current = report_steps(&mut client, worker, &grant(second.deadline_ms)).await;
+    assert!(current.is_empty());
     assert!(status(&mut client).await.leases.is_empty());
     server.stop().await;
 }
