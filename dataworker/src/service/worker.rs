@@ -579,6 +579,11 @@ struct StepContext {
 /// at once.
 pub const SHORT_STEP: Duration = Duration::from_millis(1);
 
+/// Whether the worker's steps are short (see [`SHORT_STEP`]); unknown before the first.
+fn is_short(state: &WorkerState) -> bool {
+    state.step_time().is_some_and(|t| t < SHORT_STEP)
+}
+
 /// Runs the state's current step: fetch its inputs from earlier stages, execute it on rayon,
 /// encode it, and push it until the receiver takes it, the state drops it (its lease expired,
 /// or the receiver refused it) or `shutdown` completes (returns false).
@@ -619,9 +624,7 @@ async fn run_step(
             received.insert(name, Arc::new(t));
         }
     }
-    let (output, compute) = if ctx.single_thread
-        && state.step_time().is_some_and(|t| t < SHORT_STEP)
-    {
+    let (output, compute) = if ctx.single_thread && is_short(state) {
         let computing = Instant::now();
         let output = ctx.stage.run_step(StepInput {
             records: &held.records,
@@ -688,7 +691,7 @@ async fn run_step(
     out.pending = Some(step);
     // A long step's answer is read at once: overlapping it with the next step would save
     // little and hold the step's report back a whole step (past the consumer's watermark).
-    if state.step_time().is_none_or(|t| t >= SHORT_STEP) {
+    if !is_short(state) {
         return settle(ctx, state, out, shutdown).await;
     }
     Ok(true)
