@@ -2,7 +2,7 @@
 
 Runs every fixture program (fixtures/programs/) plainly and under `lode train --workers 2`
 and compares the per-step losses' float bits; then the same while data workers are SIGKILLed
-every second and replaced (workers started here from `--workers 0 --announce`), a program
+every half second and replaced (workers started here from `--workers 0 --announce`), a program
 killed and restarted from its last checkpoint, and the bad cases: DWRecv with no job
 configured, a dispatcher that goes away, a stale job directory, `--strict` on a graph Lode
 cannot cut. Needs the training-side package installed in this Python (`pip install ./python`).
@@ -144,7 +144,7 @@ def over_tls(lode, expected, tmp):
 
 
 def with_worker_kills(lode, tmp):
-    """wide_deep_session over 40 epochs while a data worker is SIGKILLed every second."""
+    """wide_deep_session over 40 epochs while a data worker is SIGKILLed every half second."""
     name = "wide_deep_session"
     script, _, _ = CASES[name]
     args = ["--data", os.path.join(FIXTURES, "wide_deep", "data"), "--epochs", "40"]
@@ -174,7 +174,7 @@ def with_worker_kills(lode, tmp):
 
     workers, kills = [worker(), worker()], 0
     while program.poll() is None:
-        time.sleep(1.0)
+        time.sleep(0.5)
         victim = workers.pop(kills % len(workers))
         victim.send_signal(signal.SIGKILL)
         victim.wait()
@@ -190,7 +190,7 @@ def with_worker_kills(lode, tmp):
         return [f"kills: only {kills} worker(s) were killed; the run was too short to judge"]
     print(f"note  kills: {kills} data workers SIGKILLed and replaced")
     return check_cut("kills", stderr, True) + compare(
-        f"wide_deep_session with a worker SIGKILLed every second ({kills} kills)",
+        f"wide_deep_session with a worker SIGKILLed every half second ({kills} kills)",
         losses(expected_path), losses(path), minimum=300)
 
 

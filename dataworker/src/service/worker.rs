@@ -264,6 +264,7 @@ pub async fn run_worker(
         }),
         plane: None,
         pending: None,
+        parked: HashMap::new(),
     };
     let ctx = StepContext {
         job: config.job,
@@ -299,6 +300,8 @@ pub async fn run_worker(
         if !state.awaits_answer() {
             out.pending = None;
         }
+        // A parked step the state dropped (expired, or the job ended) is not sent.
+        out.parked.retain(|global, _| state.is_parked(*global));
         while let Ok(answer) = answers.try_recv() {
             absorb(&mut state, answer, steps_per_epoch, Instant::now())?;
         }
@@ -595,6 +598,47 @@ async fn run_step(
     out: &mut Outbox,
     shutdown: &mut (impl Future<Output = ()> + Unpin),
 ) -> Result<bool, ServiceError> {
+    let global = held.global;
+    // A parked step was computed before the receiver's `RETRY`: its frame is sent again.
+    let msg = match out.parked.remove(&global) {
+        Some(msg) => msg,
+        None => match compute_step(ctx, state, held, receiver, shutdown).await? {
+            Some(msg) => msg,
+            None => return Ok(false),
+        },
+    };
+    // The step before is answered first: one frame is unanswered at a time.
+    if !settle(ctx, state, out, shutdown).await? {
+        return Ok(false);
+    }
+    if !state.may_push(Instant::now()) {
+        tracing::debug!(step = global, "lease expired before the push");
+        return Ok(true);
+    }
+    let mut step = Pending { msg, sent: false };
+    // An unsent frame is sent again, after a reconnection, by `settle`.
+    if let Err(e) = send_frame(ctx, out, &mut step).await? {
+        tracing::debug!(cause = %e, "receiver unavailable; retrying");
+    }
+    state.sent();
+    out.pending = Some(step);
+    // A long step's answer is read at once: overlapping it with the next step would save
+    // little and hold the step's report back a whole step (past the consumer's watermark).
+    if !is_short(state) {
+        return settle(ctx, state, out, shutdown).await;
+    }
+    Ok(true)
+}
+
+/// Fetches the step's inputs from earlier stages and runs the stage (in line or on rayon);
+/// None when `shutdown` completed first.
+async fn compute_step(
+    ctx: &StepContext,
+    state: &mut WorkerState,
+    held: HeldStep,
+    receiver: &mut Option<(String, ReceiverClient)>,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+) -> Result<Option<StepMessage>, ServiceError> {
     let tls = ctx.tls.as_ref();
     let global = held.global;
     // Inputs from earlier stages, held by the receiver until the step is complete.
@@ -648,7 +692,7 @@ async fn run_step(
         tokio::select! {
             () = &mut *shutdown => {
                 state.drop_running();
-                return Ok(false);
+                return Ok(None);
             }
             output = output => output.map_err(|_| ServiceError::Join("the stage's rayon job was dropped".into()))?,
         }
@@ -666,47 +710,28 @@ async fn run_step(
         .into_iter()
         .map(|t| Arc::try_unwrap(t).unwrap_or_else(|shared| (*shared).clone()))
         .collect();
-    let msg = StepMessage {
+    Ok(Some(StepMessage {
         job: ctx.job,
         stage: ctx.stage_index,
         step: global,
         epoch: held.epoch,
         records: held.records,
         tensors,
-    };
-    // The step before is answered first: one frame is unanswered at a time.
-    if !settle(ctx, state, out, shutdown).await? {
-        return Ok(false);
-    }
-    if !state.may_push(Instant::now()) {
-        tracing::debug!(step = global, "lease expired before the push");
-        return Ok(true);
-    }
-    let mut step = Pending { msg, sent: false };
-    // An unsent frame is sent again, after a reconnection, by `settle`.
-    if let Err(e) = send_frame(ctx, out, &mut step).await? {
-        tracing::debug!(cause = %e, "receiver unavailable; retrying");
-    }
-    state.sent();
-    out.pending = Some(step);
-    // A long step's answer is read at once: overlapping it with the next step would save
-    // little and hold the step's report back a whole step (past the consumer's watermark).
-    if !is_short(state) {
-        return settle(ctx, state, out, shutdown).await;
-    }
-    Ok(true)
+    }))
 }
 
-/// The sending side of a worker: the frame encoder, the data-plane connection and the step
-/// whose answer is awaited (the state's `pushing`).
+/// The sending side of a worker: the frame encoder, the data-plane connection, the step
+/// whose answer is awaited (the state's `pushing`) and the steps the receiver answered `RETRY`
+/// (the state's parked steps, by global step).
 struct Outbox {
     encoder: StepEncoder,
     plane: Option<(String, DataPlaneClient)>,
     pending: Option<Pending>,
+    parked: HashMap<u64, StepMessage>,
 }
 
-/// A step sent to the receiver (or to be sent: `sent` false after a lost connection or a
-/// `RETRY`), kept until the receiver's answer is read: the frame is encoded again to resend it.
+/// A step sent to the receiver (or to be sent: `sent` false after a lost connection), kept
+/// until the receiver's answer is read: the frame is encoded again to resend it.
 struct Pending {
     msg: StepMessage,
     sent: bool,
@@ -738,8 +763,9 @@ async fn send_frame(
 }
 
 /// Reads the receiver's answer to the pending step, sending it (again) first when it has
-/// not gone out, until the receiver takes it or the state drops it (its lease expired, or the
-/// receiver refused it). Backpressure answers `RETRY`; an unreachable receiver (a consumer
+/// not gone out, until the receiver takes it, the state parks it (the receiver answered
+/// `RETRY`: its frame waits in the outbox while the worker runs other steps) or drops it (its
+/// lease expired, or the receiver refused it). An unreachable receiver (a consumer
 /// restarting) is retried at the address the heartbeat last reported. Returns false when
 /// `shutdown` completes first.
 async fn settle(
@@ -807,15 +833,9 @@ async fn settle(
                 );
                 return Ok(true);
             }
-            PushNext::RetryAfter(pause) => {
-                step.sent = false;
-                tokio::select! {
-                    () = &mut *shutdown => {
-                        state.drop_running();
-                        return Ok(false);
-                    }
-                    () = tokio::time::sleep(pause) => {}
-                }
+            PushNext::Parked => {
+                out.parked.insert(global, step.msg);
+                return Ok(true);
             }
         }
     }

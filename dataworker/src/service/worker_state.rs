@@ -19,6 +19,13 @@
 //!   worker has nothing queued or running, is draining, or the dispatcher said the end.
 //!   [`WorkerState::wakeup`] names the delay's end. Held steps still count against the limit,
 //!   so at worst a lease waits [`REPORT_DELAY`] for room.
+//! - **Lowest first.** Held steps run in the order of their global step, whatever order they
+//!   were leased in (a step returned by a lost worker or a rewind comes after later ones), so
+//!   that the step the receiver waits for is never held behind a later one.
+//! - **A full receiver holds up nothing.** A step the receiver answers `RETRY` (too far ahead
+//!   of its window) is parked with its frame until the pause ends, and the worker runs its
+//!   other steps meanwhile: one of them may be the step the receiver waits for. A worker that
+//!   waited on the `RETRY` instead would hold that step until its lease expired.
 //! - **Delivery before report.** A step is reported complete only after the receiver took its
 //!   frame (or already had it); a step whose push was refused, or whose lease expired first,
 //!   is never reported.
@@ -28,7 +35,7 @@
 //!   step's compute and push (the default lease is 10 s; steps take milliseconds): a step
 //!   slower than its lease is dropped by every worker that takes it.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 /// The share of the work a lease round trip may cost: k steps are leased at once so that one
@@ -87,11 +94,21 @@ pub enum PushAnswer {
 pub enum PushNext {
     /// Delivered; it will be reported.
     Done,
-    /// Push again after the pause.
-    RetryAfter(Duration),
+    /// Keep the frame: the step is parked and is sent again, by [`WorkerState::next_step`],
+    /// once the receiver's pause ended.
+    Parked,
     /// Drop the frame: the lease expired (the step is someone else's now) or the receiver
     /// refused it.
     Drop,
+}
+
+/// A computed step the receiver could not take yet (see the module docs).
+#[derive(Debug, Clone)]
+struct Parked {
+    step: HeldStep,
+    compute: Duration,
+    /// Not sent again before this.
+    not_before: Instant,
 }
 
 /// How the worker ends, once it holds nothing more.
@@ -105,8 +122,10 @@ pub enum End {
 #[derive(Debug, Clone)]
 pub struct WorkerState {
     max_leases: usize,
-    /// Leased and not started, in lease order.
+    /// Leased and not started, lowest global step first.
     queued: VecDeque<HeldStep>,
+    /// Computed and answered `RETRY`, by global step: sent again from when it may be.
+    parked: BTreeMap<u64, Parked>,
     /// Being computed, or computed and not yet sent (one at a time).
     running: Option<(HeldStep, Duration)>,
     /// Sent to the receiver, its answer not yet read (at most one): the next step is computed
@@ -135,6 +154,7 @@ impl WorkerState {
         Self {
             max_leases: usize::try_from(max_leases.max(1)).unwrap_or(usize::MAX),
             queued: VecDeque::new(),
+            parked: BTreeMap::new(),
             running: None,
             pushing: None,
             delivered: Vec::new(),
@@ -153,6 +173,7 @@ impl WorkerState {
     /// Steps the dispatcher counts as this worker's: leased and not yet reported back.
     pub fn outstanding(&self) -> usize {
         self.queued.len()
+            + self.parked.len()
             + usize::from(self.running.is_some())
             + usize::from(self.pushing.is_some())
             + self.delivered.len()
@@ -227,6 +248,7 @@ impl WorkerState {
                 .iter_mut()
                 .chain(self.running.as_mut().map(|(h, _)| h))
                 .chain(self.pushing.as_mut().map(|(h, _)| h))
+                .chain(self.parked.values_mut().map(|p| &mut p.step))
                 .find(|h| h.global == step.global);
             if let Some(held) = held {
                 held.expires = step.expires;
@@ -235,7 +257,8 @@ impl WorkerState {
             }
             // Beyond the limit would be a dispatcher bug; refuse to hold more than it allows.
             if self.outstanding() < self.max_leases {
-                self.queued.push_back(step);
+                let at = self.queued.partition_point(|q| q.global < step.global);
+                self.queued.insert(at, step);
             }
         }
     }
@@ -262,10 +285,12 @@ impl WorkerState {
     /// and nothing more is leased. Delivered steps are still reported (and refused).
     pub fn job_ended(&mut self) {
         let dropped = self.queued.len()
+            + self.parked.len()
             + usize::from(self.running.is_some())
             + usize::from(self.pushing.is_some());
         self.abandoned += dropped as u64;
         self.queued.clear();
+        self.parked.clear();
         self.running = None;
         self.pushing = None;
         self.ended(End::EndOfData);
@@ -276,21 +301,41 @@ impl WorkerState {
         self.draining = draining;
     }
 
-    /// The next step to run, if none is running: the first queued step whose lease has not
-    /// expired (expired ones are dropped).
+    /// The next step to run, if none is running: the lowest of the queued steps and of the
+    /// parked ones whose pause ended (expired ones are dropped). A parked step comes back
+    /// computed: [`Self::is_parked`] said so until now, and the shell sends the frame it kept
+    /// instead of running the stage again.
     pub fn next_step(&mut self, now: Instant) -> Option<HeldStep> {
         if self.running.is_some() {
             return None;
         }
-        while let Some(step) = self.queued.pop_front() {
-            if step.expires <= now {
-                self.abandoned += 1;
-                continue;
-            }
-            self.running = Some((step.clone(), Duration::ZERO));
-            return Some(step);
-        }
-        None
+        let before = self.queued.len() + self.parked.len();
+        self.queued.retain(|q| q.expires > now);
+        self.parked.retain(|_, p| p.step.expires > now);
+        self.abandoned += (before - self.queued.len() - self.parked.len()) as u64;
+        let ready = self
+            .parked
+            .values()
+            .find(|p| p.not_before <= now)
+            .map(|p| p.step.global);
+        let queued = self.queued.front().map(|q| q.global);
+        let (step, compute) = match (queued, ready) {
+            (Some(q), Some(p)) if p < q => self.unpark(p)?,
+            (None, Some(p)) => self.unpark(p)?,
+            (Some(_), _) => (self.queued.pop_front()?, Duration::ZERO),
+            (None, None) => return None,
+        };
+        self.running = Some((step.clone(), compute));
+        Some(step)
+    }
+
+    fn unpark(&mut self, global: u64) -> Option<(HeldStep, Duration)> {
+        self.parked.remove(&global).map(|p| (p.step, p.compute))
+    }
+
+    /// Whether `global` is parked: computed, its frame kept for the next send.
+    pub fn is_parked(&self, global: u64) -> bool {
+        self.parked.contains_key(&global)
     }
 
     /// The running step's stage ran in `compute`.
@@ -307,8 +352,8 @@ impl WorkerState {
         Self::live(&mut self.running, &mut self.abandoned, now)
     }
 
-    /// Whether the step whose answer is awaited may be sent again now (after a `RETRY` or a
-    /// lost connection): its lease has not expired. When it has, it is dropped and this
+    /// Whether the step whose answer is awaited may be sent again now (after a lost
+    /// connection): its lease has not expired. When it has, it is dropped and this
     /// returns false.
     pub fn may_resend(&mut self, now: Instant) -> bool {
         Self::live(&mut self.pushing, &mut self.abandoned, now)
@@ -358,8 +403,15 @@ impl WorkerState {
                 PushNext::Done
             }
             PushAnswer::Retry(pause) if step.expires > now + pause => {
-                self.pushing = Some((step, compute));
-                PushNext::RetryAfter(pause)
+                self.parked.insert(
+                    step.global,
+                    Parked {
+                        step,
+                        compute,
+                        not_before: now + pause,
+                    },
+                );
+                PushNext::Parked
             }
             // The receiver waits for an earlier step and our lease ends first: it went back
             // to the dispatcher, whoever holds it now delivers it.
@@ -436,11 +488,12 @@ impl WorkerState {
 
     /// The earliest time at which [`Self::next_lease`], [`Self::next_step`] or
     /// [`Self::next_report`] may change its answer without any other input (a `Wait` ending, a
-    /// queued lease expiring, a report falling due).
+    /// queued lease expiring, a parked step's pause ending, a report falling due).
     pub fn wakeup(&self) -> Option<Instant> {
         let expiry = self.queued.iter().map(|s| s.expires).min();
+        let parked = self.parked.values().map(|p| p.not_before).min();
         let report = self.report_due().filter(|_| self.reporting == 0);
-        [self.lease_not_before, expiry, report]
+        [self.lease_not_before, expiry, parked, report]
             .into_iter()
             .flatten()
             .min()
@@ -658,24 +711,79 @@ mod tests {
             "step 1 stays running: one answer is awaited at a time"
         );
         let pause = Duration::from_millis(5);
-        assert_eq!(
-            w.pushed(PushAnswer::Retry(pause), t0),
-            PushNext::RetryAfter(pause)
+        assert_eq!(w.pushed(PushAnswer::Retry(pause), t0), PushNext::Parked);
+        assert!(!w.awaits_answer() && w.is_parked(0));
+        assert_eq!(w.outstanding(), 3, "a parked step still counts");
+        assert_eq!(w.wakeup(), Some(t0 + pause), "its pause ends first");
+        w.sent();
+        assert_eq!(w.pushed(PushAnswer::Taken, t0), PushNext::Done);
+        assert_eq!(w.next_report(t0), None, "1 of k = 4, step 2 queued");
+        let s = w
+            .next_step(t0 + pause)
+            .expect("step 0 again, before step 2");
+        assert_eq!(s.global, 0);
+        assert!(
+            !w.is_parked(0),
+            "it comes back computed: the shell sends its frame"
         );
-        assert!(w.may_resend(t0 + pause), "step 0 is sent again");
-        assert_eq!(w.pushed(PushAnswer::Taken, t0 + pause), PushNext::Done);
-        assert!(!w.awaits_answer());
         w.sent();
         assert_eq!(w.pushed(PushAnswer::Taken, t0 + pause), PushNext::Done);
-        assert_eq!(w.next_report(t0 + pause), None, "2 of k = 4, step 2 queued");
-        let report = w.next_report(t0 + pause + REPORT_DELAY).expect("due");
-        assert_eq!(report.iter().map(|d| d.global).collect::<Vec<_>>(), [0, 1]);
+        let report = w
+            .next_report(t0 + pause)
+            .expect("due: step 1 has waited longer than the delay");
+        assert_eq!(report.iter().map(|d| d.global).collect::<Vec<_>>(), [1, 0]);
+        assert_eq!(report[1].compute_us, 40, "step 0's compute, measured once");
         // A step whose lease ends while its answer is awaited is not sent again.
         w.next_step(t0).expect("step 2");
         w.sent();
         assert!(!w.may_resend(t0 + Duration::from_millis(30)));
         assert!(!w.awaits_answer());
         assert_eq!(w.abandoned(), 1);
+    }
+
+    /// The hang this rule removes: a worker waiting on `RETRY` for step 77 while it holds
+    /// step 60, the one the receiver waits for (returned after a rewind or a lost worker).
+    #[test]
+    fn a_step_the_receiver_cannot_take_yet_holds_up_none_of_the_others() {
+        let t0 = Instant::now();
+        let far = t0 + Duration::from_secs(10);
+        let pause = Duration::from_millis(20);
+        let mut w = WorkerState::new(8);
+        assert_eq!(w.next_lease(t0), Some(1));
+        w.leased(
+            vec![step(77, far), step(78, t0 + Duration::from_millis(30))],
+            Duration::from_millis(1),
+        );
+        assert_eq!(w.next_step(t0).map(|s| s.global), Some(77));
+        w.computed(Duration::from_micros(40));
+        w.sent();
+        assert_eq!(w.pushed(PushAnswer::Retry(pause), t0), PushNext::Parked);
+        assert!(w.next_lease(t0).is_some());
+        w.leased(vec![step(60, far)], Duration::from_millis(1));
+        assert_eq!(
+            w.next_step(t0).map(|s| s.global),
+            Some(60),
+            "the returned step runs first, though leased last"
+        );
+        w.sent();
+        assert_eq!(w.pushed(PushAnswer::Taken, t0), PushNext::Done);
+        assert_eq!(
+            w.next_step(t0).map(|s| s.global),
+            Some(78),
+            "77 still waits"
+        );
+        w.sent();
+        assert_eq!(w.pushed(PushAnswer::Retry(pause), t0), PushNext::Parked);
+        assert_eq!(w.next_step(t0), None, "both wait for their pause");
+        assert!(w.wakeup().is_some_and(|t| t <= t0 + pause));
+        assert_eq!(w.next_step(t0 + pause).map(|s| s.global), Some(77));
+        w.sent();
+        assert_eq!(w.pushed(PushAnswer::Taken, t0 + pause), PushNext::Done);
+        // 78's lease ends before it could be sent again: dropped, never sent.
+        assert_eq!(w.next_step(t0 + Duration::from_millis(40)), None);
+        assert!(!w.is_parked(78));
+        assert_eq!(w.abandoned(), 1);
+        assert_eq!(w.outstanding(), 2, "60 and 77 delivered, to be reported");
     }
 
     #[test]
@@ -717,6 +825,8 @@ mod tests {
         Grant {
             n: u32,
             lease_ms: u64,
+            /// Steps below every step held (returned by a lost worker, or after a rewind).
+            low: bool,
         },
         Wait(u64),
         EndOfData,
@@ -725,7 +835,8 @@ mod tests {
         },
         /// The running step's frame goes out (after the awaited answer, as the shell does).
         Send,
-        /// The receiver answers the awaited step (resending it first after a `RETRY`).
+        /// The receiver answers the awaited step, or the connection is lost (the shell sends it
+        /// again before the next answer).
         Answer(u8),
         AskReport,
         Reported,
@@ -736,12 +847,12 @@ mod tests {
         prop_oneof![
             3 => (0u64..40).prop_map(Op::Advance),
             4 => Just(Op::AskLease),
-            4 => (0u32..80, 1u64..100).prop_map(|(n, lease_ms)| Op::Grant { n, lease_ms }),
+            4 => (0u32..80, 1u64..100, any::<bool>()).prop_map(|(n, lease_ms, low)| Op::Grant { n, lease_ms, low }),
             1 => (1u64..50).prop_map(Op::Wait),
             1 => Just(Op::EndOfData),
             4 => (1u64..20_000).prop_map(|compute_us| Op::Run { compute_us }),
             3 => Just(Op::Send),
-            4 => (0u8..4).prop_map(Op::Answer),
+            4 => (0u8..5).prop_map(Op::Answer),
             3 => Just(Op::AskReport),
             3 => Just(Op::Reported),
             1 => any::<bool>().prop_map(Op::Drain),
@@ -753,15 +864,19 @@ mod tests {
 
         /// Under any interleaving of answers: never more than the lease limit outstanding, at
         /// most what was asked is held per lease, no step reported before the receiver took
-        /// it (and each at most once), no expired lease pushed, and the worker ends only once
-        /// it holds nothing.
+        /// it (and each at most once), no expired lease pushed, the lowest runnable step runs
+        /// first, a parked step is not sent again before its pause ends, and the worker ends
+        /// only once it holds nothing.
         #[test]
         fn the_worker_keeps_its_rules(max_leases in 1u32..40, ops in proptest::collection::vec(op(), 0..300)) {
             let t0 = Instant::now();
             let mut now = t0;
             let mut w = WorkerState::new(max_leases);
             let mut asked: Option<u32> = None;
-            let mut next_global = 0u64;
+            let mut next_global = 1_000_000u64;
+            let mut next_low = 1_000_000u64;
+            // Parked (answered `RETRY`): when each may be sent again.
+            let mut parked: std::collections::BTreeMap<u64, Instant> = std::collections::BTreeMap::new();
             let mut taken: BTreeSet<u64> = BTreeSet::new();
             let mut reported: BTreeSet<u64> = BTreeSet::new();
             let mut in_report: Vec<Delivered> = Vec::new();
@@ -780,12 +895,18 @@ mod tests {
                             asked = Some(max);
                         }
                     }
-                    Op::Grant { n, lease_ms } => {
+                    Op::Grant { n, lease_ms, low } => {
                         if let Some(max) = asked.take() {
                             let n = n.min(max);
                             let steps = (0..n).map(|_| {
-                                next_global += 1;
-                                step(next_global, now + Duration::from_millis(lease_ms))
+                                let global = if low {
+                                    next_low -= 1;
+                                    next_low
+                                } else {
+                                    next_global += 1;
+                                    next_global
+                                };
+                                step(global, now + Duration::from_millis(lease_ms))
                             }).collect();
                             w.leased(steps, Duration::from_micros(300));
                         }
@@ -801,12 +922,22 @@ mod tests {
                             w.job_ended();
                             running = None;
                             pushing = None;
+                            parked.clear();
                         }
                     }
                     Op::Run { compute_us } => {
                         if running.is_none() {
                             if let Some(s) = w.next_step(now) {
                                 prop_assert!(s.expires > now, "ran an expired lease");
+                                if let Some(not_before) = parked.remove(&s.global) {
+                                    prop_assert!(not_before <= now, "sent {} again before its pause ended", s.global);
+                                }
+                                prop_assert!(w.queued.iter().all(|q| q.global > s.global), "ran {} before a lower queued step", s.global);
+                                prop_assert!(
+                                    w.parked.values().all(|p| p.not_before > now || p.step.global > s.global),
+                                    "ran {} before a lower parked step whose pause ended", s.global
+                                );
+                                parked.retain(|g, _| w.is_parked(*g));
                                 w.computed(Duration::from_micros(compute_us));
                                 running = Some(s);
                             }
@@ -837,16 +968,26 @@ mod tests {
                                 }
                                 prop_assert!(s.expires > now, "resent an expired lease");
                             }
+                            let pause = Duration::from_millis(5);
                             let answer = match answer {
                                 0 | 1 => PushAnswer::Taken,
-                                2 => PushAnswer::Retry(Duration::from_millis(5)),
-                                _ => PushAnswer::Rejected,
+                                2 => PushAnswer::Retry(pause),
+                                3 => PushAnswer::Rejected,
+                                _ => {
+                                    // The connection dropped before the answer came.
+                                    pushing = Some((s, true));
+                                    continue;
+                                }
                             };
                             if answer == PushAnswer::Taken {
                                 taken.insert(s.global);
                             }
                             match w.pushed(answer, now) {
-                                PushNext::RetryAfter(_) => pushing = Some((s, true)),
+                                PushNext::Parked => {
+                                    prop_assert!(w.is_parked(s.global));
+                                    prop_assert!(w.wakeup().is_some_and(|t| t <= now + pause), "a parked step's pause is not a wakeup");
+                                    parked.insert(s.global, now + pause);
+                                }
                                 PushNext::Done => prop_assert_eq!(answer, PushAnswer::Taken),
                                 PushNext::Drop => prop_assert!(answer != PushAnswer::Taken),
                             }

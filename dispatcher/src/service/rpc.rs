@@ -215,9 +215,6 @@ impl DispatcherService {
     }
 }
 
-/// Compares without an early exit, so that the time taken does not reveal how much of a
-/// guessed token was right.
-
 #[tonic::async_trait]
 impl Dispatcher for DispatcherService {
     async fn register(
