@@ -29,9 +29,14 @@
 //! the receiver takes step n, and reads step n's answer before it sends step n + 1.
 //! The hello is checked (token in constant time, then job, then protocol version) before the
 //! receiver's buffer is touched; a refusal says why and closes the connection. A frame length
-//! over [`MAX_MESSAGE_BYTES`] is refused before anything is allocated, and the frame buffer
-//! grows with the bytes that arrive (at most [`READ_CHUNK`] ahead of them). The frame's
-//! checksum is summed piece by piece as it arrives, while the bytes are in cache. A frame the
+//! over [`MAX_MESSAGE_BYTES`] is refused before anything is allocated. An uncompressed frame
+//! is decoded as it arrives (`transfer::codec::stream`): each numeric tensor's values are read
+//! from the socket into the tensor's own memory, so the bytes cross user space once; a
+//! tensor's memory is allocated (zeroed, so untouched pages cost nothing) for at most what the
+//! rest of the frame could fill. Any other frame is read into a buffer that grows with the
+//! bytes that arrive (at most [`READ_CHUNK`] ahead of them) and is decoded whole. Either way
+//! the frame's checksum is summed piece by piece as it arrives, while the bytes are in cache,
+//! and a frame is refused exactly as `StepDecoder` refuses it. A frame the
 //! codec refuses is answered `REJECTED` with the reason, and the connection is closed (a sender
 //! that produced it cannot be trusted to stay in step); so is one that ends early. Nothing a
 //! peer sends can panic the receiver.
@@ -52,6 +57,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 pub use lode_proto::tls::host_port;
 
 use super::receiver::ReceiverService;
+use crate::transfer::codec::stream::{self, Incoming, StreamFault};
+use crate::transfer::codec::{FrameHeader, HEADER_LEN};
 use crate::transfer::{FrameChecksum, FrameParts, StepDecoder};
 
 /// The first bytes of a data-plane connection.
@@ -383,31 +390,49 @@ async fn read_hello(
     Ok(())
 }
 
-/// Reads a frame of `len` bytes into `frame` (cleared first), summing its checksum as the bytes
-/// arrive. The buffer grows with the bytes that actually arrive (by at most
-/// [`READ_CHUNK`] ahead of them), whatever the prefix said.
-async fn read_frame(
-    stream: &mut (impl AsyncRead + Unpin),
+/// Reads a frame of `len` bytes and offers it to the receiver; the answer to send, or the
+/// connection's error (it broke or ended mid-frame). An uncompressed frame is decoded as it
+/// arrives, its values read into the tensors' memory ([`stream::read_raw_frame`]); any other
+/// is read into `frame` (cleared first; it grows with the bytes that actually arrive, by at
+/// most [`READ_CHUNK`] ahead of them, whatever the prefix said), summed as the bytes arrive,
+/// and decoded by `decoder`.
+async fn read_and_offer(
+    incoming: &mut Incoming<impl AsyncRead + Unpin>,
     len: u32,
     frame: &mut Vec<u8>,
-) -> std::io::Result<FrameChecksum> {
+    decoder: &mut StepDecoder,
+    service: &ReceiverService,
+) -> std::io::Result<(PushStatus, String)> {
     let len = usize::try_from(len).map_err(|_| std::io::ErrorKind::InvalidData)?;
     frame.clear();
     let mut sum = FrameChecksum::default();
-    while frame.len() < len {
-        let want = (len - frame.len()).min(READ_CHUNK);
-        frame.reserve(want);
-        let start = frame.len();
-        let n = (&mut *stream)
-            .take(u64::try_from(want).unwrap_or(u64::MAX))
-            .read_buf(frame)
-            .await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
+    if len >= HEADER_LEN {
+        let mut head = [0u8; HEADER_LEN];
+        incoming.read_exact_into(&mut head).await?;
+        if let Ok(header) = FrameHeader::parse(&head, decoder.max_message_bytes()) {
+            if stream::streams(&header) {
+                let limit = decoder.max_message_bytes();
+                let decoded =
+                    stream::read_raw_frame(incoming, &head, &header, len_u64(len), limit).await;
+                return match decoded {
+                    Ok(msg) => Ok(service.offer_message(msg)),
+                    Err(StreamFault::Refused(e)) => Ok(service.refuse_frame(&e)),
+                    Err(StreamFault::Io(e)) => Err(e),
+                };
+            }
         }
-        sum.update(&frame[start..]);
+        frame.extend_from_slice(&head);
+        sum.update(&head);
     }
-    Ok(sum)
+    let rest = len - frame.len();
+    incoming
+        .read_summed(rest, frame, READ_CHUNK, &mut sum)
+        .await?;
+    Ok(service.offer_frame(decoder, frame, Some(&sum)))
+}
+
+fn len_u64(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
 }
 
 /// Serves one data-plane connection (its first bytes are [`DATA_PLANE_MAGIC`]; plaintext or
@@ -438,11 +463,12 @@ pub(crate) async fn serve_connection(
     }
     let mut decoder = StepDecoder::new(max_frame_bytes());
     let mut frame = Vec::new();
+    let mut incoming = Incoming::new(stream);
     loop {
         let len = tokio::select! {
             biased;
             _ = stop.changed() => return,
-            len = stream.read_u32_le() => match len {
+            len = incoming.read_u32_le() => match len {
                 Ok(len) => len,
                 // The peer closed between frames (or broke): the normal end.
                 Err(_) => return,
@@ -452,23 +478,38 @@ pub(crate) async fn serve_connection(
             let reason =
                 format!("a {len}-byte frame is over the limit of {MAX_MESSAGE_BYTES} bytes");
             tracing::warn!(?peer, %reason, "data plane: closing a connection");
-            let _ = send(&mut stream, &answer_bytes(PushStatus::Rejected, 0, &reason)).await;
+            let _ = send(
+                incoming.get_mut(),
+                &answer_bytes(PushStatus::Rejected, 0, &reason),
+            )
+            .await;
             return;
         }
-        let sum = match read_frame(&mut stream, len, &mut frame).await {
-            Ok(sum) => sum,
+        let (status, reason) = match read_and_offer(
+            &mut incoming,
+            len,
+            &mut frame,
+            &mut decoder,
+            &service,
+        )
+        .await
+        {
+            Ok(answer) => answer,
             Err(e) => {
-                tracing::warn!(?peer, declared = len, received = frame.len(), cause = %e, "data plane: a frame broke off; closing");
+                tracing::warn!(?peer, declared = len, cause = %e, "data plane: a frame broke off; closing");
                 return;
             }
         };
-        let (status, reason) = service.offer_frame(&mut decoder, &frame, Some(&sum));
         let retry_after_ms = if status == PushStatus::Retry {
             super::receiver::retry_after_ms()
         } else {
             0
         };
-        let sent = send(&mut stream, &answer_bytes(status, retry_after_ms, &reason)).await;
+        let sent = send(
+            incoming.get_mut(),
+            &answer_bytes(status, retry_after_ms, &reason),
+        )
+        .await;
         if sent.is_err() || status == PushStatus::Rejected {
             if status == PushStatus::Rejected {
                 tracing::warn!(?peer, %reason, "data plane: closing after a rejected frame");

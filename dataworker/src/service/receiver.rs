@@ -77,11 +77,13 @@ impl ReceiverService {
         };
         let msg = match decoded {
             Ok(msg) => msg,
-            Err(e) => {
-                tracing::warn!(cause = %e, "rejected a malformed step frame");
-                return (PushStatus::Rejected, e.to_string());
-            }
+            Err(e) => return self.refuse_frame(&e),
         };
+        self.offer_message(msg)
+    }
+
+    /// Offers a decoded message to the buffer (see [`Self::offer_frame`]).
+    pub(crate) fn offer_message(&self, msg: crate::transfer::StepMessage) -> (PushStatus, String) {
         let (step, stage) = (msg.step, msg.stage);
         match self.buffer.try_push(msg) {
             Offer::Accepted => (PushStatus::Accepted, String::new()),
@@ -92,6 +94,12 @@ impl ReceiverService {
                 (PushStatus::Rejected, format!("{why:?}"))
             }
         }
+    }
+
+    /// The answer to a frame the codec refused.
+    pub(crate) fn refuse_frame(&self, e: &crate::transfer::TransferError) -> (PushStatus, String) {
+        tracing::warn!(cause = %e, "rejected a malformed step frame");
+        (PushStatus::Rejected, e.to_string())
     }
 
     #[allow(clippy::result_large_err)] // tonic's handlers answer with a `Status` as it is

@@ -806,3 +806,221 @@ fn every_cut_and_every_extension_of_a_frame_is_refused() {
         }
     }
 }
+
+// --- Decoding from a connection (codec_stream.rs) -----------------------------------------
+
+/// A connection that hands out at most `chunk` bytes per read, so that frames arrive in
+/// pieces, split anywhere.
+struct Trickle<'a> {
+    data: &'a [u8],
+    chunk: usize,
+}
+
+impl tokio::io::AsyncRead for Trickle<'_> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let n = self.data.len().min(self.chunk).min(buf.remaining());
+        buf.put_slice(&self.data[..n]);
+        self.data = &self.data[n..];
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+/// What comes after the frame on the connection: the stream decoder must leave it unread.
+const NEXT: &[u8; 4] = b"NEXT";
+
+/// The stream decoder's answer for `frame` (the data plane's length prefix says its length),
+/// read `chunk` bytes at a time, if it is a frame that one decodes (its header parses and
+/// says uncompressed); checks that exactly the frame's bytes were read.
+fn stream_decode(
+    frame: &[u8],
+    limit: u64,
+    chunk: usize,
+) -> Option<Result<StepMessage, TransferError>> {
+    let head: [u8; HEADER_LEN] = *frame.first_chunk()?;
+    let header = FrameHeader::parse(&head, limit).ok()?;
+    if !stream::streams(&header) {
+        return None;
+    }
+    let mut wire = frame.to_vec();
+    wire.extend_from_slice(NEXT);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut incoming = stream::Incoming::new(Trickle { data: &wire, chunk });
+        let mut read = [0u8; HEADER_LEN];
+        incoming.read_exact_into(&mut read).await.expect("head");
+        assert_eq!(read, head);
+        let len = len_u64(frame.len());
+        let result = match stream::read_raw_frame(&mut incoming, &head, &header, len, limit).await {
+            Ok(msg) => Ok(msg),
+            Err(stream::StreamFault::Refused(e)) => Err(e),
+            Err(stream::StreamFault::Io(e)) => panic!("a whole frame broke off: {e}"),
+        };
+        let mut next = [0u8; 4];
+        incoming.read_exact_into(&mut next).await.expect("next");
+        assert_eq!(
+            &next, NEXT,
+            "the frame's bytes, no more and no fewer, were read"
+        );
+        Some(result)
+    })
+}
+
+/// The stream decoder and the slice decoder agree on `frame`: the same message bit for bit,
+/// or the same error.
+fn assert_agree(frame: &[u8], limit: u64, chunk: usize) -> Result<(), TestCaseError> {
+    let Some(streamed) = stream_decode(frame, limit, chunk) else {
+        return Ok(());
+    };
+    match (streamed, decode_frame(frame, limit)) {
+        (Ok(a), Ok(b)) => prop_assert!(a.bitwise_eq(&b), "{:?} != {:?}", a, b),
+        (Err(a), Err(b)) => prop_assert_eq!(a.to_string(), b.to_string()),
+        (a, b) => prop_assert!(false, "stream {:?}, slice {:?}", a, b),
+    }
+    Ok(())
+}
+
+#[test]
+fn a_frame_decoded_from_the_connection_is_the_frame_decoded_from_memory() {
+    let msg = message(every_dtype());
+    let frame = encoder(Compression::Off).encode(&msg).expect("encodes");
+    for chunk in [1, 7, 100, 1 << 20] {
+        let back = stream_decode(&frame, DEFAULT_MAX_MESSAGE_BYTES, chunk)
+            .expect("an uncompressed frame streams")
+            .expect("decodes");
+        assert!(back.bitwise_eq(&msg), "chunk {chunk}");
+    }
+    // Values larger than the connection's buffer are read past it, straight into the tensor.
+    let big = message(vec![noise(100_000), compressible()]);
+    let frame = encoder(Compression::Off).encode(&big).expect("encodes");
+    let back = stream_decode(&frame, DEFAULT_MAX_MESSAGE_BYTES, 1 << 20)
+        .expect("streams")
+        .expect("decodes");
+    assert!(back.bitwise_eq(&big));
+    let lz4 = encoder(Compression::Lz4).encode(&big).expect("encodes");
+    assert!(
+        stream_decode(&lz4, DEFAULT_MAX_MESSAGE_BYTES, 1 << 20).is_none(),
+        "an LZ4 frame is read whole"
+    );
+}
+
+#[test]
+fn the_stream_decoder_refuses_each_bad_frame_as_the_slice_decoder_does() {
+    let limit = DEFAULT_MAX_MESSAGE_BYTES;
+    let mut bad_bool = tensor_header(0, &[2], 2);
+    bad_bool.extend_from_slice(&[1, 2]);
+    let mut long_strings = tensor_header(13, &[1], 1);
+    varint(1 << 40, &mut long_strings);
+    let cases = [
+        raw_frame(&payload(1, &tensor_header(99, &[1], 1))),
+        raw_frame(&payload(1, &tensor_header(11, &[2, 3], 5))),
+        raw_frame(&payload(1, &bad_bool)),
+        raw_frame(&payload(1, &long_strings)),
+        // A declared count far beyond the bytes that follow: refused, nothing allocated.
+        raw_frame(&payload(1, &tensor_header(11, &[1 << 40], 1 << 40))),
+        raw_frame(&payload(2, &tensor_header(5, &[1], 1))),
+        raw_frame(&payload(0, &[0, 0])),
+        raw_frame(&[]),
+    ];
+    for frame in &cases {
+        let streamed = stream_decode(frame, limit, 3)
+            .expect("streams")
+            .expect_err("refused");
+        assert_eq!(streamed.to_string(), decode_err(frame).to_string());
+    }
+    // A damaged payload byte: the checksum is the error, though parsing failed first.
+    let mut frame = raw_frame(&payload(1, &tensor_header(11, &[1], 1)));
+    frame.extend_from_slice(&[0; 4]);
+    let frame = raw_frame(&frame[HEADER_LEN..]);
+    let mut damaged = frame.clone();
+    damaged[HEADER_LEN + 7] ^= 0x40;
+    let streamed = stream_decode(&damaged, limit, 5).expect("streams");
+    assert!(matches!(
+        streamed,
+        Err(TransferError::ChecksumMismatch { .. })
+    ));
+    // A frame whose length disagrees with its header.
+    let mut long = frame.clone();
+    long.push(0);
+    assert_agree(&long, limit, 2).expect("agree");
+    assert_agree(&frame[..frame.len() - 1], limit, 2).expect("agree");
+    // The decoded-memory limit: the payload is within it, the tensors' memory is not.
+    let msg = message(vec![noise(1000)]);
+    let frame = encoder(Compression::Off).encode(&msg).expect("encodes");
+    let limit = len_u64(frame.len() - HEADER_LEN);
+    let streamed = stream_decode(&frame, limit, 64).expect("streams");
+    assert!(
+        matches!(streamed, Err(TransferError::DecodedTooLarge { .. })),
+        "{streamed:?}"
+    );
+    assert_agree(&frame, limit, 64).expect("agree");
+}
+
+proptest! {
+    /// Random messages, split anywhere on the connection: the same message as from memory.
+    #[test]
+    fn prop_stream_decoding_matches_the_slice_decoder(
+        msg in message_strategy(),
+        chunk in 1usize..300,
+    ) {
+        let frame = encoder(Compression::Off).encode(&msg).expect("encodes");
+        let back = stream_decode(&frame, DEFAULT_MAX_MESSAGE_BYTES, chunk)
+            .expect("streams")
+            .expect("decodes");
+        prop_assert!(back.bitwise_eq(&msg));
+    }
+
+    /// Every bit flip, and mutated payloads re-framed with a valid checksum (so that the parser
+    /// sees the damage): the stream decoder says what the slice decoder says, and reads
+    /// exactly the frame.
+    #[test]
+    fn prop_stream_decoding_refuses_what_the_slice_decoder_refuses(
+        msg in message_strategy(),
+        at in any::<prop::sample::Index>(),
+        bit in 0u8..8,
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+        chunk in 1usize..300,
+        limit in prop_oneof![Just(DEFAULT_MAX_MESSAGE_BYTES), 0u64..4096],
+    ) {
+        let frame = encoder(Compression::Off).encode(&msg).expect("encodes");
+        let mut flipped = frame.clone();
+        let i = at.index(frame.len());
+        flipped[i] ^= 1 << bit;
+        assert_agree(&flipped, limit, chunk)?;
+        let mut p = frame[HEADER_LEN..].to_vec();
+        if !p.is_empty() {
+            for (at, byte) in edits {
+                let i = at.index(p.len());
+                p[i] = byte;
+            }
+        }
+        assert_agree(&raw_frame(&p), limit, chunk)?;
+    }
+}
+
+proptest! {
+    /// The frame's CRC32C, summed in any pieces, is the `crc32c` crate's (the implementation
+    /// the TFRecord reader and the journal use): the same function, independently computed.
+    #[test]
+    fn prop_the_frame_checksum_is_crc32c(
+        bytes in proptest::collection::vec(any::<u8>(), 0..5000),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let cut = cut.index(bytes.len() + 1);
+        let pieces = crc32c_append(crc32c_append(0, &bytes[..cut]), &bytes[cut..]);
+        prop_assert_eq!(pieces, crc32c::crc32c(&bytes));
+        prop_assert_eq!(crc32c_append(0, &bytes), crc32c::crc32c(&bytes));
+    }
+}
+
+#[test]
+fn the_frame_checksum_has_crc32c_check_value() {
+    // The check value of CRC-32/ISCSI (the CRC of "123456789").
+    assert_eq!(crc32c_append(0, b"123456789"), 0xe306_9283);
+    assert_eq!(crc32c_append(0, &[]), 0);
+}

@@ -6,7 +6,9 @@
 //!   CRC32C, bincode payload, optionally LZ4), [`StepEncoder`] with per-job [`Compression`]
 //!   (off, LZ4, or chosen automatically by measuring), frames in parts ([`FrameParts`]: the
 //!   tensors' values borrowed, for vectored writes), and [`StepDecoder`], safe on hostile
-//!   bytes, which can take a checksum summed as the bytes arrived ([`FrameChecksum`]).
+//!   bytes, which can take a checksum summed as the bytes arrived ([`FrameChecksum`]);
+//!   [`codec::stream`] decodes an uncompressed frame straight from a connection, each tensor's
+//!   values read into its own memory, with the same checks and errors.
 //! - [`receiver`]: DWRecv's reorder and deduplication buffer as a state machine with time
 //!   passed in ([`ReceiverState`]), its metrics, and [`SharedReceiver`], the blocking,
 //!   thread-safe wrapper whose bounded buffer is the senders' backpressure.

@@ -1,0 +1,451 @@
+//! Decoding an uncompressed frame straight from a connection: each numeric tensor's values are
+//! read from the socket into the tensor's own memory, so a frame's bytes cross user space once
+//! (the kernel's copy) instead of twice (into a frame buffer, then out of it into the tensors).
+//!
+//! The frame and its checks are [`super`]'s: the same layout, the same limits, the same
+//! errors in the same cases, and the checksum still covers every byte. Only the order of the
+//! checks differs where it cannot be the same: the payload is parsed as it arrives, before the
+//! checksum is known, so when a check fails mid-frame the rest of the frame is read and summed
+//! first, and a checksum that does not match is the error reported (as
+//! [`super::StepDecoder`] reports it before parsing anything). A declared count allocates only
+//! what the frame's remaining bytes could fill, within the decoder's limit.
+//!
+//! Values are read in place on little-endian machines only (there, a number's memory is its
+//! wire form); elsewhere, and for LZ4 frames, the receiver reads the whole frame and decodes it
+//! with [`super::StepDecoder`].
+
+use bincode::error::DecodeError;
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use super::{
+    dtype_from_tag, len_u64, DecodeCtx, FrameChecksum, FrameCompression, FrameHeader, StepMessage,
+    HEADER_LEN, STRING_OVERHEAD_BYTES, TENSOR_OVERHEAD_BYTES, WIRE,
+};
+use crate::tensor::{DType, Tensor, TensorData};
+use crate::transfer::TransferError;
+
+/// Bytes the connection's buffer holds: metadata and small frames are read through it.
+const BUFFER_BYTES: usize = 64 << 10;
+
+/// The most a tensor's values are read in one go before they are summed: small enough that
+/// the checksum reads them from cache.
+const SUM_CHUNK: usize = 256 << 10;
+
+/// The read side of a connection: a buffer over the stream, kept across frames (the next
+/// frame's first bytes may arrive with this one's last).
+#[derive(Debug)]
+pub struct Incoming<S> {
+    stream: S,
+    buf: Box<[u8]>,
+    pos: usize,
+    end: usize,
+}
+
+impl<S: AsyncRead + Unpin> Incoming<S> {
+    pub fn new(stream: S) -> Self {
+        Incoming {
+            stream,
+            buf: vec![0; BUFFER_BYTES].into_boxed_slice(),
+            pos: 0,
+            end: 0,
+        }
+    }
+
+    /// The stream, to write answers on.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.stream
+    }
+
+    /// Bytes received and not yet taken.
+    pub fn buffered(&self) -> &[u8] {
+        &self.buf[self.pos..self.end]
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.pos = (self.pos + n).min(self.end);
+    }
+
+    /// Reads whatever the stream has into the buffer's free end; 0 at the end of the stream.
+    async fn fill(&mut self) -> std::io::Result<usize> {
+        if self.pos == self.end {
+            self.pos = 0;
+            self.end = 0;
+        } else if self.end == self.buf.len() {
+            self.buf.copy_within(self.pos..self.end, 0);
+            self.end -= self.pos;
+            self.pos = 0;
+        }
+        let n = self.stream.read(&mut self.buf[self.end..]).await?;
+        self.end += n;
+        Ok(n)
+    }
+
+    /// Waits until at least `n` bytes (at most the buffer's size) are buffered.
+    async fn want(&mut self, n: usize) -> std::io::Result<()> {
+        let n = n.min(self.buf.len());
+        while self.end - self.pos < n {
+            if self.pos > 0 && self.buf.len() - self.pos < n {
+                self.buf.copy_within(self.pos..self.end, 0);
+                self.end -= self.pos;
+                self.pos = 0;
+            }
+            if self.fill().await? == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Fills `dst` exactly: the buffered bytes first, the rest straight from the stream.
+    pub async fn read_exact_into(&mut self, dst: &mut [u8]) -> std::io::Result<()> {
+        let have = self.buffered().len().min(dst.len());
+        dst[..have].copy_from_slice(&self.buf[self.pos..self.pos + have]);
+        self.consume(have);
+        if have < dst.len() {
+            self.stream.read_exact(&mut dst[have..]).await?;
+        }
+        Ok(())
+    }
+
+    /// A little-endian u32 (a frame's length prefix).
+    pub async fn read_u32_le(&mut self) -> std::io::Result<u32> {
+        let mut b = [0u8; 4];
+        self.read_exact_into(&mut b).await?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    /// Appends `n` bytes to `out`, growing it by at most `chunk` ahead of what arrived, and
+    /// sums them into `sum`.
+    pub async fn read_summed(
+        &mut self,
+        n: usize,
+        out: &mut Vec<u8>,
+        chunk: usize,
+        sum: &mut FrameChecksum,
+    ) -> std::io::Result<()> {
+        let target = out.len() + n;
+        while out.len() < target {
+            let start = out.len();
+            let want = (target - start).min(chunk.max(1));
+            let have = self.buffered().len().min(want);
+            if have > 0 {
+                out.extend_from_slice(&self.buf[self.pos..self.pos + have]);
+                self.consume(have);
+            } else {
+                out.reserve(want);
+                let got = (&mut self.stream).take(len_u64(want)).read_buf(out).await?;
+                if got == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+            }
+            sum.update(&out[start..]);
+        }
+        Ok(())
+    }
+}
+
+/// Why a frame read from a connection failed.
+#[derive(Debug)]
+pub enum StreamFault {
+    /// The connection broke or ended mid-frame: nothing more can be read from it.
+    Io(std::io::Error),
+    /// The frame was read to its end and is refused (the connection is still in step).
+    Refused(TransferError),
+}
+
+impl From<std::io::Error> for StreamFault {
+    fn from(e: std::io::Error) -> Self {
+        StreamFault::Io(e)
+    }
+}
+
+/// Whether a frame with this header is decoded from the stream (uncompressed, on a
+/// little-endian machine); otherwise the caller reads it whole and decodes it.
+pub fn streams(header: &FrameHeader) -> bool {
+    cfg!(target_endian = "little") && header.compression == FrameCompression::None
+}
+
+/// Reads the payload of a frame whose `header` (already read: `head` holds its bytes) says it
+/// is uncompressed, `len` bytes long in all (the connection's length prefix), and decodes it
+/// as it arrives, within `limit` (the decoder's `max_message_bytes`). On success, or on a
+/// [`StreamFault::Refused`], exactly the frame's bytes were read.
+pub async fn read_raw_frame<S: AsyncRead + Unpin>(
+    incoming: &mut Incoming<S>,
+    head: &[u8; HEADER_LEN],
+    header: &FrameHeader,
+    len: u64,
+    limit: u64,
+) -> Result<StepMessage, StreamFault> {
+    let body = len.saturating_sub(len_u64(HEADER_LEN));
+    let mut reader = Payload {
+        incoming,
+        left: body,
+        sum: FrameChecksum::default(),
+        ctx: DecodeCtx {
+            limit,
+            used: 0,
+            failure: None,
+        },
+    };
+    reader.sum.update(head);
+    // A length that disagrees with the header is refused before the checksum, as
+    // `StepDecoder` refuses it.
+    let length = if body < header.payload_len {
+        Some(TransferError::Truncated {
+            needed: header.payload_len + len_u64(HEADER_LEN),
+            actual: len,
+        })
+    } else if body > header.payload_len {
+        Some(TransferError::TrailingBytes {
+            extra: body - header.payload_len,
+            after: "the declared payload",
+        })
+    } else {
+        None
+    };
+    if let Some(refused) = length {
+        reader.drain().await?;
+        return Err(StreamFault::Refused(refused));
+    }
+    let parsed = reader.message().await?;
+    // Whatever was parsed, the frame is read to its end and its checksum comes first.
+    let trailing = reader.left;
+    reader.drain().await?;
+    let actual = reader.sum.value();
+    if actual != header.checksum {
+        return Err(StreamFault::Refused(TransferError::ChecksumMismatch {
+            expected: header.checksum,
+            actual,
+        }));
+    }
+    match parsed {
+        Ok(_) if trailing > 0 => Err(StreamFault::Refused(TransferError::TrailingBytes {
+            extra: trailing,
+            after: "the last tensor of the payload",
+        })),
+        Ok(msg) => Ok(msg),
+        Err(e) => Err(StreamFault::Refused(e)),
+    }
+}
+
+/// The payload being read: at most `left` more bytes, each summed as it is taken.
+struct Payload<'a, S> {
+    incoming: &'a mut Incoming<S>,
+    left: u64,
+    sum: FrameChecksum,
+    ctx: DecodeCtx,
+}
+
+/// The result of parsing: the connection's own fault ends the read; a refusal is returned once
+/// the frame was read to its end.
+type Parsed<T> = Result<Result<T, TransferError>, std::io::Error>;
+
+/// `?` for the inner (refusal) result of a [`Parsed`].
+macro_rules! refuse {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => return Ok(Err(e)),
+        }
+    };
+}
+
+impl<S: AsyncRead + Unpin> Payload<'_, S> {
+    fn take(&mut self, n: usize) {
+        let n = n.min(self.incoming.buffered().len());
+        self.sum.update(&self.incoming.buffered()[..n]);
+        self.incoming.consume(n);
+        self.left -= len_u64(n);
+    }
+
+    /// Reads and sums the rest of the frame, discarding it.
+    async fn drain(&mut self) -> std::io::Result<()> {
+        while self.left > 0 {
+            if self.incoming.buffered().is_empty() && self.incoming.fill().await? == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            let n = usize::try_from(self.left)
+                .unwrap_or(usize::MAX)
+                .min(self.incoming.buffered().len());
+            self.take(n);
+        }
+        Ok(())
+    }
+
+    /// The payload's end came before `needed` more bytes: bincode's error, as the slice
+    /// decoder gives it.
+    fn short(&self, needed: u64) -> TransferError {
+        TransferError::Decode {
+            source: DecodeError::UnexpectedEnd {
+                additional: usize::try_from(needed.saturating_sub(self.left)).unwrap_or(usize::MAX),
+            },
+        }
+    }
+
+    /// Decodes one bincode value (an integer: at most 17 bytes) from the buffer.
+    async fn value<T: bincode::Decode<()>>(&mut self) -> Parsed<T> {
+        let most = usize::try_from(self.left).unwrap_or(usize::MAX).min(17);
+        self.incoming.want(most).await?;
+        let window = &self.incoming.buffered()[..most];
+        match bincode::decode_from_slice::<T, _>(window, WIRE) {
+            Ok((v, used)) => {
+                self.take(used);
+                Ok(Ok(v))
+            }
+            Err(source) => Ok(Err(TransferError::Decode { source })),
+        }
+    }
+
+    fn charge(&mut self, bytes: u64) -> Result<(), TransferError> {
+        super::charge(&mut self.ctx, bytes).map_err(|source| {
+            self.ctx
+                .failure
+                .take()
+                .unwrap_or(TransferError::Decode { source })
+        })
+    }
+
+    /// Fills `dst` from the payload, straight from the stream past what is buffered, summing
+    /// it a chunk at a time.
+    async fn bytes_into(&mut self, dst: &mut [u8]) -> Parsed<()> {
+        let needed = len_u64(dst.len());
+        if needed > self.left {
+            return Ok(Err(self.short(needed)));
+        }
+        for piece in dst.chunks_mut(SUM_CHUNK) {
+            self.incoming.read_exact_into(piece).await?;
+            self.sum.update(piece);
+        }
+        self.left -= needed;
+        Ok(Ok(()))
+    }
+
+    async fn message(&mut self) -> Parsed<StepMessage> {
+        let job = refuse!(self.value::<u64>().await?);
+        let stage = refuse!(self.value::<u32>().await?);
+        let step = refuse!(self.value::<u64>().await?);
+        let epoch = refuse!(self.value::<u64>().await?);
+        let nrecords = refuse!(self.value::<u64>().await?);
+        refuse!(self.charge(nrecords.saturating_mul(8)));
+        let mut records = Vec::with_capacity(super::initial_capacity(nrecords, 4096));
+        for _ in 0..nrecords {
+            records.push(refuse!(self.value::<u64>().await?));
+        }
+        let count = refuse!(self.value::<u64>().await?);
+        let mut tensors = Vec::with_capacity(super::initial_capacity(count, 256));
+        for index in 0..count {
+            let index = usize::try_from(index).unwrap_or(usize::MAX);
+            tensors.push(refuse!(self.tensor(index).await?));
+        }
+        Ok(Ok(StepMessage {
+            job,
+            stage,
+            step,
+            epoch,
+            records,
+            tensors,
+        }))
+    }
+
+    async fn tensor(&mut self, tensor: usize) -> Parsed<Tensor> {
+        let tag = refuse!(self.value::<u8>().await?);
+        let Some(dtype) = dtype_from_tag(tag) else {
+            return Ok(Err(TransferError::UnknownDtype { tensor, tag }));
+        };
+        let rank = refuse!(self.value::<u64>().await?);
+        refuse!(self.charge(TENSOR_OVERHEAD_BYTES.saturating_add(rank.saturating_mul(8))));
+        let mut dims = Vec::with_capacity(super::initial_capacity(rank, 8));
+        for _ in 0..rank {
+            dims.push(refuse!(self.value::<u64>().await?));
+        }
+        let count = refuse!(self.value::<u64>().await?);
+        let expected = dims
+            .iter()
+            .try_fold(1u128, |acc, &x| acc.checked_mul(u128::from(x)))
+            .unwrap_or(u128::MAX);
+        let mismatch = |dims: Vec<u64>| TransferError::ValueCountMismatch {
+            tensor,
+            shape: dims,
+            expected,
+            actual: count,
+        };
+        if expected != u128::from(count) {
+            return Ok(Err(mismatch(dims)));
+        }
+        let mut shape = Vec::with_capacity(dims.len());
+        for &dim in &dims {
+            match usize::try_from(dim) {
+                Ok(x) => shape.push(x),
+                Err(_) => return Ok(Err(TransferError::DimOutOfRange { tensor, dim })),
+            }
+        }
+        let data = match dtype.byte_width() {
+            None => refuse!(self.strings(count).await?),
+            Some(width) => {
+                let bytes = count.saturating_mul(len_u64(width));
+                refuse!(self.charge(bytes));
+                if bytes > self.left {
+                    return Ok(Err(self.short(bytes)));
+                }
+                // At most the frame's remaining bytes, so within memory's reach.
+                let n = usize::try_from(count).unwrap_or(usize::MAX);
+                refuse!(self.numbers(dtype, n, tensor).await?)
+            }
+        };
+        Ok(Tensor::new(shape, data).map_err(|_| mismatch(dims)))
+    }
+
+    async fn strings(&mut self, count: u64) -> Parsed<TensorData> {
+        let mut out = Vec::with_capacity(super::initial_capacity(count, 1024));
+        for _ in 0..count {
+            let len = refuse!(self.value::<u64>().await?);
+            refuse!(self.charge(STRING_OVERHEAD_BYTES.saturating_add(len)));
+            if len > self.left {
+                return Ok(Err(self.short(len)));
+            }
+            let mut s = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
+            refuse!(self.bytes_into(&mut s).await?);
+            out.push(s);
+        }
+        Ok(Ok(TensorData::String(out)))
+    }
+
+    /// `n` values of `dtype`, read into their own memory (see the module docs).
+    async fn numbers(&mut self, dtype: DType, n: usize, tensor: usize) -> Parsed<TensorData> {
+        macro_rules! read {
+            ($variant:ident, $zero:expr) => {{
+                let mut v = vec![$zero; n];
+                refuse!(self.bytes_into(bytemuck::cast_slice_mut(&mut v)).await?);
+                TensorData::$variant(v)
+            }};
+        }
+        Ok(Ok(match dtype {
+            DType::Bool => {
+                let mut raw = vec![0u8; n];
+                refuse!(self.bytes_into(&mut raw).await?);
+                if let Some(index) = raw.iter().position(|&b| b > 1) {
+                    return Ok(Err(TransferError::InvalidBool {
+                        tensor,
+                        index,
+                        value: raw[index],
+                    }));
+                }
+                TensorData::Bool(raw.into_iter().map(|b| b == 1).collect())
+            }
+            DType::Int8 => read!(Int8, 0i8),
+            DType::UInt8 => read!(UInt8, 0u8),
+            DType::Int16 => read!(Int16, 0i16),
+            DType::UInt16 => read!(UInt16, 0u16),
+            DType::Float16 => read!(Float16, 0u16),
+            DType::BFloat16 => read!(BFloat16, 0u16),
+            DType::Int32 => read!(Int32, 0i32),
+            DType::UInt32 => read!(UInt32, 0u32),
+            DType::Float32 => read!(Float32, 0f32),
+            DType::Int64 => read!(Int64, 0i64),
+            DType::UInt64 => read!(UInt64, 0u64),
+            DType::Float64 => read!(Float64, 0f64),
+            // Strings have no width: `tensor` reads them.
+            DType::String => TensorData::String(Vec::new()),
+        }))
+    }
+}
