@@ -370,6 +370,11 @@ pub struct ConsumeArgs {
     /// The global step expected next (a restarted training side checks the watermark).
     #[arg(long)]
     pub resume_from: Option<u64>,
+    /// Restart from a checkpoint taken before this global step, as a training program restored
+    /// from it does: the job's watermark moves to the step before (backwards or forwards), and
+    /// the steps from this one on are computed and delivered again.
+    #[arg(long, value_name = "STEP", conflicts_with = "resume_from")]
+    pub rewind_to: Option<u64>,
     /// Steps the receiver buffers ahead of the next one it delivers.
     #[arg(long, default_value_t = 64)]
     pub capacity: u64,

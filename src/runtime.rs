@@ -227,6 +227,7 @@ pub fn emulator_config(args: &ConsumeArgs) -> anyhow::Result<EmulatorConfig> {
     consumer.server_tls = server_tls(&args.tls)?;
     consumer.client_tls = client_tls(args.tls_client.tls_ca.as_deref())?;
     consumer.capacity = args.capacity;
+    consumer.resume_from = args.rewind_to;
     Ok(EmulatorConfig {
         consumer,
         log: args.log.clone(),

@@ -20,7 +20,12 @@
 //!
 //! # Restart
 //! [`Consumer::resume`] re-registers from a checkpoint's step: the dispatcher moves its
-//! watermark there (`RegisterConsumer.resume_from`) and a fresh receiver starts at it.
+//! watermark there (`RegisterConsumer.resume_from`) and a fresh receiver starts at it. The old
+//! receiver is closed first: registering makes the dispatcher lease every step again for the
+//! new receiver, and a worker that learns the new address late must not have a step counted
+//! as delivered by the old one (it would be reported complete and never leased again, and the
+//! new receiver would wait for it forever). A closed receiver answers no frame; the worker
+//! reconnects to the address the dispatcher names now.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -223,6 +228,10 @@ impl Consumer {
     /// Serves a fresh receiver and registers it, from `resume` when given (which needs the
     /// epoch length, known after the first registration).
     fn register(&mut self, resume: Option<u64>) -> Result<(), ConsumerError> {
+        // The receiver served now answers nothing more before the dispatcher hears of the new
+        // one: registering leases every step again, so a step the old receiver took after that
+        // would count as delivered, and be reported, though the new one never sees it.
+        self.served.buffer.close();
         let config = &self.config;
         let listen_error = |source| ConsumerError::Listen {
             addr: config.listen.clone(),

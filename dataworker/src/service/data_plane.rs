@@ -402,7 +402,7 @@ async fn read_and_offer(
     frame: &mut Vec<u8>,
     decoder: &mut StepDecoder,
     service: &ReceiverService,
-) -> std::io::Result<(PushStatus, String)> {
+) -> std::io::Result<Option<(PushStatus, String)>> {
     let len = usize::try_from(len).map_err(|_| std::io::ErrorKind::InvalidData)?;
     frame.clear();
     let mut sum = FrameChecksum::default();
@@ -416,7 +416,7 @@ async fn read_and_offer(
                     stream::read_raw_frame(incoming, &head, &header, len_u64(len), limit).await;
                 return match decoded {
                     Ok(msg) => Ok(service.offer_message(msg)),
-                    Err(StreamFault::Refused(e)) => Ok(service.refuse_frame(&e)),
+                    Err(StreamFault::Refused(e)) => Ok(Some(service.refuse_frame(&e))),
                     Err(StreamFault::Io(e)) => Err(e),
                 };
             }
@@ -485,20 +485,21 @@ pub(crate) async fn serve_connection(
             .await;
             return;
         }
-        let (status, reason) = match read_and_offer(
-            &mut incoming,
-            len,
-            &mut frame,
-            &mut decoder,
-            &service,
-        )
-        .await
+        let answer = match read_and_offer(&mut incoming, len, &mut frame, &mut decoder, &service)
+            .await
         {
             Ok(answer) => answer,
             Err(e) => {
                 tracing::warn!(?peer, declared = len, cause = %e, "data plane: a frame broke off; closing");
                 return;
             }
+        };
+        // Closed: a newer receiver replaced this one. The frame is not answered (an answer
+        // would count it as delivered); the sender sees the connection end and pushes to the
+        // receiver the dispatcher names now.
+        let Some((status, reason)) = answer else {
+            tracing::debug!(?peer, "data plane: the receiver was replaced; closing");
+            return;
         };
         let retry_after_ms = if status == PushStatus::Retry {
             super::receiver::retry_after_ms()

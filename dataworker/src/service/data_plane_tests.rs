@@ -418,3 +418,33 @@ fn addresses_lose_their_scheme() {
     assert_eq!(host_port("127.0.0.1:9"), "127.0.0.1:9");
     assert_eq!(host_port("https://h:1"), "h:1");
 }
+
+/// A receiver replaced by a newer one (the consumer registered again) answers nothing more:
+/// an answer would let the worker count a step as delivered that the new receiver never sees.
+/// The data plane ends the connection unanswered (the worker reconnects to the receiver named
+/// now), gRPC answers Unavailable, and the buffer takes nothing.
+#[tokio::test]
+async fn a_closed_receiver_answers_no_frame_and_takes_nothing() {
+    let served = Served::start().await;
+    let mut client = DataPlaneClient::connect(&served.addr, JOB, TOKEN, None)
+        .await
+        .expect("welcome");
+    assert_eq!(pushed(&mut client, 0).await, PushStatus::Accepted);
+    served.buffer.close();
+    // Step 0 is buffered (it would be Duplicate) and step 1 is within the window (Accepted):
+    // neither answer may come.
+    for step in [0, 1] {
+        let err = client
+            .push(&frame(&message(JOB, 0, step)))
+            .await
+            .expect_err("no answer");
+        assert!(err.is_unreachable(), "{err}");
+        client = DataPlaneClient::connect(&served.addr, JOB, TOKEN, None)
+            .await
+            .expect("welcome");
+    }
+    let status = grpc_push(&served.addr, None, 1).await.expect_err("refused");
+    assert!(status.to_string().contains("replaced"), "{status}");
+    assert_eq!(served.buffer.metrics().accepted, 1);
+    served.shutdown().await;
+}

@@ -63,29 +63,34 @@ impl ReceiverService {
         &self.token
     }
 
-    /// Decodes `frame` and offers it to the buffer: the answer both transports give. The
-    /// caller has checked the token and job of the connection or request.
+    /// Decodes `frame` and offers it to the buffer: the answer both transports give, or None
+    /// when the receiver was closed (a newer one replaced it: the sender is not answered, and
+    /// pushes to the receiver the dispatcher names now). The caller has checked the token and
+    /// job of the connection or request.
     pub(crate) fn offer_frame(
         &self,
         decoder: &mut StepDecoder,
         frame: &[u8],
         sum: Option<&FrameChecksum>,
-    ) -> (PushStatus, String) {
+    ) -> Option<(PushStatus, String)> {
         let decoded = match sum {
             Some(sum) => decoder.decode_summed(frame, sum),
             None => decoder.decode(frame),
         };
         let msg = match decoded {
             Ok(msg) => msg,
-            Err(e) => return self.refuse_frame(&e),
+            Err(e) => return Some(self.refuse_frame(&e)),
         };
         self.offer_message(msg)
     }
 
     /// Offers a decoded message to the buffer (see [`Self::offer_frame`]).
-    pub(crate) fn offer_message(&self, msg: crate::transfer::StepMessage) -> (PushStatus, String) {
+    pub(crate) fn offer_message(
+        &self,
+        msg: crate::transfer::StepMessage,
+    ) -> Option<(PushStatus, String)> {
         let (step, stage) = (msg.step, msg.stage);
-        match self.buffer.try_push(msg) {
+        Some(match self.buffer.try_push(msg) {
             Offer::Accepted => (PushStatus::Accepted, String::new()),
             Offer::Duplicate | Offer::Stale => (PushStatus::Duplicate, String::new()),
             Offer::TooFarAhead => (PushStatus::Retry, String::new()),
@@ -93,7 +98,8 @@ impl ReceiverService {
                 tracing::warn!(step, stage, reason = ?why, "rejected a step message");
                 (PushStatus::Rejected, format!("{why:?}"))
             }
-        }
+            Offer::Closed => return None,
+        })
     }
 
     /// The answer to a frame the codec refused.
@@ -136,7 +142,11 @@ impl Receiver for ReceiverService {
         self.authorize("Push", &request, request.get_ref().job_id)?;
         let frame = request.into_inner().frame;
         let mut decoder = StepDecoder::new(MAX_MESSAGE_BYTES as u64);
-        let (status, reason) = self.offer_frame(&mut decoder, &frame, None);
+        let Some((status, reason)) = self.offer_frame(&mut decoder, &frame, None) else {
+            return Err(Status::unavailable(
+                "this receiver was replaced: push to the one the dispatcher names now",
+            ));
+        };
         Ok(answer(status, reason))
     }
 

@@ -85,6 +85,10 @@ pub enum Offer {
     Stale,
     /// The message does not belong here; dropped.
     Rejected(RejectReason),
+    /// The receiver was closed: a newer one replaced it (the training side registered again,
+    /// and the dispatcher leased every step again for the new one). Nothing is taken, and the
+    /// sender must not count the step as delivered: it goes to the receiver named now.
+    Closed,
 }
 
 /// Why a message was rejected.
@@ -179,6 +183,8 @@ pub struct ReceiverState {
     next: u64,
     /// Step `u64::MAX` was delivered; nothing can follow.
     exhausted: bool,
+    /// Replaced by a newer receiver: every offer is answered [`Offer::Closed`].
+    closed: bool,
     pending: BTreeMap<u64, Pending>,
     ready: usize,
     buffered_messages: usize,
@@ -203,6 +209,7 @@ impl ReceiverState {
             stages: config.stages.iter().copied().collect(),
             next: config.first_step,
             exhausted: false,
+            closed: false,
             pending: BTreeMap::new(),
             ready: 0,
             buffered_messages: 0,
@@ -240,6 +247,9 @@ impl ReceiverState {
 
     /// What [`ReceiverState::offer`] would answer for `msg`, without changing anything.
     pub fn classify(&self, msg: &StepMessage) -> Offer {
+        if self.closed {
+            return Offer::Closed;
+        }
         if msg.job != self.config.job {
             return Offer::Rejected(RejectReason::WrongJob {
                 expected: self.config.job,
@@ -284,7 +294,14 @@ impl ReceiverState {
             Offer::TooFarAhead => c.too_far_ahead += 1,
             Offer::Stale => c.stale += 1,
             Offer::Rejected(_) => c.rejected += 1,
+            Offer::Closed => {}
         }
+    }
+
+    /// Refuses every later offer ([`Offer::Closed`]): a newer receiver replaced this one. What
+    /// is buffered stays, and is never delivered by the new one.
+    pub fn close(&mut self) {
+        self.closed = true;
     }
 
     /// Buffers a message `classify` accepted.
@@ -505,6 +522,13 @@ impl SharedReceiver {
                 }
             };
         }
+    }
+
+    /// Closes the receiver (see [`ReceiverState::close`]); a push waiting for room is answered
+    /// [`Offer::Closed`] at once.
+    pub fn close(&self) {
+        self.lock().close();
+        self.not_full.notify_all();
     }
 
     /// Offers `msg` without waiting.

@@ -249,6 +249,7 @@ fn run_reorder_scenario(
                 refused_in_a_row += 1;
             }
             Offer::Rejected(reason) => prop_assert!(false, "rejected: {reason:?}"),
+            Offer::Closed => prop_assert!(false, "closed, though nothing closed it"),
             Offer::Accepted | Offer::Duplicate | Offer::Stale => refused_in_a_row = 0,
         }
         prop_assert!(r.depth() <= usize::try_from(capacity).unwrap_or(usize::MAX));
@@ -435,4 +436,28 @@ fn producers_and_a_consumer_on_threads_deliver_every_step_in_order() {
     assert_eq!(m.accepted, 3 * STEPS);
     assert_eq!(m.duplicates + m.stale, STEPS, "stage 2's second copies");
     assert_eq!((m.depth, m.delivered), (0, STEPS));
+}
+
+#[test]
+fn a_closed_receiver_takes_nothing_and_a_waiting_push_is_told_at_once() {
+    let t0 = Instant::now();
+    let mut r = receiver(&[0], 0, 2, t0);
+    assert_eq!(r.offer(msg(0, 0), t0), Offer::Accepted);
+    r.close();
+    for step in [0, 1, 5] {
+        assert_eq!(r.offer(msg(0, step), t0), Offer::Closed, "step {step}");
+    }
+    assert_eq!(r.metrics(t0).accepted, 1);
+
+    let shared = Arc::new(SharedReceiver::new(ReceiverConfig::new(JOB, [0], 0, 1)).expect("valid"));
+    let waiting = {
+        let shared = shared.clone();
+        // Beyond the window: it waits for room (for up to an hour) until the close.
+        thread::spawn(move || shared.push(msg(0, 3), Duration::from_secs(3600)))
+    };
+    while shared.metrics().too_far_ahead == 0 {
+        thread::yield_now();
+    }
+    shared.close();
+    assert_eq!(waiting.join().expect("joined"), Offer::Closed);
 }
