@@ -152,6 +152,9 @@ pub enum Event {
     Rewound {
         next: StepId,
     },
+    /// Every lease was revoked at once (a receiver registered, or the training side rewound):
+    /// the lease generation goes up, and workers drop what they hold from an older one.
+    LeasesReset,
 }
 
 /// One leased step.
@@ -211,6 +214,8 @@ pub struct DispatcherState {
     /// Sequence number of the last consumed step.
     watermark: Option<u64>,
     end_of_data: bool,
+    /// How many times every lease was revoked at once ([`Event::LeasesReset`]).
+    generation: u64,
     /// A chain config's steps, walked once and kept until consumed (a cache: it compares equal
     /// for equal configs whatever it holds).
     order: Option<StepOrder>,
@@ -233,6 +238,7 @@ impl DispatcherState {
             retired: BTreeSet::new(),
             watermark: None,
             end_of_data: false,
+            generation: 0,
             order: config.step_order(),
             config,
         })
@@ -305,6 +311,11 @@ impl DispatcherState {
 
     pub fn is_end_of_data(&self) -> bool {
         self.end_of_data
+    }
+
+    /// The lease generation (see [`Event::LeasesReset`]).
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     pub fn worker(&self, worker: WorkerId) -> Option<&WorkerInfo> {
@@ -536,6 +547,7 @@ impl DispatcherState {
                 // now would retire a step the new receiver never saw. So every lease is
                 // revoked; a late Complete is refused as not held, and the step is redone.
                 let touched = self.revoke_all(&mut out)?;
+                self.emit(&mut out, Event::LeasesReset)?;
                 let mut returned = Vec::new();
                 for (i, st) in self.stages.iter().enumerate() {
                     let stage = StageId(u32::try_from(i).unwrap_or(u32::MAX));
@@ -553,6 +565,7 @@ impl DispatcherState {
                     .seq_or_end(next)
                     .ok_or(Error::StepOutOfRange { step: next })?;
                 let touched = self.revoke_all(&mut out)?;
+                self.emit(&mut out, Event::LeasesReset)?;
                 self.emit(&mut out, Event::Rewound { next })?;
                 self.finish_drained(&mut out, touched)?;
                 if let Some(last) = seq.checked_sub(1).filter(|_| self.total == Some(seq)) {
@@ -777,6 +790,12 @@ impl DispatcherState {
                     st.completed = st.completed.split_off(&after);
                     st.next = st.next.max(after);
                 }
+            }
+            Event::LeasesReset => {
+                if self.stages.iter().any(|st| !st.leases.is_empty()) {
+                    return Err("leases reset while steps are leased");
+                }
+                self.generation += 1;
             }
             Event::Rewound { next } => {
                 let seq = self.seq_or_end(*next).ok_or("rewind outside the job")?;

@@ -908,7 +908,13 @@ fn a_receiver_reset_leases_completed_unconsumed_steps_again_with_the_same_batche
         )
         .expect("consume the first");
     let events = state.apply(Command::ReceiverReset, t(4)).expect("reset");
-    assert_eq!(events.len(), 2, "{events:?}");
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert_eq!(
+        events[0],
+        Event::LeasesReset,
+        "nothing was leased; the generation goes up"
+    );
+    assert_eq!(state.generation(), 1);
     // The two unconsumed steps come back first, with the same records.
     for (step, records) in &first[1..] {
         let again = state
@@ -1019,12 +1025,14 @@ fn a_rewind_moves_the_watermark_to_a_checkpoint_and_leases_from_it_again() {
                 stage: S0,
                 step: held
             },
+            Event::LeasesReset,
             Event::Rewound {
                 next: StepId::new(0, 1)
             },
         ]
     );
     assert_eq!(state.watermark(), Some(StepId::new(0, 0)));
+    assert_eq!(state.generation(), 1, "every lease was revoked at once");
     let (again, records) = lease(&mut state, W1, 3).expect("lease");
     assert_eq!(again, StepId::new(0, 1));
     assert_eq!(Some(&records), granted.get(&again));

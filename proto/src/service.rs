@@ -349,6 +349,7 @@ mod tests {
                 records: vec![5, 8, 13],
                 deadline_ms: 1_000,
                 now_ms: 10,
+                generation: 4,
             })),
         };
         let bytes = answer.encode_to_vec();

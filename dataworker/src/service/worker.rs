@@ -91,6 +91,9 @@ struct Shared {
     draining: bool,
     /// The heartbeat's answer said the job's data ended.
     end_of_data: bool,
+    /// The dispatcher's lease generation, as the last heartbeat said (see
+    /// `WorkerState::void_before`).
+    generation: u64,
     /// When the dispatcher last answered (registration or heartbeat).
     heard: std::time::Instant,
 }
@@ -222,6 +225,7 @@ pub async fn run_worker(
         receiver_addr: reg.receiver_addr.clone(),
         draining: false,
         end_of_data: false,
+        generation: 0,
         heard: std::time::Instant::now(),
     }));
     let heartbeat = {
@@ -246,6 +250,7 @@ pub async fn run_worker(
                             s.heard = std::time::Instant::now();
                             s.draining = answer.draining;
                             s.end_of_data |= answer.end_of_data;
+                            s.generation = s.generation.max(answer.generation);
                             if !answer.receiver_addr.is_empty() {
                                 s.receiver_addr = answer.receiver_addr;
                             }
@@ -289,11 +294,12 @@ pub async fn run_worker(
     tokio::pin!(shutdown);
     let end = loop {
         let now = Instant::now();
-        let (draining, ended) = shared
+        let (draining, ended, generation) = shared
             .lock()
-            .map(|s| (s.draining, s.end_of_data))
-            .unwrap_or((false, false));
+            .map(|s| (s.draining, s.end_of_data, s.generation))
+            .unwrap_or((false, false, 0));
         state.set_draining(draining);
+        state.void_before(generation);
         if ended {
             state.job_ended();
         }
@@ -533,6 +539,7 @@ fn absorb(
                         expires: sent
                             + Duration::from_millis(lease.deadline_ms.saturating_sub(lease.now_ms)),
                         deadline_ms: lease.deadline_ms,
+                        generation: lease.generation,
                         records: lease.records,
                     })
                 })

@@ -26,6 +26,13 @@
 //!   of its window) is parked with its frame until the pause ends, and the worker runs its
 //!   other steps meanwhile: one of them may be the step the receiver waits for. A worker that
 //!   waited on the `RETRY` instead would hold that step until its lease expired.
+//! - **Revoked at once.** When a receiver registers or the training side rewinds, the
+//!   dispatcher revokes every lease and its lease generation goes up; lease and heartbeat
+//!   answers carry it. The queued and parked steps of an older generation are dropped at once
+//!   ([`WorkerState::void_before`]): they are someone else's now, and kept they would fill the
+//!   lease limit with steps the receiver may not take for a long time, so that the worker could
+//!   not lease the ones it waits for. A step being computed or sent finishes (a stale delivery
+//!   is harmless: the receiver drops a duplicate, the dispatcher refuses its report).
 //! - **Delivery before report.** A step is reported complete only after the receiver took its
 //!   frame (or already had it); a step whose push was refused, or whose lease expired first,
 //!   is never reported.
@@ -65,6 +72,8 @@ pub struct HeldStep {
     /// The lease's deadline on the dispatcher's clock, as granted: it names this grant in the
     /// report, so that a late report of an earlier grant of the step cannot complete this one.
     pub deadline_ms: u64,
+    /// The dispatcher's lease generation at the grant (see [`WorkerState::void_before`]).
+    pub generation: u64,
 }
 
 /// A delivered step waiting to be reported.
@@ -240,6 +249,9 @@ impl WorkerState {
     pub fn leased(&mut self, steps: Vec<HeldStep>, round_trip: Duration) {
         self.lease_in_flight = false;
         self.round_trip = Some(ewma(self.round_trip, round_trip.as_secs_f64()));
+        if let Some(newest) = steps.iter().map(|s| s.generation).max() {
+            self.void_before(newest);
+        }
         for step in steps {
             // Granted again while an earlier grant of it is queued or running (that one went
             // back): the copy here now runs under the new grant, and reports it.
@@ -253,6 +265,7 @@ impl WorkerState {
             if let Some(held) = held {
                 held.expires = step.expires;
                 held.deadline_ms = step.deadline_ms;
+                held.generation = step.generation;
                 continue;
             }
             // Beyond the limit would be a dispatcher bug; refuse to hold more than it allows.
@@ -294,6 +307,15 @@ impl WorkerState {
         self.running = None;
         self.pushing = None;
         self.ended(End::EndOfData);
+    }
+
+    /// The dispatcher's lease generation is `generation`: the queued and parked steps granted
+    /// in an older one were revoked and are dropped (see the module docs).
+    pub fn void_before(&mut self, generation: u64) {
+        let before = self.queued.len() + self.parked.len();
+        self.queued.retain(|q| q.generation >= generation);
+        self.parked.retain(|_, p| p.step.generation >= generation);
+        self.abandoned += (before - self.queued.len() - self.parked.len()) as u64;
     }
 
     /// The dispatcher says the worker is draining.
@@ -528,6 +550,7 @@ mod tests {
             records: vec![global],
             expires,
             deadline_ms: global,
+            generation: 0,
         }
     }
 
@@ -786,6 +809,55 @@ mod tests {
         assert_eq!(w.outstanding(), 2, "60 and 77 delivered, to be reported");
     }
 
+    /// A receiver registered (or the training side rewound): every lease was revoked. The
+    /// worker drops its queued and parked steps of the older generation, which frees its lease
+    /// limit for the steps the new receiver waits for; the step being sent finishes.
+    #[test]
+    fn steps_of_an_older_lease_generation_are_dropped_and_free_the_limit() {
+        let t0 = Instant::now();
+        let far = t0 + Duration::from_secs(600);
+        let mut w = WorkerState::new(3);
+        assert_eq!(w.next_lease(t0), Some(1));
+        w.leased(
+            vec![step(70, far), step(71, far), step(72, far)],
+            Duration::from_millis(1),
+        );
+        w.next_step(t0).expect("70");
+        w.computed(Duration::from_micros(40));
+        w.sent();
+        w.next_step(t0)
+            .expect("71 runs while 70's answer is awaited");
+        assert_eq!(
+            w.pushed(PushAnswer::Retry(Duration::from_millis(20)), t0),
+            PushNext::Parked
+        );
+        assert_eq!(w.outstanding(), 3);
+        assert_eq!(w.next_lease(t0), None, "the limit is full");
+        w.void_before(1);
+        assert!(
+            !w.is_parked(70) && w.queued.is_empty(),
+            "70 (parked) and 72 (queued) dropped"
+        );
+        assert_eq!(w.abandoned(), 2);
+        assert_eq!(w.outstanding(), 1, "71, being computed, finishes");
+        assert!(w.may_push(t0));
+        assert_eq!(w.next_lease(t0), Some(1), "room again");
+        let mut fresh = step(60, far);
+        fresh.generation = 1;
+        w.leased(vec![fresh], Duration::from_millis(1));
+        w.sent();
+        assert_eq!(w.pushed(PushAnswer::Taken, t0), PushNext::Done);
+        assert_eq!(w.next_step(t0).map(|s| s.global), Some(60));
+        // A lease answer of a newer generation voids the older steps by itself too.
+        let mut w = WorkerState::new(4);
+        assert_eq!(w.next_lease(t0), Some(1));
+        w.leased(vec![step(80, far)], Duration::from_millis(1));
+        let mut newer = step(60, far);
+        newer.generation = 2;
+        w.leased(vec![newer], Duration::from_millis(1));
+        assert_eq!(w.queued.iter().map(|q| q.global).collect::<Vec<_>>(), [60]);
+    }
+
     #[test]
     fn a_draining_worker_finishes_what_it_holds_then_asks_once_and_ends() {
         let t0 = Instant::now();
@@ -841,6 +913,8 @@ mod tests {
         AskReport,
         Reported,
         Drain(bool),
+        /// Every lease is revoked at once: the generation goes up, and the worker hears it.
+        Reset,
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -856,6 +930,7 @@ mod tests {
             3 => Just(Op::AskReport),
             3 => Just(Op::Reported),
             1 => any::<bool>().prop_map(Op::Drain),
+            1 => Just(Op::Reset),
         ]
     }
 
@@ -875,6 +950,7 @@ mod tests {
             let mut asked: Option<u32> = None;
             let mut next_global = 1_000_000u64;
             let mut next_low = 1_000_000u64;
+            let mut generation = 0u64;
             // Parked (answered `RETRY`): when each may be sent again.
             let mut parked: std::collections::BTreeMap<u64, Instant> = std::collections::BTreeMap::new();
             let mut taken: BTreeSet<u64> = BTreeSet::new();
@@ -906,7 +982,10 @@ mod tests {
                                     next_global += 1;
                                     next_global
                                 };
-                                step(global, now + Duration::from_millis(lease_ms))
+                                HeldStep {
+                                    generation,
+                                    ..step(global, now + Duration::from_millis(lease_ms))
+                                }
                             }).collect();
                             w.leased(steps, Duration::from_micros(300));
                         }
@@ -1020,6 +1099,13 @@ mod tests {
                         }
                     }
                     Op::Drain(on) => w.set_draining(on),
+                    Op::Reset => {
+                        generation += 1;
+                        w.void_before(generation);
+                        prop_assert!(w.queued.iter().all(|q| q.generation == generation), "a revoked step stays queued");
+                        prop_assert!(w.parked.values().all(|p| p.step.generation == generation), "a revoked step stays parked");
+                        parked.retain(|g, _| w.is_parked(*g));
+                    }
                 }
                 prop_assert!(w.outstanding() <= limit, "{} outstanding > {}", w.outstanding(), limit);
                 match w.finished() {

@@ -116,6 +116,8 @@ pub(crate) fn step_lease(
         records,
         deadline_ms: deadline.as_millis(),
         now_ms: now.as_millis(),
+        // Set by the caller, which knows the state's generation.
+        generation: 0,
     }
 }
 

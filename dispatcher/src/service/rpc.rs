@@ -310,6 +310,7 @@ impl Dispatcher for DispatcherService {
                 core.apply(Command::Tick, now)?;
                 match core.apply(Command::RequestLeases { worker, max }, now) {
                     Ok(events) => {
+                        let generation = core.state().generation();
                         let mut steps: Vec<v1::StepLease> = events
                             .into_iter()
                             .filter_map(|event| match event {
@@ -319,7 +320,10 @@ impl Dispatcher for DispatcherService {
                                     deadline,
                                     records,
                                     ..
-                                } => Some(convert::step_lease(stage, step, records, deadline, now)),
+                                } => Some(v1::StepLease {
+                                    generation,
+                                    ..convert::step_lease(stage, step, records, deadline, now)
+                                }),
                                 _ => None,
                             })
                             .collect();
@@ -364,11 +368,12 @@ impl Dispatcher for DispatcherService {
     ) -> Result<Response<v1::HeartbeatResponse>, Status> {
         self.authorize("Heartbeat", &request, request.get_ref().job_id)?;
         let worker = WorkerId(request.into_inner().worker_id);
-        let (draining, receiver_addr, end_of_data) = self
+        let (draining, receiver_addr, end_of_data, generation) = self
             .mutate(Durability::Written, move |core, now| {
                 let addr = core.receiver_addr().to_owned();
+                let generation = core.state().generation();
                 if core.is_drained(worker) {
-                    return Ok((true, addr, false));
+                    return Ok((true, addr, false, generation));
                 }
                 core.apply(Command::Heartbeat { worker }, now)?;
                 let draining = core
@@ -379,13 +384,14 @@ impl Dispatcher for DispatcherService {
                 if end_of_data {
                     core.told_worker_end(worker);
                 }
-                Ok((draining, addr, end_of_data))
+                Ok((draining, addr, end_of_data, generation))
             })
             .await?;
         Ok(Response::new(v1::HeartbeatResponse {
             draining,
             receiver_addr,
             end_of_data,
+            generation,
         }))
     }
 
