@@ -1087,33 +1087,8 @@ fn decode_tensor<'de, 'c, D: BorrowDecoder<'de, Context = &'c mut DecodeCtx>>(
         dims.push(u64::borrow_decode(d)?);
     }
     let count = u64::borrow_decode(d)?;
-    let expected = dims
-        .iter()
-        .try_fold(1u128, |acc, &x| acc.checked_mul(u128::from(x)))
-        .unwrap_or(u128::MAX);
-    if expected != u128::from(count) {
-        return Err(failed(
-            d.context(),
-            TransferError::ValueCountMismatch {
-                tensor,
-                shape: dims,
-                expected,
-                actual: count,
-            },
-        ));
-    }
-    let mut shape = Vec::with_capacity(dims.len());
-    for &dim in &dims {
-        match usize::try_from(dim) {
-            Ok(x) => shape.push(x),
-            Err(_) => {
-                return Err(failed(
-                    d.context(),
-                    TransferError::DimOutOfRange { tensor, dim },
-                ))
-            }
-        }
-    }
+    let expected = value_count(&dims);
+    let shape = checked_shape(tensor, &dims, count).map_err(|err| failed(d.context(), err))?;
     let data = match dtype.byte_width() {
         None => decode_strings(d, count)?,
         Some(width) => {
@@ -1136,6 +1111,30 @@ fn decode_tensor<'de, 'c, D: BorrowDecoder<'de, Context = &'c mut DecodeCtx>>(
             },
         )
     })
+}
+
+/// The number of values `dims` imply (saturating at `u128::MAX`).
+fn value_count(dims: &[u64]) -> u128 {
+    dims.iter()
+        .try_fold(1u128, |acc, &x| acc.checked_mul(u128::from(x)))
+        .unwrap_or(u128::MAX)
+}
+
+/// A tensor's shape from its wire dimensions, checked against its declared value count; both
+/// decoders (from memory and from a connection) refuse with the same errors.
+fn checked_shape(tensor: usize, dims: &[u64], count: u64) -> Result<Vec<usize>, TransferError> {
+    let expected = value_count(dims);
+    if expected != u128::from(count) {
+        return Err(TransferError::ValueCountMismatch {
+            tensor,
+            shape: dims.to_vec(),
+            expected,
+            actual: count,
+        });
+    }
+    dims.iter()
+        .map(|&dim| usize::try_from(dim).map_err(|_| TransferError::DimOutOfRange { tensor, dim }))
+        .collect()
 }
 
 fn decode_strings<'de, 'c, D: BorrowDecoder<'de, Context = &'c mut DecodeCtx>>(

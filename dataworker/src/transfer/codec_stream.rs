@@ -359,26 +359,14 @@ impl<S: AsyncRead + Unpin> Payload<'_, S> {
             dims.push(refuse!(self.value::<u64>().await?));
         }
         let count = refuse!(self.value::<u64>().await?);
-        let expected = dims
-            .iter()
-            .try_fold(1u128, |acc, &x| acc.checked_mul(u128::from(x)))
-            .unwrap_or(u128::MAX);
+        let expected = super::value_count(&dims);
         let mismatch = |dims: Vec<u64>| TransferError::ValueCountMismatch {
             tensor,
             shape: dims,
             expected,
             actual: count,
         };
-        if expected != u128::from(count) {
-            return Ok(Err(mismatch(dims)));
-        }
-        let mut shape = Vec::with_capacity(dims.len());
-        for &dim in &dims {
-            match usize::try_from(dim) {
-                Ok(x) => shape.push(x),
-                Err(_) => return Ok(Err(TransferError::DimOutOfRange { tensor, dim })),
-            }
-        }
+        let shape = refuse!(super::checked_shape(tensor, &dims, count));
         let data = match dtype.byte_width() {
             None => refuse!(self.strings(count).await?),
             Some(width) => {
@@ -423,14 +411,7 @@ impl<S: AsyncRead + Unpin> Payload<'_, S> {
             DType::Bool => {
                 let mut raw = vec![0u8; n];
                 refuse!(self.bytes_into(&mut raw).await?);
-                if let Some(index) = raw.iter().position(|&b| b > 1) {
-                    return Ok(Err(TransferError::InvalidBool {
-                        tensor,
-                        index,
-                        value: raw[index],
-                    }));
-                }
-                TensorData::Bool(raw.into_iter().map(|b| b == 1).collect())
+                refuse!(super::decode_numbers(DType::Bool, &raw, tensor))
             }
             DType::Int8 => read!(Int8, 0i8),
             DType::UInt8 => read!(UInt8, 0u8),
