@@ -24,9 +24,12 @@
 //!                 server: status u8 (PushStatus's numbers), retry_after_ms u32,
 //!                         reason length u16, reason (UTF-8)
 //! ```
-//! The receiver answers frames in the order they came, one at a time. A client need not wait
-//! for an answer before doing other work: the worker sends step n, computes step n + 1 while
-//! the receiver takes step n, and reads step n's answer before it sends step n + 1.
+//! The receiver answers frames in the order they came. A client need not wait for an answer
+//! before doing other work or sending more frames: a worker with short steps sends a burst of
+//! frames in one vectored write, computes the next burst while the receiver takes this one,
+//! and reads this burst's answers before it sends the next. While the next frame's bytes have
+//! already arrived, the receiver holds a frame's answer back and writes it with the next
+//! one's, so a burst is answered with one write (and read with one read).
 //! The hello is checked (token in constant time, then job, then protocol version) before the
 //! receiver's buffer is touched; a refusal says why and closes the connection. A frame length
 //! over [`MAX_MESSAGE_BYTES`] is refused before anything is allocated. An uncompressed frame
@@ -138,7 +141,13 @@ pub struct DataPlaneClient {
     stream: ClientStream,
     /// The receiver is on this machine (the connection's peer is a loopback address).
     loopback: bool,
+    /// Answer bytes read and not yet parsed: one read takes every answer that has arrived
+    /// (a burst's answers come together), not one read per answer.
+    answers: Vec<u8>,
 }
+
+/// The most answer bytes one read asks for.
+const ANSWER_READ: usize = 4096;
 
 impl DataPlaneClient {
     /// Whether the receiver is reached over loopback (on this machine), where compressing a
@@ -182,6 +191,7 @@ impl DataPlaneClient {
                     .peer_addr()
                     .is_ok_and(|peer| peer.ip().is_loopback()),
                 stream,
+                answers: Vec::new(),
             }),
             REFUSED => {
                 let reason = read_reason(&mut stream).await.map_err(io)?;
@@ -221,8 +231,25 @@ impl DataPlaneClient {
     /// later with [`Self::read_answer`] (answers come in the order of the frames), and may do
     /// other work meanwhile.
     pub async fn send_parts(&mut self, frame: &FrameParts<'_>) -> Result<(), DataPlaneError> {
-        let pieces: Vec<&[u8]> = frame.slices().collect();
-        self.send_pieces(&pieces).await
+        self.send_frames(std::slice::from_ref(frame)).await
+    }
+
+    /// Sends several frames, in order, with as few vectored writes as the kernel allows (one,
+    /// unless the socket's buffer fills or the pieces pass the system's limit per call),
+    /// without waiting for their answers: one answer per frame follows, in the same order.
+    pub async fn send_frames(&mut self, frames: &[FrameParts<'_>]) -> Result<(), DataPlaneError> {
+        let mut prefixes = Vec::with_capacity(frames.len());
+        for frame in frames {
+            prefixes.push(frame_prefix(frame.len())?);
+        }
+        let mut slices = Vec::with_capacity(
+            frames.len() + frames.iter().map(|f| f.slices().count()).sum::<usize>(),
+        );
+        for (frame, prefix) in frames.iter().zip(&prefixes) {
+            slices.push(IoSlice::new(prefix));
+            slices.extend(frame.slices().map(IoSlice::new));
+        }
+        self.write_slices(&mut slices).await
     }
 
     /// Sends the frame made of `pieces` with vectored writes, then reads the answer.
@@ -233,24 +260,22 @@ impl DataPlaneClient {
 
     /// Sends the frame made of `pieces` with vectored writes.
     async fn send_pieces(&mut self, pieces: &[&[u8]]) -> Result<(), DataPlaneError> {
-        let total: usize = pieces.iter().map(|p| p.len()).sum();
-        let len = u32::try_from(total)
-            .ok()
-            .filter(|&n| u64::from(n) <= max_frame_bytes())
-            .ok_or(DataPlaneError::FrameTooLarge {
-                bytes: total,
-                limit: MAX_MESSAGE_BYTES,
-            })?;
+        let prefix = frame_prefix(pieces.iter().map(|p| p.len()).sum())?;
+        let mut slices = Vec::with_capacity(pieces.len() + 1);
+        slices.push(IoSlice::new(&prefix));
+        slices.extend(pieces.iter().map(|p| IoSlice::new(p)));
+        self.write_slices(&mut slices).await
+    }
+
+    /// Writes every byte of `slices` (vectored writes, as many as the kernel needs) and
+    /// flushes.
+    async fn write_slices(&mut self, slices: &mut [IoSlice<'_>]) -> Result<(), DataPlaneError> {
         let addr = &self.addr;
         let io = |source| DataPlaneError::Io {
             addr: addr.clone(),
             source,
         };
-        let prefix = len.to_le_bytes();
-        let mut slices = Vec::with_capacity(pieces.len() + 1);
-        slices.push(IoSlice::new(&prefix));
-        slices.extend(pieces.iter().map(|p| IoSlice::new(p)));
-        let mut unsent: &mut [IoSlice<'_>] = &mut slices;
+        let mut unsent: &mut [IoSlice<'_>] = slices;
         while !unsent.is_empty() {
             let sent = self.stream.write_vectored(unsent).await.map_err(io)?;
             if sent == 0 {
@@ -269,16 +294,18 @@ impl DataPlaneClient {
             addr: addr.clone(),
             source,
         };
-        // Status, retry_after_ms and the reason's length in one read.
-        let mut head = [0u8; 7];
-        self.stream.read_exact(&mut head).await.map_err(io)?;
-        let [code, r0, r1, r2, r3, l0, l1] = head;
+        // Status, retry_after_ms and the reason's length, then the reason.
+        fill_answers(&mut self.stream, &mut self.answers, 7)
+            .await
+            .map_err(io)?;
+        let [code, r0, r1, r2, r3, l0, l1] = [0, 1, 2, 3, 4, 5, 6].map(|i| self.answers[i]);
         let retry_after_ms = u32::from_le_bytes([r0, r1, r2, r3]);
-        let mut reason = vec![0u8; usize::from(u16::from_le_bytes([l0, l1]))];
-        if !reason.is_empty() {
-            self.stream.read_exact(&mut reason).await.map_err(io)?;
-        }
-        let reason = String::from_utf8_lossy(&reason).into_owned();
+        let end = 7 + usize::from(u16::from_le_bytes([l0, l1]));
+        fill_answers(&mut self.stream, &mut self.answers, end)
+            .await
+            .map_err(io)?;
+        let reason = String::from_utf8_lossy(&self.answers[7..end]).into_owned();
+        self.answers.drain(..end);
         let status = PushStatus::try_from(i32::from(code))
             .ok()
             .filter(|s| *s != PushStatus::Unspecified)
@@ -292,6 +319,36 @@ impl DataPlaneClient {
             reason,
         })
     }
+}
+
+/// Reads until `answers` holds at least `want` bytes: whatever has arrived, up to
+/// [`ANSWER_READ`] bytes per read.
+async fn fill_answers(
+    stream: &mut (impl AsyncRead + Unpin),
+    answers: &mut Vec<u8>,
+    want: usize,
+) -> std::io::Result<()> {
+    let mut chunk = [0u8; ANSWER_READ];
+    while answers.len() < want {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        answers.extend_from_slice(&chunk[..n]);
+    }
+    Ok(())
+}
+
+/// A frame's length prefix, or the error for a frame over the limit.
+fn frame_prefix(len: usize) -> Result<[u8; 4], DataPlaneError> {
+    u32::try_from(len)
+        .ok()
+        .filter(|&n| u64::from(n) <= max_frame_bytes())
+        .map(u32::to_le_bytes)
+        .ok_or(DataPlaneError::FrameTooLarge {
+            bytes: len,
+            limit: MAX_MESSAGE_BYTES,
+        })
 }
 
 fn max_frame_bytes() -> u64 {
@@ -464,6 +521,9 @@ pub(crate) async fn serve_connection(
     let mut decoder = StepDecoder::new(max_frame_bytes());
     let mut frame = Vec::new();
     let mut incoming = Incoming::new(stream);
+    // Answers not yet written: while the next frame's bytes are already here (a worker's
+    // burst), its answer joins them, so that a burst is answered with one write.
+    let mut owed = Vec::new();
     loop {
         let len = tokio::select! {
             biased;
@@ -478,11 +538,8 @@ pub(crate) async fn serve_connection(
             let reason =
                 format!("a {len}-byte frame is over the limit of {MAX_MESSAGE_BYTES} bytes");
             tracing::warn!(?peer, %reason, "data plane: closing a connection");
-            let _ = send(
-                incoming.get_mut(),
-                &answer_bytes(PushStatus::Rejected, 0, &reason),
-            )
-            .await;
+            owed.extend_from_slice(&answer_bytes(PushStatus::Rejected, 0, &reason));
+            let _ = send(incoming.get_mut(), &owed).await;
             return;
         }
         let answer = match read_and_offer(&mut incoming, len, &mut frame, &mut decoder, &service)
@@ -491,6 +548,7 @@ pub(crate) async fn serve_connection(
             Ok(answer) => answer,
             Err(e) => {
                 tracing::warn!(?peer, declared = len, cause = %e, "data plane: a frame broke off; closing");
+                let _ = send(incoming.get_mut(), &owed).await;
                 return;
             }
         };
@@ -499,6 +557,7 @@ pub(crate) async fn serve_connection(
         // receiver the dispatcher names now.
         let Some((status, reason)) = answer else {
             tracing::debug!(?peer, "data plane: the receiver was replaced; closing");
+            let _ = send(incoming.get_mut(), &owed).await;
             return;
         };
         let retry_after_ms = if status == PushStatus::Retry {
@@ -506,11 +565,12 @@ pub(crate) async fn serve_connection(
         } else {
             0
         };
-        let sent = send(
-            incoming.get_mut(),
-            &answer_bytes(status, retry_after_ms, &reason),
-        )
-        .await;
+        owed.extend_from_slice(&answer_bytes(status, retry_after_ms, &reason));
+        if status != PushStatus::Rejected && !incoming.buffered().is_empty() {
+            continue;
+        }
+        let sent = send(incoming.get_mut(), &owed).await;
+        owed.clear();
         if sent.is_err() || status == PushStatus::Rejected {
             if status == PushStatus::Rejected {
                 tracing::warn!(?peer, %reason, "data plane: closing after a rejected frame");

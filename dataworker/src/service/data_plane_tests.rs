@@ -448,3 +448,65 @@ async fn a_closed_receiver_answers_no_frame_and_takes_nothing() {
     assert_eq!(served.buffer.metrics().accepted, 1);
     served.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_burst_of_frames_in_one_write_is_answered_in_order() {
+    let served = Served::start().await;
+    let mut client = DataPlaneClient::connect(&served.addr, JOB, TOKEN, None)
+        .await
+        .expect("welcome");
+    let mut encoder = crate::transfer::StepEncoder::new(crate::transfer::CodecConfig {
+        compression: crate::transfer::Compression::Off,
+        max_message_bytes: max_frame_bytes(),
+    });
+    // Steps 0, 1 and 0 again (a duplicate), then 10: past the window of 4.
+    let msgs: Vec<_> = [0, 1, 0, 10].map(|step| message(JOB, 0, step)).into();
+    let frames = msgs
+        .iter()
+        .map(|m| encoder.encode_parts(m))
+        .collect::<Result<Vec<_>, _>>()
+        .expect("encoded");
+    client.send_frames(&frames).await.expect("sent");
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(client.read_answer().await.expect("answer").status);
+    }
+    assert_eq!(
+        statuses,
+        [
+            PushStatus::Accepted,
+            PushStatus::Accepted,
+            PushStatus::Duplicate,
+            PushStatus::Retry
+        ]
+    );
+    // The connection serves the next burst.
+    assert_eq!(pushed(&mut client, 2).await, PushStatus::Accepted);
+    assert_eq!(served.buffer.metrics().accepted, 3);
+    served.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_rejected_frame_in_a_burst_is_answered_after_the_ones_before_and_nothing_after_is_taken()
+{
+    let served = Served::start().await;
+    let mut s = welcomed(&served).await;
+    let mut burst = Vec::new();
+    for msg in [message(JOB, 0, 0), message(9, 0, 1), message(JOB, 0, 1)] {
+        let f = frame(&msg);
+        burst.extend_from_slice(&u32::try_from(f.len()).expect("small").to_le_bytes());
+        burst.extend_from_slice(&f);
+    }
+    s.write_all(&burst).await.expect("write");
+    assert_eq!(answer(&mut s).await.0, PushStatus::Accepted as u8);
+    let (code, reason) = answer(&mut s).await;
+    assert_eq!(code, PushStatus::Rejected as u8);
+    assert!(reason.contains("WrongJob"), "{reason}");
+    assert!(closed(&mut s).await, "closed after the rejected frame");
+    assert_eq!(
+        served.buffer.metrics().accepted,
+        1,
+        "the frame after is not taken"
+    );
+    served.shutdown().await;
+}

@@ -12,7 +12,7 @@
 //! the decisions (one task per lease or report request in flight, the stage as a rayon job,
 //! the push inline) and feeds their outcomes back.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -268,7 +268,9 @@ pub async fn run_worker(
             max_message_bytes: MAX_MESSAGE_BYTES as u64,
         }),
         plane: None,
-        pending: None,
+        burst: Vec::new(),
+        flight: VecDeque::new(),
+        flight_sent: false,
         parked: HashMap::new(),
     };
     let ctx = StepContext {
@@ -303,8 +305,12 @@ pub async fn run_worker(
         if ended {
             state.job_ended();
         }
+        // What the state dropped (the job ended) is not sent.
         if !state.awaits_answer() {
-            out.pending = None;
+            out.flight.clear();
+        }
+        if state.burst().next().is_none() {
+            out.burst.clear();
         }
         // A parked step the state dropped (expired, or the job ended) is not sent.
         out.parked.retain(|global, _| state.is_parked(*global));
@@ -384,8 +390,19 @@ pub async fn run_worker(
             }
             continue;
         }
-        if out.pending.is_some() {
-            // Nothing else to run: the awaited answer is read now.
+        if !out.burst.is_empty() {
+            // Nothing more may join the burst now: it goes out.
+            let flushed = match flush(&ctx, &mut state, &mut out, &mut shutdown).await {
+                Err(ServiceError::JobEnded) => true,
+                flushed => flushed?,
+            };
+            if !flushed {
+                break WorkerEnd::Shutdown;
+            }
+            continue;
+        }
+        if !out.flight.is_empty() {
+            // Nothing else to run: the awaited answers are read now.
             let settled = match settle(&ctx, &mut state, &mut out, &mut shutdown).await {
                 Err(ServiceError::JobEnded) => true,
                 settled => settled?,
@@ -594,9 +611,10 @@ fn is_short(state: &WorkerState) -> bool {
     state.step_time().is_some_and(|t| t < SHORT_STEP)
 }
 
-/// Runs the state's current step: fetch its inputs from earlier stages, execute it on rayon,
-/// encode it, and push it until the receiver takes it, the state drops it (its lease expired,
-/// or the receiver refused it) or `shutdown` completes (returns false).
+/// Runs the state's next step and adds its frame to the burst: fetch its inputs from earlier
+/// stages and execute it (or take the frame a parked step kept); the burst goes out (see
+/// [`flush`]) when the state says it is due or it holds [`BURST_BYTES`]. False when
+/// `shutdown` completed first.
 async fn run_step(
     ctx: &StepContext,
     state: &mut WorkerState,
@@ -614,21 +632,52 @@ async fn run_step(
             None => return Ok(false),
         },
     };
-    // The step before is answered first: one frame is unanswered at a time.
+    out.burst.push(msg);
+    if state.burst_due(Instant::now())
+        || out.burst.iter().map(value_bytes).sum::<usize>() >= BURST_BYTES
+    {
+        return flush(ctx, state, out, shutdown).await;
+    }
+    Ok(true)
+}
+
+/// The most tensor bytes a burst holds: past this it goes out whatever its length.
+const BURST_BYTES: usize = 2 << 20;
+
+/// About how many bytes a step's tensors hold (strings count their elements only).
+fn value_bytes(msg: &StepMessage) -> usize {
+    msg.tensors
+        .iter()
+        .map(|t| t.num_elements() * t.dtype().byte_width().unwrap_or(1))
+        .sum()
+}
+
+/// Sends the burst, after the answers to the one before are read (one burst's answers are
+/// awaited at a time). Steps whose lease expired meanwhile are not sent. A long step's answer
+/// is read at once. False when `shutdown` completed first.
+async fn flush(
+    ctx: &StepContext,
+    state: &mut WorkerState,
+    out: &mut Outbox,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+) -> Result<bool, ServiceError> {
     if !settle(ctx, state, out, shutdown).await? {
         return Ok(false);
     }
     if !state.may_push(Instant::now()) {
-        tracing::debug!(step = global, "lease expired before the push");
+        tracing::debug!(steps = out.burst.len(), "leases expired before the push");
+        out.burst.clear();
         return Ok(true);
     }
-    let mut step = Pending { msg, sent: false };
-    // An unsent frame is sent again, after a reconnection, by `settle`.
-    if let Err(e) = send_frame(ctx, out, &mut step).await? {
+    let live: Vec<u64> = state.burst().collect();
+    out.burst.retain(|m| live.contains(&m.step));
+    out.flight = out.burst.drain(..).collect();
+    out.flight_sent = false;
+    // An unsent burst is sent again, after a reconnection, by `settle`.
+    if let Err(e) = send_flight(ctx, out).await? {
         tracing::debug!(cause = %e, "receiver unavailable; retrying");
     }
     state.sent();
-    out.pending = Some(step);
     // A long step's answer is read at once: overlapping it with the next step would save
     // little and hold the step's report back a whole step (past the consumer's watermark).
     if !is_short(state) {
@@ -727,38 +776,39 @@ async fn compute_step(
     }))
 }
 
-/// The sending side of a worker: the frame encoder, the data-plane connection, the step
-/// whose answer is awaited (the state's `pushing`) and the steps the receiver answered `RETRY`
+/// The sending side of a worker: the frame encoder, the data-plane connection, the burst's
+/// frames (the state's `burst`, computed and not sent), the frames whose answers are awaited
+/// (the state's `in_flight`, in the order sent) and the steps the receiver answered `RETRY`
 /// (the state's parked steps, by global step).
 struct Outbox {
     encoder: StepEncoder,
     plane: Option<(String, DataPlaneClient)>,
-    pending: Option<Pending>,
+    burst: Vec<StepMessage>,
+    /// Kept until each one's answer is read: they are encoded again to resend them.
+    flight: VecDeque<StepMessage>,
+    /// Whether `flight` went out on the current connection (false after a lost one).
+    flight_sent: bool,
     parked: HashMap<u64, StepMessage>,
 }
 
-/// A step sent to the receiver (or to be sent: `sent` false after a lost connection), kept
-/// until the receiver's answer is read: the frame is encoded again to resend it.
-struct Pending {
-    msg: StepMessage,
-    sent: bool,
-}
-
-/// Sends `step`'s frame once, connecting first. An unreachable receiver is the inner error:
-/// the frame stays unsent and the connection is dropped, for the caller to try again.
-async fn send_frame(
+/// Sends the frames in flight in one vectored write, connecting first. An unreachable
+/// receiver is the inner error: the frames stay unsent and the connection is dropped, for the
+/// caller to try again.
+async fn send_flight(
     ctx: &StepContext,
     out: &mut Outbox,
-    step: &mut Pending,
 ) -> Result<Result<(), DataPlaneError>, ServiceError> {
     let tls = ctx.tls.as_ref();
     let client = data_plane_client(&ctx.shared, &mut out.plane, ctx.job, &ctx.token, tls).await?;
-    let frame = out
-        .encoder
-        .encode_parts_for(&step.msg, client.is_loopback())?;
-    match client.send_parts(&frame).await {
+    let local = client.is_loopback();
+    let frames = out
+        .flight
+        .iter()
+        .map(|msg| out.encoder.encode_parts_for(msg, local))
+        .collect::<Result<Vec<_>, _>>()?;
+    match client.send_frames(&frames).await {
         Ok(()) => {
-            step.sent = true;
+            out.flight_sent = true;
             Ok(Ok(()))
         }
         Err(e) if e.is_unreachable() => {
@@ -769,9 +819,9 @@ async fn send_frame(
     }
 }
 
-/// Reads the receiver's answer to the pending step, sending it (again) first when it has
-/// not gone out, until the receiver takes it, the state parks it (the receiver answered
-/// `RETRY`: its frame waits in the outbox while the worker runs other steps) or drops it (its
+/// Reads the receiver's answers to the frames in flight, in order, sending them (again)
+/// first when they have not gone out, until each is taken, parked (the receiver answered
+/// `RETRY`: its frame waits in the outbox while the worker runs other steps) or dropped (its
 /// lease expired, or the receiver refused it). An unreachable receiver (a consumer
 /// restarting) is retried at the address the heartbeat last reported. Returns false when
 /// `shutdown` completes first.
@@ -781,19 +831,18 @@ async fn settle(
     out: &mut Outbox,
     shutdown: &mut (impl Future<Output = ()> + Unpin),
 ) -> Result<bool, ServiceError> {
-    let Some(mut step) = out.pending.take() else {
-        return Ok(true);
-    };
-    let global = step.msg.step;
     let started = Instant::now();
     let mut pause = Duration::from_millis(10);
-    loop {
-        if !step.sent {
+    while !out.flight.is_empty() {
+        if !out.flight_sent {
             if !state.may_resend(Instant::now()) {
-                tracing::debug!(step = global, "lease expired before the push");
+                tracing::debug!(steps = out.flight.len(), "leases expired before the push");
+                out.flight.clear();
                 return Ok(true);
             }
-            if let Err(e) = send_frame(ctx, out, &mut step).await? {
+            let live: Vec<u64> = state.in_flight().collect();
+            out.flight.retain(|m| live.contains(&m.step));
+            if let Err(e) = send_flight(ctx, out).await? {
                 if started.elapsed() >= RECONNECT_WINDOW {
                     return Err(e.into());
                 }
@@ -805,7 +854,7 @@ async fn settle(
             }
         }
         let Some((_, client)) = out.plane.as_mut() else {
-            step.sent = false;
+            out.flight_sent = false;
             continue;
         };
         let answer = match client.read_answer().await {
@@ -813,7 +862,7 @@ async fn settle(
             Err(e) if e.is_unreachable() && started.elapsed() < RECONNECT_WINDOW => {
                 tracing::debug!(cause = %e, "receiver unavailable; retrying");
                 out.plane = None;
-                step.sent = false;
+                out.flight_sent = false;
                 if !backoff(ctx, state, shutdown, &mut pause).await? {
                     return Ok(false);
                 }
@@ -821,6 +870,10 @@ async fn settle(
             }
             Err(e) => return Err(e.into()),
         };
+        let Some(msg) = out.flight.pop_front() else {
+            break;
+        };
+        let global = msg.step;
         let answered = match answer.status {
             PushStatus::Accepted | PushStatus::Duplicate => PushAnswer::Taken,
             PushStatus::Retry => {
@@ -832,20 +885,19 @@ async fn settle(
             }
         };
         match state.pushed(answered, Instant::now()) {
-            PushNext::Done => return Ok(true),
+            PushNext::Done => {}
             PushNext::Drop => {
                 tracing::debug!(
                     step = global,
                     "step dropped (lease expired under backpressure, or refused)"
                 );
-                return Ok(true);
             }
             PushNext::Parked => {
-                out.parked.insert(global, step.msg);
-                return Ok(true);
+                out.parked.insert(global, msg);
             }
         }
     }
+    Ok(true)
 }
 
 /// Waits `pause` (doubled for the next time, up to 500 ms) before a receiver is tried again;

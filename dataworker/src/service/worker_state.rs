@@ -19,6 +19,13 @@
 //!   worker has nothing queued or running, is draining, or the dispatcher said the end.
 //!   [`WorkerState::wakeup`] names the delay's end. Held steps still count against the limit,
 //!   so at worst a lease waits [`REPORT_DELAY`] for room.
+//! - **Bursts.** Steps shorter than [`BURST_TIME`] are computed back to back, up to
+//!   `floor(BURST_TIME / step time)` of them (at most [`MAX_BURST`]), and their frames go out
+//!   together in one vectored write: a push (a system call, and waking the receiver) then costs
+//!   a burst once instead of every step. A burst goes out early when nothing more may join it
+//!   now (nothing queued, no parked step ready), so a burst never waits for a lease. Its
+//!   answers (in order) are read after the next burst ran, before that one goes out: one
+//!   burst's answers are awaited at a time. A longer step is a burst of one.
 //! - **Lowest first.** Held steps run in the order of their global step, whatever order they
 //!   were leased in (a step returned by a lost worker or a rewind comes after later ones), so
 //!   that the step the receiver waits for is never held behind a later one.
@@ -51,6 +58,14 @@ pub const ROUND_TRIP_SHARE: f64 = 0.05;
 
 /// The most steps asked for at once, whatever the measurements say.
 pub const MAX_BATCH: u32 = 64;
+
+/// The most compute a burst holds back: short steps are computed back to back until this
+/// much (at most [`MAX_BURST`] steps) and sent together (see the module docs: "Bursts").
+pub const BURST_TIME: Duration = Duration::from_millis(1);
+
+/// The most steps in one burst. Well under the receiver's default window (16 steps ahead of
+/// the training side), so that two workers' bursts fit in it side by side.
+pub const MAX_BURST: usize = 8;
 
 /// The longest a delivered step waits for others to share its report (see the module docs).
 pub const REPORT_DELAY: Duration = Duration::from_millis(2);
@@ -135,11 +150,12 @@ pub struct WorkerState {
     queued: VecDeque<HeldStep>,
     /// Computed and answered `RETRY`, by global step: sent again from when it may be.
     parked: BTreeMap<u64, Parked>,
-    /// Being computed, or computed and not yet sent (one at a time).
-    running: Option<(HeldStep, Duration)>,
-    /// Sent to the receiver, its answer not yet read (at most one): the next step is computed
-    /// while the receiver takes this one.
-    pushing: Option<(HeldStep, Duration)>,
+    /// The burst: computed and not yet sent, the last one possibly still being computed
+    /// (at most [`Self::burst_size`], lowest global step first).
+    running: Vec<(HeldStep, Duration)>,
+    /// Sent to the receiver, answers not yet read, in the order sent (one burst): the next
+    /// burst is computed while the receiver takes this one.
+    pushing: VecDeque<(HeldStep, Duration)>,
     /// Delivered, not yet in a report.
     delivered: Vec<Delivered>,
     /// When the oldest of `delivered` was delivered.
@@ -164,8 +180,8 @@ impl WorkerState {
             max_leases: usize::try_from(max_leases.max(1)).unwrap_or(usize::MAX),
             queued: VecDeque::new(),
             parked: BTreeMap::new(),
-            running: None,
-            pushing: None,
+            running: Vec::new(),
+            pushing: VecDeque::new(),
             delivered: Vec::new(),
             delivered_since: None,
             reporting: 0,
@@ -183,8 +199,8 @@ impl WorkerState {
     pub fn outstanding(&self) -> usize {
         self.queued.len()
             + self.parked.len()
-            + usize::from(self.running.is_some())
-            + usize::from(self.pushing.is_some())
+            + self.running.len()
+            + self.pushing.len()
             + self.delivered.len()
             + self.reporting
     }
@@ -258,8 +274,8 @@ impl WorkerState {
             let held = self
                 .queued
                 .iter_mut()
-                .chain(self.running.as_mut().map(|(h, _)| h))
-                .chain(self.pushing.as_mut().map(|(h, _)| h))
+                .chain(self.running.iter_mut().map(|(h, _)| h))
+                .chain(self.pushing.iter_mut().map(|(h, _)| h))
                 .chain(self.parked.values_mut().map(|p| &mut p.step))
                 .find(|h| h.global == step.global);
             if let Some(held) = held {
@@ -297,15 +313,13 @@ impl WorkerState {
     /// void (its lease was revoked or retired), so the queue and the running step are dropped
     /// and nothing more is leased. Delivered steps are still reported (and refused).
     pub fn job_ended(&mut self) {
-        let dropped = self.queued.len()
-            + self.parked.len()
-            + usize::from(self.running.is_some())
-            + usize::from(self.pushing.is_some());
+        let dropped =
+            self.queued.len() + self.parked.len() + self.running.len() + self.pushing.len();
         self.abandoned += dropped as u64;
         self.queued.clear();
         self.parked.clear();
-        self.running = None;
-        self.pushing = None;
+        self.running.clear();
+        self.pushing.clear();
         self.ended(End::EndOfData);
     }
 
@@ -323,14 +337,44 @@ impl WorkerState {
         self.draining = draining;
     }
 
-    /// The next step to run, if none is running: the lowest of the queued steps and of the
+    /// Steps computed back to back and sent together now (see the module docs: "Bursts"):
+    /// 1 until a step time is measured or when steps take [`BURST_TIME`] or more.
+    pub fn burst_size(&self) -> usize {
+        let Some(step) = self.step_time.filter(|t| *t > 0.0) else {
+            return 1;
+        };
+        let fit = BURST_TIME.as_secs_f64() / step;
+        if !fit.is_finite() || fit >= MAX_BURST as f64 {
+            return MAX_BURST;
+        }
+        // In [0, MAX_BURST): the conversion cannot truncate.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let n = fit.floor() as usize;
+        n.clamp(1, MAX_BURST)
+    }
+
+    /// The next step to run, if the burst has room: the lowest of the queued steps and of the
     /// parked ones whose pause ended (expired ones are dropped). A parked step comes back
     /// computed: [`Self::is_parked`] said so until now, and the shell sends the frame it kept
     /// instead of running the stage again.
     pub fn next_step(&mut self, now: Instant) -> Option<HeldStep> {
-        if self.running.is_some() {
+        if self.running.len() >= self.burst_size() {
             return None;
         }
+        let (queued, ready) = self.runnable(now);
+        let (step, compute) = match (queued, ready) {
+            (Some(q), Some(p)) if p < q => self.unpark(p)?,
+            (None, Some(p)) => self.unpark(p)?,
+            (Some(_), _) => (self.queued.pop_front()?, Duration::ZERO),
+            (None, None) => return None,
+        };
+        self.running.push((step.clone(), compute));
+        Some(step)
+    }
+
+    /// The lowest queued step and the lowest parked one whose pause ended, after dropping
+    /// the expired ones.
+    fn runnable(&mut self, now: Instant) -> (Option<u64>, Option<u64>) {
         let before = self.queued.len() + self.parked.len();
         self.queued.retain(|q| q.expires > now);
         self.parked.retain(|_, p| p.step.expires > now);
@@ -340,15 +384,29 @@ impl WorkerState {
             .values()
             .find(|p| p.not_before <= now)
             .map(|p| p.step.global);
-        let queued = self.queued.front().map(|q| q.global);
-        let (step, compute) = match (queued, ready) {
-            (Some(q), Some(p)) if p < q => self.unpark(p)?,
-            (None, Some(p)) => self.unpark(p)?,
-            (Some(_), _) => (self.queued.pop_front()?, Duration::ZERO),
-            (None, None) => return None,
-        };
-        self.running = Some((step.clone(), compute));
-        Some(step)
+        (self.queued.front().map(|q| q.global), ready)
+    }
+
+    /// Whether the burst should be sent now: it is full, or nothing more may join it yet
+    /// (nothing queued, no parked step ready), or the worker is draining or ending.
+    pub fn burst_due(&mut self, now: Instant) -> bool {
+        if self.running.is_empty() {
+            return false;
+        }
+        if self.running.len() >= self.burst_size() || self.draining || self.end.is_some() {
+            return true;
+        }
+        self.runnable(now) == (None, None)
+    }
+
+    /// The global steps of the burst, in order.
+    pub fn burst(&self) -> impl Iterator<Item = u64> + '_ {
+        self.running.iter().map(|(s, _)| s.global)
+    }
+
+    /// The global steps whose answers are awaited, in the order sent.
+    pub fn in_flight(&self) -> impl Iterator<Item = u64> + '_ {
+        self.pushing.iter().map(|(s, _)| s.global)
     }
 
     fn unpark(&mut self, global: u64) -> Option<(HeldStep, Duration)> {
@@ -360,56 +418,51 @@ impl WorkerState {
         self.parked.contains_key(&global)
     }
 
-    /// The running step's stage ran in `compute`.
+    /// The last running step's stage ran in `compute`.
     pub fn computed(&mut self, compute: Duration) {
-        if let Some((_, spent)) = &mut self.running {
+        if let Some((_, spent)) = self.running.last_mut() {
             *spent = compute;
             self.step_time = Some(ewma(self.step_time, compute.as_secs_f64()));
         }
     }
 
-    /// Whether the running step may be sent now: its lease has not expired. When it has, the
-    /// step is dropped (never sent) and this returns false.
+    /// Whether any step of the burst may be sent now: the ones whose lease expired are
+    /// dropped (never sent; [`Self::burst`] names the rest), and this is false when none is
+    /// left.
     pub fn may_push(&mut self, now: Instant) -> bool {
-        Self::live(&mut self.running, &mut self.abandoned, now)
+        let before = self.running.len();
+        self.running.retain(|(s, _)| s.expires > now);
+        self.abandoned += (before - self.running.len()) as u64;
+        !self.running.is_empty()
     }
 
-    /// Whether the step whose answer is awaited may be sent again now (after a lost
-    /// connection): its lease has not expired. When it has, it is dropped and this
-    /// returns false.
+    /// Whether any step whose answer is awaited may be sent again now (after a lost
+    /// connection): the ones whose lease expired are dropped ([`Self::in_flight`] names the
+    /// rest), and this is false when none is left.
     pub fn may_resend(&mut self, now: Instant) -> bool {
-        Self::live(&mut self.pushing, &mut self.abandoned, now)
+        let before = self.pushing.len();
+        self.pushing.retain(|(s, _)| s.expires > now);
+        self.abandoned += (before - self.pushing.len()) as u64;
+        !self.pushing.is_empty()
     }
 
-    fn live(slot: &mut Option<(HeldStep, Duration)>, abandoned: &mut u64, now: Instant) -> bool {
-        match slot {
-            Some((step, _)) if step.expires > now => true,
-            Some(_) => {
-                *slot = None;
-                *abandoned += 1;
-                false
-            }
-            None => false,
-        }
-    }
-
-    /// The running step's frame went out: its answer is awaited (read it, with
-    /// [`Self::pushed`], before the next frame goes out), and the next step may run meanwhile.
-    /// Does nothing while another answer is awaited.
+    /// The burst's frames went out: their answers are awaited (read them, with
+    /// [`Self::pushed`], before the next burst goes out), and the next burst may run
+    /// meanwhile. Does nothing while other answers are awaited.
     pub fn sent(&mut self) {
-        if self.pushing.is_none() {
-            self.pushing = self.running.take();
+        if self.pushing.is_empty() {
+            self.pushing = self.running.drain(..).collect();
         }
     }
 
     /// Whether a sent step's answer is awaited.
     pub fn awaits_answer(&self) -> bool {
-        self.pushing.is_some()
+        !self.pushing.is_empty()
     }
 
-    /// What the receiver answered the awaited step's push, at `now`.
+    /// What the receiver answered the oldest awaited step's push, at `now`.
     pub fn pushed(&mut self, answer: PushAnswer, now: Instant) -> PushNext {
-        let Some((step, compute)) = self.pushing.take() else {
+        let Some((step, compute)) = self.pushing.pop_front() else {
             return PushNext::Drop;
         };
         match answer {
@@ -445,11 +498,11 @@ impl WorkerState {
         }
     }
 
-    /// The running and the awaited step are given up (shutdown, an error): neither is pushed
+    /// The burst and the awaited steps are given up (shutdown, an error): none is pushed
     /// nor reported.
     pub fn drop_running(&mut self) {
-        self.running = None;
-        self.pushing = None;
+        self.running.clear();
+        self.pushing.clear();
     }
 
     /// The delivered steps to report now, if no report is in flight and one is due (see the
@@ -461,7 +514,7 @@ impl WorkerState {
         let k = usize::try_from(self.batch_size()).unwrap_or(1);
         let due = self.delivered.len() >= k
             || self.report_due().is_some_and(|t| now >= t)
-            || (self.queued.is_empty() && self.running.is_none() && self.pushing.is_none())
+            || (self.queued.is_empty() && self.running.is_empty() && self.pushing.is_empty())
             || self.draining
             || self.end.is_some();
         if !due {
@@ -552,6 +605,108 @@ mod tests {
             deadline_ms: global,
             generation: 0,
         }
+    }
+
+    #[test]
+    fn the_burst_holds_a_millisecond_of_short_steps_and_one_long_one() {
+        let mut w = WorkerState::new(32);
+        assert_eq!(w.burst_size(), 1, "no step measured yet");
+        for (step_us, burst) in [
+            (300, 3),
+            (100, MAX_BURST),
+            (1, MAX_BURST),
+            (999, 1),
+            (5_000, 1),
+        ] {
+            w.step_time = Some(Duration::from_micros(step_us).as_secs_f64());
+            assert_eq!(w.burst_size(), burst, "steps of {step_us} µs");
+        }
+    }
+
+    /// Short steps are run back to back and go out together; the next burst runs while
+    /// their answers are awaited, and the answers are taken in the order sent.
+    #[test]
+    fn short_steps_go_out_in_bursts_answered_in_order() {
+        let t0 = Instant::now();
+        let far = t0 + Duration::from_secs(10);
+        let mut w = WorkerState::new(32);
+        w.leased(
+            (0..5).map(|g| step(g, far)).collect(),
+            Duration::from_millis(1),
+        );
+        let first = w.next_step(t0).expect("step 0");
+        w.computed(Duration::from_micros(250));
+        assert_eq!(first.global, 0);
+        assert_eq!(w.burst_size(), 4, "1 ms of 250 µs steps");
+        assert!(!w.burst_due(t0), "room left and steps queued");
+        for g in 1..4 {
+            assert_eq!(w.next_step(t0).map(|s| s.global), Some(g));
+            w.computed(Duration::from_micros(250));
+        }
+        assert_eq!(w.next_step(t0), None, "the burst is full");
+        assert!(w.burst_due(t0));
+        assert!(w.may_push(t0));
+        w.sent();
+        assert_eq!(w.in_flight().collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert_eq!(w.burst().count(), 0);
+        // The next burst runs while the answers are awaited; with nothing more queued it is
+        // due at once.
+        assert_eq!(w.next_step(t0).map(|s| s.global), Some(4));
+        w.computed(Duration::from_micros(250));
+        assert!(w.burst_due(t0), "nothing more may join it now");
+        w.sent();
+        assert_eq!(
+            w.burst().collect::<Vec<_>>(),
+            [4],
+            "one burst's answers at a time"
+        );
+        for g in 0..4 {
+            let answer = if g == 2 {
+                PushAnswer::Retry(Duration::from_millis(5))
+            } else {
+                PushAnswer::Taken
+            };
+            w.pushed(answer, t0);
+            assert_eq!(w.in_flight().next(), (g < 3).then_some(g + 1));
+        }
+        assert!(w.is_parked(2));
+        assert_eq!(
+            w.delivered.iter().map(|d| d.global).collect::<Vec<_>>(),
+            [0, 1, 3]
+        );
+        assert_eq!(w.outstanding(), 5, "3 delivered, 1 parked, 1 in the burst");
+    }
+
+    #[test]
+    fn an_expired_lease_leaves_its_burst_and_the_rest_goes_out() {
+        let t0 = Instant::now();
+        let mut w = WorkerState::new(32);
+        w.step_time = Some(1e-4);
+        w.leased(
+            vec![
+                step(0, t0 + Duration::from_secs(10)),
+                step(1, t0 + Duration::from_millis(5)),
+                step(2, t0 + Duration::from_secs(10)),
+            ],
+            Duration::from_millis(1),
+        );
+        for _ in 0..3 {
+            w.next_step(t0).expect("a step");
+        }
+        let late = t0 + Duration::from_millis(6);
+        assert!(w.may_push(late));
+        assert_eq!(w.burst().collect::<Vec<_>>(), [0, 2]);
+        assert_eq!(w.abandoned(), 1);
+        w.sent();
+        // The connection is lost; by the time it is back, step 2's lease ended too.
+        let mut w2 = w.clone();
+        w2.pushing[1].0.expires = late;
+        assert!(w2.may_resend(late + Duration::from_millis(1)));
+        assert_eq!(w2.in_flight().collect::<Vec<_>>(), [0]);
+        w.pushing.iter_mut().for_each(|(s, _)| s.expires = late);
+        assert!(!w.may_resend(late), "nothing left to send again");
+        assert!(!w.awaits_answer());
+        assert_eq!(w.abandoned(), 3);
     }
 
     #[test]
@@ -905,10 +1060,10 @@ mod tests {
         Run {
             compute_us: u64,
         },
-        /// The running step's frame goes out (after the awaited answer, as the shell does).
+        /// The burst's frames go out (after the awaited answers, as the shell does).
         Send,
-        /// The receiver answers the awaited step, or the connection is lost (the shell sends it
-        /// again before the next answer).
+        /// The receiver answers the oldest awaited step, or the connection is lost (the shell
+        /// sends every awaited frame again before the next answer).
         Answer(u8),
         AskReport,
         Reported,
@@ -956,9 +1111,11 @@ mod tests {
             let mut taken: BTreeSet<u64> = BTreeSet::new();
             let mut reported: BTreeSet<u64> = BTreeSet::new();
             let mut in_report: Vec<Delivered> = Vec::new();
-            let mut running: Option<HeldStep> = None;
-            // Sent, its answer awaited; true once a `RETRY` asks for it again.
-            let mut pushing: Option<(HeldStep, bool)> = None;
+            // The burst: run, not yet sent.
+            let mut running: Vec<HeldStep> = Vec::new();
+            // Sent, answers awaited in order; `resend` once the connection was lost.
+            let mut pushing: VecDeque<HeldStep> = VecDeque::new();
+            let mut resend = false;
             let limit = usize::try_from(max_leases).expect("small");
             for op in ops {
                 match op {
@@ -999,14 +1156,17 @@ mod tests {
                         if asked.take().is_some() {
                             // As the shell does: the job is over, what is held is void.
                             w.job_ended();
-                            running = None;
-                            pushing = None;
+                            running.clear();
+                            pushing.clear();
                             parked.clear();
                         }
                     }
                     Op::Run { compute_us } => {
-                        if running.is_none() {
-                            if let Some(s) = w.next_step(now) {
+                        let room = running.len() < w.burst_size();
+                        let next = w.next_step(now);
+                        prop_assert!(room || next.is_none(), "ran a step past a full burst");
+                        {
+                            if let Some(s) = next {
                                 prop_assert!(s.expires > now, "ran an expired lease");
                                 if let Some(not_before) = parked.remove(&s.global) {
                                     prop_assert!(not_before <= now, "sent {} again before its pause ended", s.global);
@@ -1018,35 +1178,44 @@ mod tests {
                                 );
                                 parked.retain(|g, _| w.is_parked(*g));
                                 w.computed(Duration::from_micros(compute_us));
-                                running = Some(s);
+                                running.push(s);
+                                prop_assert!(running.len() <= MAX_BURST);
+                                if running.len() >= w.burst_size() {
+                                    prop_assert!(w.burst_due(now), "a full burst is not due");
+                                }
                             }
                         }
+                        prop_assert!(w.burst().eq(running.iter().map(|s| s.global)));
                     }
                     Op::Send => {
-                        if pushing.is_some() {
+                        if !pushing.is_empty() || running.is_empty() {
                             continue;
                         }
-                        if let Some(s) = running.take() {
-                            if !w.may_push(now) {
-                                prop_assert!(s.expires <= now);
-                                continue;
-                            }
-                            prop_assert!(s.expires > now, "sent an expired lease");
+                        let live = w.may_push(now);
+                        running.retain(|s| s.expires > now);
+                        prop_assert_eq!(live, !running.is_empty());
+                        prop_assert!(w.burst().eq(running.iter().map(|s| s.global)), "the burst kept an expired lease");
+                        if live {
                             w.sent();
                             prop_assert!(w.awaits_answer());
-                            pushing = Some((s, false));
+                            pushing = running.drain(..).collect();
+                            resend = false;
                         }
                     }
                     Op::Answer(answer) => {
-                        if let Some((s, resend)) = pushing.take() {
+                        if !pushing.is_empty() {
                             if resend {
-                                if !w.may_resend(now) {
-                                    prop_assert!(s.expires <= now);
-                                    prop_assert!(!w.awaits_answer());
+                                let live = w.may_resend(now);
+                                pushing.retain(|s| s.expires > now);
+                                prop_assert_eq!(live, !pushing.is_empty());
+                                prop_assert_eq!(w.awaits_answer(), live);
+                                prop_assert!(w.in_flight().eq(pushing.iter().map(|s| s.global)), "resent an expired lease");
+                                if !live {
                                     continue;
                                 }
-                                prop_assert!(s.expires > now, "resent an expired lease");
+                                resend = false;
                             }
+                            let Some(s) = pushing.front().cloned() else { continue };
                             let pause = Duration::from_millis(5);
                             let answer = match answer {
                                 0 | 1 => PushAnswer::Taken,
@@ -1054,10 +1223,11 @@ mod tests {
                                 3 => PushAnswer::Rejected,
                                 _ => {
                                     // The connection dropped before the answer came.
-                                    pushing = Some((s, true));
+                                    resend = true;
                                     continue;
                                 }
                             };
+                            pushing.pop_front();
                             if answer == PushAnswer::Taken {
                                 taken.insert(s.global);
                             }
@@ -1070,7 +1240,7 @@ mod tests {
                                 PushNext::Done => prop_assert_eq!(answer, PushAnswer::Taken),
                                 PushNext::Drop => prop_assert!(answer != PushAnswer::Taken),
                             }
-                            prop_assert_eq!(w.awaits_answer(), pushing.is_some());
+                            prop_assert_eq!(w.awaits_answer(), !pushing.is_empty());
                         }
                     }
                     Op::AskReport => {
@@ -1112,11 +1282,11 @@ mod tests {
                     // Drained: everything held was delivered and reported first.
                     Some(End::Drained) => {
                         prop_assert_eq!(w.outstanding(), 0);
-                        prop_assert!(running.is_none() && pushing.is_none() && in_report.is_empty());
+                        prop_assert!(running.is_empty() && pushing.is_empty() && in_report.is_empty());
                     }
                     // End of data: nothing more runs or is pushed (reports are moot).
                     Some(End::EndOfData) => {
-                        prop_assert!(running.is_none() && pushing.is_none());
+                        prop_assert!(running.is_empty() && pushing.is_empty());
                         prop_assert_eq!(w.next_step(now), None);
                         prop_assert_eq!(w.next_lease(now), None);
                     }
