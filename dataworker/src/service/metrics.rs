@@ -13,7 +13,7 @@ fn count(n: impl TryInto<u64>) -> f64 {
 /// The receiver's queue state.
 pub fn render_prometheus(job: u64, m: &ReceiverMetrics) -> String {
     let mut out = String::new();
-    let rows: [(&str, &str, &str, f64); 11] = [
+    let rows: [(&str, &str, &str, f64); 14] = [
         (
             "lode_receiver_next_step",
             "gauge",
@@ -80,6 +80,24 @@ pub fn render_prometheus(job: u64, m: &ReceiverMetrics) -> String {
             "Messages rejected.",
             count(m.rejected),
         ),
+        (
+            "lode_receiver_accepted_total",
+            "counter",
+            "Messages accepted.",
+            count(m.accepted),
+        ),
+        (
+            "lode_receiver_too_far_ahead_total",
+            "counter",
+            "Pushes answered RETRY: too far ahead of the training side's window.",
+            count(m.too_far_ahead),
+        ),
+        (
+            "lode_receiver_stale_total",
+            "counter",
+            "Messages dropped as stale (below the next step).",
+            count(m.stale),
+        ),
     ];
     for (name, kind, help, value) in rows {
         write_metric(&mut out, name, kind, help, job, value);
@@ -105,6 +123,6 @@ mod tests {
             text.contains("# TYPE lode_receiver_delivered_total counter\nlode_receiver_delivered_total{job=\"3\"} 0\n"),
             "{text}"
         );
-        assert_eq!(text.lines().filter(|l| !l.starts_with('#')).count(), 11);
+        assert_eq!(text.lines().filter(|l| !l.starts_with('#')).count(), 14);
     }
 }

@@ -15,7 +15,9 @@
 //!   the next batch is leased while the current one runs).
 //! - **Paced reports.** Delivered steps wait to be reported together, so that a report (an RPC
 //!   the dispatcher answers) is not paid per step: a report goes out once a lease batch's
-//!   worth (`k`) is delivered, once the oldest has waited [`REPORT_DELAY`], or at once when the
+//!   worth (`k`) is delivered, once the oldest has waited [`REPORT_DELAY`], once the next batch
+//!   is due to be leased and the room left under the lease limit is less than a batch (steps
+//!   waiting for company would keep it from being leased, and the worker would run dry), or at once when the
 //!   worker has nothing queued or running, is draining, or the dispatcher said the end.
 //!   [`WorkerState::wakeup`] names the delay's end. Held steps still count against the limit,
 //!   so at worst a lease waits [`REPORT_DELAY`] for room.
@@ -513,6 +515,7 @@ impl WorkerState {
         }
         let k = usize::try_from(self.batch_size()).unwrap_or(1);
         let due = self.delivered.len() >= k
+            || (self.queued.len() < k && self.max_leases.saturating_sub(self.outstanding()) < k)
             || self.report_due().is_some_and(|t| now >= t)
             || (self.queued.is_empty() && self.running.is_empty() && self.pushing.is_empty())
             || self.draining
@@ -675,6 +678,47 @@ mod tests {
             [0, 1, 3]
         );
         assert_eq!(w.outstanding(), 5, "3 delivered, 1 parked, 1 in the burst");
+    }
+
+    /// Steps waiting for company in a report count against the lease limit: when they keep
+    /// the next batch from being leased, the report goes out at once.
+    #[test]
+    fn a_report_goes_out_early_when_its_steps_keep_the_next_batch_from_being_leased() {
+        let t0 = Instant::now();
+        let far = t0 + Duration::from_secs(10);
+        let mut w = WorkerState::new(32);
+        w.step_time = Some(1e-4);
+        w.round_trip = Some(1.0);
+        assert_eq!(w.batch_size(), 16);
+        w.leased(
+            (0..32).map(|g| step(g, far)).collect(),
+            Duration::from_secs(1),
+        );
+        let burst = |w: &mut WorkerState| {
+            while w.next_step(t0).is_some() {
+                w.computed(Duration::from_micros(100));
+            }
+            assert!(w.burst_due(t0));
+        };
+        burst(&mut w);
+        w.sent();
+        burst(&mut w);
+        for _ in 0..8 {
+            assert_eq!(w.pushed(PushAnswer::Taken, t0), PushNext::Done);
+        }
+        assert_eq!(
+            w.next_report(t0),
+            None,
+            "8 of 16 delivered, 16 queued: wait"
+        );
+        w.sent();
+        burst(&mut w);
+        assert_eq!((w.queued.len(), w.outstanding()), (8, 32));
+        assert_eq!(
+            w.next_report(t0).map(|r| r.len()),
+            Some(8),
+            "8 queued and no room to lease: report now"
+        );
     }
 
     #[test]
