@@ -370,44 +370,34 @@ pub async fn run_worker(
                 let _ = tx.send(Answer::Report(answer)).await;
             });
         }
-        if let Some(held) = next {
-            let ran = match run_step(
-                &ctx,
-                &mut state,
-                held,
-                &mut receiver,
-                &mut out,
-                &mut shutdown,
+        // Run the next step; else send the burst (nothing more may join it now); else read
+        // the awaited answers (nothing else to do).
+        let acted = if let Some(held) = next {
+            Some(
+                run_step(
+                    &ctx,
+                    &mut state,
+                    held,
+                    &mut receiver,
+                    &mut out,
+                    &mut shutdown,
+                )
+                .await,
             )
-            .await
-            {
-                // The loop's next turn sees the end (the step is dropped there).
+        } else if !out.burst.is_empty() {
+            Some(flush(&ctx, &mut state, &mut out, &mut shutdown).await)
+        } else if !out.flight.is_empty() {
+            Some(settle(&ctx, &mut state, &mut out, &mut shutdown).await)
+        } else {
+            None
+        };
+        if let Some(acted) = acted {
+            let going = match acted {
+                // The loop's next turn sees the end (what is held is dropped there).
                 Err(ServiceError::JobEnded) => true,
-                ran => ran?,
+                going => going?,
             };
-            if !ran {
-                break WorkerEnd::Shutdown;
-            }
-            continue;
-        }
-        if !out.burst.is_empty() {
-            // Nothing more may join the burst now: it goes out.
-            let flushed = match flush(&ctx, &mut state, &mut out, &mut shutdown).await {
-                Err(ServiceError::JobEnded) => true,
-                flushed => flushed?,
-            };
-            if !flushed {
-                break WorkerEnd::Shutdown;
-            }
-            continue;
-        }
-        if !out.flight.is_empty() {
-            // Nothing else to run: the awaited answers are read now.
-            let settled = match settle(&ctx, &mut state, &mut out, &mut shutdown).await {
-                Err(ServiceError::JobEnded) => true,
-                settled => settled?,
-            };
-            if !settled {
+            if !going {
                 break WorkerEnd::Shutdown;
             }
             continue;
