@@ -71,14 +71,19 @@ const ORDER_NEUTRAL_OPS: &[&str] = &[
     "CacheDatasetV2",
 ];
 
-/// The dataset chain feeding the graph's first `MakeIterator`, source first.
+/// The dataset chain feeding the graph's first `MakeIterator`, source first. A chain that
+/// loops back on itself (only a hostile graph does) is no chain: `None`.
 pub fn chain(graph: &Graph) -> Option<(NodeId, Vec<NodeId>)> {
     let make = (0..graph.len()).find(|&i| graph.node(i).op == "MakeIterator")?;
     let mut chain = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     let mut current = graph.inputs[make].first().map(|t| t.node);
     while let Some(id) = current {
         if !graph.node(id).op.contains("Dataset") {
             break;
+        }
+        if !seen.insert(id) {
+            return None;
         }
         chain.push(id);
         current = graph.inputs[id].first().map(|t| t.node);
@@ -512,5 +517,22 @@ mod tests {
             }],
         );
         assert!(source.unsupported.is_some());
+    }
+
+    #[test]
+    fn a_dataset_chain_that_loops_is_no_chain() {
+        // `a` reads `b` and `b` reads `a`: following first inputs never reaches a source.
+        let mut g = GraphDef::new();
+        g.node.push(int64("n", 2));
+        g.node.push(node("a", "RepeatDataset", &["b", "n"]));
+        g.node.push(node("b", "TakeDataset", &["a", "n"]));
+        g.node.push(node("it", "IteratorV2", &[]));
+        g.node
+            .push(node("MakeIterator", "MakeIterator", &["a", "it"]));
+        let bytes = g.write_to_bytes().expect("encodes");
+        let view = GraphView::parse(&bytes).expect("view");
+        let graph = Graph::new(&view).expect("graph");
+        assert_eq!(chain(&graph), None);
+        assert!(describe(&graph).is_none());
     }
 }

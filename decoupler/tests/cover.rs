@@ -11,7 +11,16 @@ use lode_proto::tf::node_def::NodeDef;
 use lode_proto::tf::op_def::op_def::ArgDef;
 use lode_proto::tf::types::DataType;
 use proptest::prelude::*;
+use proptest::test_runner::{FailurePersistence, FileFailurePersistence};
 use protobuf::EnumOrUnknown;
+
+/// Failing cases are saved beside this file (`*.proptest-regressions`, to commit) and replayed
+/// first; proptest's default cannot find an integration test's crate root.
+fn saved() -> Option<Box<dyn FailurePersistence>> {
+    Some(Box::new(FileFailurePersistence::WithSource(
+        "proptest-regressions",
+    )))
+}
 
 fn ty(t: DataType) -> AttrValue {
     let mut a = AttrValue::new();
@@ -172,7 +181,7 @@ fn build(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 128, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 128, failure_persistence: saved(), ..ProptestConfig::default() })]
 
     #[test]
     fn partition_is_a_cover_and_stages_hold_no_state(

@@ -6,6 +6,15 @@ use std::path::PathBuf;
 use lode_decoupler::{decouple, Options};
 use lode_proto::view::GraphView;
 use proptest::prelude::*;
+use proptest::test_runner::{FailurePersistence, FileFailurePersistence};
+
+/// Failing cases are saved beside this file (`*.proptest-regressions`, to commit) and replayed
+/// first; proptest's default cannot find an integration test's crate root.
+fn saved() -> Option<Box<dyn FailurePersistence>> {
+    Some(Box::new(FileFailurePersistence::WithSource(
+        "proptest-regressions",
+    )))
+}
 
 fn fixture(rel: &str) -> Vec<u8> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -28,7 +37,7 @@ fn run(bytes: &[u8], simple: bool) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: saved(), ..ProptestConfig::default() })]
 
     #[test]
     fn mangled_fixtures_never_panic(
@@ -94,7 +103,7 @@ fn mutation() -> impl Strategy<Value = Mutation> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 96, failure_persistence: saved(), ..ProptestConfig::default() })]
 
     #[test]
     fn structurally_mutated_graphs_never_panic(mutations in proptest::collection::vec(mutation(), 1..12), simple in any::<bool>()) {
@@ -141,7 +150,7 @@ fn the_real_fixtures_partition() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 96, failure_persistence: saved(), ..ProptestConfig::default() })]
 
     /// A one-shot iterator's dataset factory with rewired inputs (every spelling, names that
     /// do not exist, controls, cycles), swapped ops, dropped attributes or a broken `ret`.

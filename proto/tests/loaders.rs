@@ -14,7 +14,16 @@ use lode_proto::tf::tensor::TensorProto;
 use lode_proto::tf::tensor_shape::{tensor_shape_proto, TensorShapeProto};
 use lode_proto::tf::types::DataType;
 use proptest::prelude::*;
+use proptest::test_runner::{FailurePersistence, FileFailurePersistence};
 use protobuf::{EnumOrUnknown, Message};
+
+/// Failing cases are saved beside this file (`*.proptest-regressions`, to commit) and replayed
+/// first; proptest's default cannot find an integration test's crate root.
+fn saved() -> Option<Box<dyn FailurePersistence>> {
+    Some(Box::new(FileFailurePersistence::WithSource(
+        "proptest-regressions",
+    )))
+}
 
 fn fixture(rel: &str) -> Vec<u8> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -42,7 +51,7 @@ fn load_from_file(bytes: &[u8], name: &str) -> Result<io::Model, lode_proto::Err
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: saved(), ..ProptestConfig::default() })]
 
     #[test]
     fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
