@@ -162,6 +162,33 @@ impl Pusher {
     }
 }
 
+/// Gives `msg` the number `step` and that step's records.
+fn renumber(msg: &mut StepMessage, step: u64) {
+    msg.step = step;
+    msg.records = (step * 32..step * 32 + 32).collect();
+}
+
+/// Pushes `msg` until the receiver takes it (waiting as told on `RETRY`); the wire bytes and
+/// the retries.
+async fn push_until_taken(
+    client: &mut Pusher,
+    encoder: &mut StepEncoder,
+    msg: &StepMessage,
+) -> (u64, u64) {
+    let mut retries = 0;
+    loop {
+        let (len, status, retry_after_ms, reason) = client.push(encoder, msg).await;
+        match status {
+            PushStatus::Accepted => return (len, retries),
+            PushStatus::Retry => {
+                retries += 1;
+                tokio::time::sleep(Duration::from_millis(retry_after_ms)).await;
+            }
+            other => panic!("push answered {other:?}: {reason}"),
+        }
+    }
+}
+
 /// The HTTP/2 settings of a gRPC run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Windows {
@@ -259,6 +286,8 @@ async fn service_transfer(
                     .iter()
                     .map(|t| u64::try_from(t.num_elements() * 4).expect("small"))
                     .sum::<u64>();
+                // Done with it, as the training side is once it copied the step out.
+                buffer.recycle(step);
             }
             (start.elapsed(), payload)
         })
@@ -277,24 +306,60 @@ async fn service_transfer(
                 });
                 let mut wire = 0u64;
                 let mut retries = 0u64;
+                // The frame sent and not yet answered: its step and length.
+                let mut unanswered: Option<(u64, u64)> = None;
                 for step in (k..steps).step_by(usize::try_from(pushers).expect("fits")) {
-                    msg.step = step;
-                    msg.records = (step * 32..step * 32 + 32).collect();
-                    loop {
-                        let (len, status, retry_after_ms, reason) =
-                            client.push(&mut encoder, &msg).await;
-                        match status {
-                            PushStatus::Accepted => {
-                                wire += len;
-                                break;
+                    renumber(&mut msg, step);
+                    let Pusher::DataPlane(plane) = &mut client else {
+                        let (w, r) = push_until_taken(&mut client, &mut encoder, &msg).await;
+                        wire += w;
+                        retries += r;
+                        continue;
+                    };
+                    // As a worker does: the next frame goes out before the answer to the one
+                    // before it is read (one frame in flight).
+                    let frame = encoder.encode_parts(&msg).expect("encodes");
+                    plane.send_parts(&frame).await.expect("send");
+                    let sent = (step, u64::try_from(frame.len()).expect("fits"));
+                    let Some((earlier, len)) = unanswered.replace(sent) else {
+                        continue;
+                    };
+                    let a = plane.read_answer().await.expect("answer");
+                    match a.status {
+                        PushStatus::Accepted => wire += len,
+                        PushStatus::Retry => {
+                            // Rare (the window is wide): settle the later frame too, then
+                            // push each one not taken again, one at a time.
+                            let later = plane.read_answer().await.expect("answer");
+                            unanswered = None;
+                            retries += 1;
+                            tokio::time::sleep(Duration::from_millis(a.retry_after_ms)).await;
+                            let mut again = vec![earlier];
+                            if later.status == PushStatus::Accepted {
+                                wire += sent.1;
+                            } else {
+                                again.push(step);
                             }
-                            PushStatus::Retry => {
-                                retries += 1;
-                                tokio::time::sleep(Duration::from_millis(retry_after_ms)).await;
+                            for s in again {
+                                renumber(&mut msg, s);
+                                let (w, r) =
+                                    push_until_taken(&mut client, &mut encoder, &msg).await;
+                                wire += w;
+                                retries += r;
                             }
-                            other => panic!("push answered {other:?}: {reason}"),
                         }
+                        other => panic!("push answered {other:?}: {}", a.reason),
                     }
+                }
+                if let (Some((_, len)), Pusher::DataPlane(plane)) = (unanswered, &mut client) {
+                    let a = plane.read_answer().await.expect("answer");
+                    assert_eq!(
+                        a.status,
+                        PushStatus::Accepted,
+                        "the last frame: {}",
+                        a.reason
+                    );
+                    wire += len;
                 }
                 (wire, retries)
             })

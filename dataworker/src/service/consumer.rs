@@ -523,6 +523,13 @@ impl Consumer {
         Ok(bound)
     }
 
+    /// Gives back a delivered step the training side is done with (it copied the tensors
+    /// out): their memory receives later steps' values, with no zeroing and no page faults.
+    /// Optional: a step simply dropped frees its memory.
+    pub fn recycle(&self, step: Step) {
+        self.served.buffer.recycle(step);
+    }
+
     /// Records that the training side consumed `global` (and every step before it); the
     /// background reporter tells the dispatcher.
     pub fn consumed(&self, global: u64) {

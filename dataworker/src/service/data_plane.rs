@@ -469,8 +469,15 @@ async fn read_and_offer(
         if let Ok(header) = FrameHeader::parse(&head, decoder.max_message_bytes()) {
             if stream::streams(&header) {
                 let limit = decoder.max_message_bytes();
-                let decoded =
-                    stream::read_raw_frame(incoming, &head, &header, len_u64(len), limit).await;
+                let decoded = stream::read_raw_frame(
+                    incoming,
+                    &head,
+                    &header,
+                    len_u64(len),
+                    limit,
+                    service.pool(),
+                )
+                .await;
                 return match decoded {
                     Ok(msg) => Ok(service.offer_message(msg)),
                     Err(StreamFault::Refused(e)) => Ok(Some(service.refuse_frame(&e))),

@@ -178,6 +178,7 @@ pub fn emulate(
             summary.steps += 1;
             summary.samples += u64::try_from(records.len()).unwrap_or(u64::MAX);
             log.logged = Some(step.step);
+            consumer.recycle(step);
             log.busy += training.elapsed();
             if log.last_report.elapsed() >= REPORT_EVERY {
                 log.report(&consumer).map_err(log_error)?;

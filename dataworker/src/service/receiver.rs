@@ -55,6 +55,11 @@ impl ReceiverService {
         }
     }
 
+    /// Where received tensors' memory comes from.
+    pub(crate) fn pool(&self) -> &crate::transfer::TensorPool {
+        self.buffer.pool()
+    }
+
     pub(crate) fn job(&self) -> u64 {
         self.job
     }

@@ -22,10 +22,15 @@ use super::{
     HEADER_LEN, STRING_OVERHEAD_BYTES, TENSOR_OVERHEAD_BYTES, WIRE,
 };
 use crate::tensor::{DType, Tensor, TensorData};
-use crate::transfer::TransferError;
+use crate::transfer::{TensorPool, TransferError};
 
 /// Bytes the connection's buffer holds: metadata and small frames are read through it.
 const BUFFER_BYTES: usize = 64 << 10;
+
+/// The most one read for a frame's metadata takes: the next tensor's values may follow it,
+/// and up to this many of them are copied through the buffer (a burst of small tensors in
+/// a frame of up to this size still comes in one read).
+const METADATA_READ: usize = 16 << 10;
 
 /// The most a tensor's values are read in one go before they are summed: small enough that
 /// the checksum reads them from cache.
@@ -65,8 +70,9 @@ impl<S: AsyncRead + Unpin> Incoming<S> {
         self.pos = (self.pos + n).min(self.end);
     }
 
-    /// Reads whatever the stream has into the buffer's free end; 0 at the end of the stream.
-    async fn fill(&mut self) -> std::io::Result<usize> {
+    /// Reads whatever the stream has into the buffer's free end, at most `most` bytes (at
+    /// least one); 0 at the end of the stream.
+    async fn fill(&mut self, most: usize) -> std::io::Result<usize> {
         if self.pos == self.end {
             self.pos = 0;
             self.end = 0;
@@ -75,12 +81,15 @@ impl<S: AsyncRead + Unpin> Incoming<S> {
             self.end -= self.pos;
             self.pos = 0;
         }
-        let n = self.stream.read(&mut self.buf[self.end..]).await?;
+        let stop = self.end.saturating_add(most.max(1)).min(self.buf.len());
+        let n = self.stream.read(&mut self.buf[self.end..stop]).await?;
         self.end += n;
         Ok(n)
     }
 
-    /// Waits until at least `n` bytes (at most the buffer's size) are buffered.
+    /// Waits until at least `n` bytes (at most the buffer's size) are buffered, reading at
+    /// most [`METADATA_READ`] at a time: what comes after the wanted bytes may be a large
+    /// tensor's values, better read straight into the tensor than copied through here.
     async fn want(&mut self, n: usize) -> std::io::Result<()> {
         let n = n.min(self.buf.len());
         while self.end - self.pos < n {
@@ -89,7 +98,7 @@ impl<S: AsyncRead + Unpin> Incoming<S> {
                 self.end -= self.pos;
                 self.pos = 0;
             }
-            if self.fill().await? == 0 {
+            if self.fill(METADATA_READ.max(n)).await? == 0 {
                 return Err(std::io::ErrorKind::UnexpectedEof.into());
             }
         }
@@ -175,10 +184,12 @@ pub async fn read_raw_frame<S: AsyncRead + Unpin>(
     header: &FrameHeader,
     len: u64,
     limit: u64,
+    pool: &TensorPool,
 ) -> Result<StepMessage, StreamFault> {
     let body = len.saturating_sub(len_u64(HEADER_LEN));
     let mut reader = Payload {
         incoming,
+        pool,
         left: body,
         sum: FrameChecksum::default(),
         ctx: DecodeCtx {
@@ -231,6 +242,8 @@ pub async fn read_raw_frame<S: AsyncRead + Unpin>(
 /// The payload being read: at most `left` more bytes, each summed as it is taken.
 struct Payload<'a, S> {
     incoming: &'a mut Incoming<S>,
+    /// Where numeric tensors' memory comes from.
+    pool: &'a TensorPool,
     left: u64,
     sum: FrameChecksum,
     ctx: DecodeCtx,
@@ -261,7 +274,7 @@ impl<S: AsyncRead + Unpin> Payload<'_, S> {
     /// Reads and sums the rest of the frame, discarding it.
     async fn drain(&mut self) -> std::io::Result<()> {
         while self.left > 0 {
-            if self.incoming.buffered().is_empty() && self.incoming.fill().await? == 0 {
+            if self.incoming.buffered().is_empty() && self.incoming.fill(usize::MAX).await? == 0 {
                 return Err(std::io::ErrorKind::UnexpectedEof.into());
             }
             let n = usize::try_from(self.left)
@@ -398,13 +411,19 @@ impl<S: AsyncRead + Unpin> Payload<'_, S> {
         Ok(Ok(TensorData::String(out)))
     }
 
-    /// `n` values of `dtype`, read into their own memory (see the module docs).
+    /// `n` values of `dtype`, read into their own memory (see the module docs), taken from
+    /// the pool.
     async fn numbers(&mut self, dtype: DType, n: usize, tensor: usize) -> Parsed<TensorData> {
         macro_rules! read {
-            ($variant:ident, $zero:expr) => {{
-                let mut v = vec![$zero; n];
-                refuse!(self.bytes_into(bytemuck::cast_slice_mut(&mut v)).await?);
-                TensorData::$variant(v)
+            ($($variant:ident),*) => {{
+                let mut data = self.pool.take(dtype, n);
+                match &mut data {
+                    $(TensorData::$variant(v) => {
+                        refuse!(self.bytes_into(bytemuck::cast_slice_mut(v)).await?)
+                    })*
+                    TensorData::Bool(_) | TensorData::String(_) => {}
+                }
+                data
             }};
         }
         Ok(Ok(match dtype {
@@ -413,20 +432,12 @@ impl<S: AsyncRead + Unpin> Payload<'_, S> {
                 refuse!(self.bytes_into(&mut raw).await?);
                 refuse!(super::decode_numbers(DType::Bool, &raw, tensor))
             }
-            DType::Int8 => read!(Int8, 0i8),
-            DType::UInt8 => read!(UInt8, 0u8),
-            DType::Int16 => read!(Int16, 0i16),
-            DType::UInt16 => read!(UInt16, 0u16),
-            DType::Float16 => read!(Float16, 0u16),
-            DType::BFloat16 => read!(BFloat16, 0u16),
-            DType::Int32 => read!(Int32, 0i32),
-            DType::UInt32 => read!(UInt32, 0u32),
-            DType::Float32 => read!(Float32, 0f32),
-            DType::Int64 => read!(Int64, 0i64),
-            DType::UInt64 => read!(UInt64, 0u64),
-            DType::Float64 => read!(Float64, 0f64),
             // Strings have no width: `tensor` reads them.
             DType::String => TensorData::String(Vec::new()),
+            _ => read!(
+                Int8, UInt8, Int16, UInt16, Float16, BFloat16, Int32, UInt32, Float32, Int64,
+                UInt64, Float64
+            ),
         }))
     }
 }

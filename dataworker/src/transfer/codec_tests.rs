@@ -4,6 +4,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::transfer::TensorPool;
 
 fn tensor(shape: Vec<usize>, data: TensorData) -> Tensor {
     Tensor::new(shape, data).expect("valid tensor")
@@ -832,6 +833,33 @@ impl tokio::io::AsyncRead for Trickle<'_> {
 /// What comes after the frame on the connection: the stream decoder must leave it unread.
 const NEXT: &[u8; 4] = b"NEXT";
 
+/// A pool whose memory holds junk values of every numeric dtype, long and short: whatever the
+/// stream decoder takes from it must be overwritten completely, or the decode differs.
+fn junk_pool() -> TensorPool {
+    let pool = TensorPool::new(1 << 22);
+    for n in [3, 64, 5000] {
+        for dtype in DType::ALL {
+            let junk = match TensorData::zeros(dtype, n) {
+                TensorData::Int8(v) => TensorData::Int8(v.iter().map(|_| -85).collect()),
+                TensorData::UInt8(v) => TensorData::UInt8(v.iter().map(|_| 0xab).collect()),
+                TensorData::Int16(v) => TensorData::Int16(v.iter().map(|_| -21_846).collect()),
+                TensorData::UInt16(v) => TensorData::UInt16(v.iter().map(|_| 0xabab).collect()),
+                TensorData::Float16(v) => TensorData::Float16(v.iter().map(|_| 0x7e01).collect()),
+                TensorData::BFloat16(v) => TensorData::BFloat16(v.iter().map(|_| 0x7fc1).collect()),
+                TensorData::Int32(v) => TensorData::Int32(v.iter().map(|_| -1).collect()),
+                TensorData::UInt32(v) => TensorData::UInt32(v.iter().map(|_| 7).collect()),
+                TensorData::Float32(v) => TensorData::Float32(v.iter().map(|_| f32::NAN).collect()),
+                TensorData::Int64(v) => TensorData::Int64(v.iter().map(|_| i64::MIN).collect()),
+                TensorData::UInt64(v) => TensorData::UInt64(v.iter().map(|_| u64::MAX).collect()),
+                TensorData::Float64(v) => TensorData::Float64(v.iter().map(|_| -0.0).collect()),
+                other => other,
+            };
+            pool.give(junk);
+        }
+    }
+    pool
+}
+
 /// The stream decoder's answer for `frame` (the data plane's length prefix says its length),
 /// read `chunk` bytes at a time, if it is a frame that one decodes (its header parses and
 /// says uncompressed); checks that exactly the frame's bytes were read.
@@ -856,11 +884,13 @@ fn stream_decode(
         incoming.read_exact_into(&mut read).await.expect("head");
         assert_eq!(read, head);
         let len = len_u64(frame.len());
-        let result = match stream::read_raw_frame(&mut incoming, &head, &header, len, limit).await {
-            Ok(msg) => Ok(msg),
-            Err(stream::StreamFault::Refused(e)) => Err(e),
-            Err(stream::StreamFault::Io(e)) => panic!("a whole frame broke off: {e}"),
-        };
+        let pool = junk_pool();
+        let result =
+            match stream::read_raw_frame(&mut incoming, &head, &header, len, limit, &pool).await {
+                Ok(msg) => Ok(msg),
+                Err(stream::StreamFault::Refused(e)) => Err(e),
+                Err(stream::StreamFault::Io(e)) => panic!("a whole frame broke off: {e}"),
+            };
         let mut next = [0u8; 4];
         incoming.read_exact_into(&mut next).await.expect("next");
         assert_eq!(

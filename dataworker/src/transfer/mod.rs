@@ -12,6 +12,8 @@
 //! - [`receiver`]: DWRecv's reorder and deduplication buffer as a state machine with time
 //!   passed in ([`ReceiverState`]), its metrics, and [`SharedReceiver`], the blocking,
 //!   thread-safe wrapper whose bounded buffer is the senders' backpressure.
+//! - [`pool`]: [`TensorPool`], received tensors' memory given back by the consumer and
+//!   reused for the next frames' values (no zeroing, no page faults).
 //! - [`error`]: the layer's error type, [`TransferError`].
 //!
 //! # Invariants
@@ -28,6 +30,7 @@
 
 pub mod codec;
 pub mod error;
+pub mod pool;
 pub mod receiver;
 
 pub use codec::{
@@ -35,6 +38,7 @@ pub use codec::{
     StepDecoder, StepEncoder, StepMessage,
 };
 pub use error::TransferError;
+pub use pool::{TensorPool, DEFAULT_POOL_BYTES};
 pub use receiver::{
     Offer, ReceiverConfig, ReceiverMetrics, ReceiverState, RejectReason, SharedReceiver, Step,
 };

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use super::codec::StepMessage;
 use super::error::TransferError;
+use super::pool::{TensorPool, DEFAULT_POOL_BYTES};
 
 /// The default length of the rate metrics' sliding window.
 pub const DEFAULT_RATE_WINDOW: Duration = Duration::from_secs(10);
@@ -468,6 +469,8 @@ pub struct SharedReceiver {
     not_full: Condvar,
     /// Signalled when the next step may have become complete.
     ready: Condvar,
+    /// Memory of delivered steps the consumer gave back ([`Self::recycle`]).
+    pool: TensorPool,
 }
 
 impl SharedReceiver {
@@ -476,7 +479,19 @@ impl SharedReceiver {
             state: Mutex::new(ReceiverState::new(config, Instant::now())?),
             not_full: Condvar::new(),
             ready: Condvar::new(),
+            pool: TensorPool::new(DEFAULT_POOL_BYTES),
         })
+    }
+
+    /// Takes back a delivered step the consumer is done with: its tensors' memory receives
+    /// later frames' values.
+    pub fn recycle(&self, step: Step) {
+        self.pool.give_step(step);
+    }
+
+    /// The memory [`Self::recycle`] gave back.
+    pub fn pool(&self) -> &TensorPool {
+        &self.pool
     }
 
     /// The state machine's methods never panic midway, so a lock poisoned by a panic elsewhere

@@ -8,7 +8,7 @@ use std::thread;
 use proptest::prelude::*;
 
 use super::*;
-use crate::tensor::{Tensor, TensorData};
+use crate::tensor::{DType, Tensor, TensorData};
 
 const JOB: u64 = 11;
 
@@ -338,6 +338,24 @@ fn try_push_and_try_pop_do_not_block() {
     assert_eq!(r.next_step(), 1);
     let m = r.metrics();
     assert_eq!((m.too_far_ahead, m.duplicates, m.delivered), (1, 1, 1));
+}
+
+#[test]
+fn a_recycled_step_lends_its_memory_to_the_next_of_its_shape() {
+    let r = shared(&[0, 1], 4);
+    assert_eq!(r.try_push(msg(0, 0)), Offer::Accepted);
+    assert_eq!(r.try_push(msg(1, 0)), Offer::Accepted);
+    let step = r.try_pop().expect("complete");
+    r.recycle(step);
+    // Two int64 scalars' memory, taken again by reads of that dtype only.
+    assert_eq!(r.pool().bytes(), 16);
+    assert!(matches!(r.pool().take(DType::Int64, 1), TensorData::Int64(v) if v.len() == 1));
+    assert_eq!(r.pool().bytes(), 8);
+    assert_eq!(
+        r.pool().take(DType::Float32, 1),
+        TensorData::zeros(DType::Float32, 1)
+    );
+    assert_eq!(r.pool().bytes(), 8);
 }
 
 #[test]

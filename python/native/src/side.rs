@@ -238,6 +238,10 @@ impl TrainingSide {
     pub fn run_finished(&mut self) {
         if let Some((_, step)) = self.current.take() {
             self.consumer.consumed(step.step);
+            // The ops copied its tensors into TensorFlow's: the memory serves later steps.
+            if let Ok(step) = Arc::try_unwrap(step) {
+                self.consumer.recycle(step);
+            }
         }
     }
 
