@@ -76,7 +76,8 @@ pub struct ConsumerConfig {
 }
 
 impl ConsumerConfig {
-    /// Plaintext on a loopback port, 16 steps buffered, 30 s of patience.
+    /// Plaintext on a loopback port, 64 steps buffered (the dispatcher's default lease limit
+    /// per worker), 30 s of patience.
     pub fn new(dispatcher: impl Into<String>, token: impl Into<String>, job: u64) -> Self {
         ConsumerConfig {
             dispatcher: dispatcher.into(),
@@ -86,7 +87,7 @@ impl ConsumerConfig {
             advertise: None,
             server_tls: None,
             client_tls: None,
-            capacity: 16,
+            capacity: 64,
             resume_from: None,
             patience: Duration::from_secs(30),
         }

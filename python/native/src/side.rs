@@ -101,7 +101,7 @@ fn default_patience() -> u64 {
     30
 }
 fn default_capacity() -> u64 {
-    16
+    64
 }
 
 impl JobConfig {
