@@ -724,17 +724,34 @@ fn frames_in_parts_borrow_numeric_values_and_match_every_dtype() {
     assert_eq!(parts.to_vec(), frame);
     let back = decode_frame(&parts.to_vec(), DEFAULT_MAX_MESSAGE_BYTES).expect("decodes");
     assert!(back.bitwise_eq(&msg));
+    // Small values are copied next to their metadata: one piece for the whole frame.
+    assert!(msg
+        .tensors
+        .iter()
+        .all(|t| t.num_elements() * 8 < BORROW_MIN_BYTES));
+    assert_eq!(parts.slices().count(), 1, "small values are copied");
     if cfg!(target_endian = "little") {
-        // Header and metadata, then per numeric tensor its values; strings stay owned.
-        let numeric = msg
-            .tensors
-            .iter()
-            .filter(|t| t.dtype() != DType::String && t.num_elements() > 0)
-            .count();
-        assert!(
-            parts.slices().count() > numeric,
-            "values are separate pieces"
+        // Large values are pieces of their own, the tensors' memory itself.
+        let n = BORROW_MIN_BYTES / 4;
+        let large = message(vec![
+            tensor(vec![n], TensorData::Float32(vec![0.25; n])),
+            tensor(vec![2], TensorData::Int64(vec![7, 8])),
+            tensor(vec![n - 1], TensorData::Float32(vec![0.5; n - 1])),
+        ]);
+        let parts = encoder(Compression::Off)
+            .encode_parts(&large)
+            .expect("encodes");
+        assert_eq!(
+            parts.to_vec(),
+            encoder(Compression::Off).encode(&large).expect("encodes")
         );
+        let slices: Vec<&[u8]> = parts.slices().collect();
+        assert_eq!(slices.len(), 3, "metadata, the large values, the rest");
+        let TensorData::Float32(values) = large.tensors[0].data() else {
+            panic!("float32");
+        };
+        assert_eq!(slices[1].as_ptr(), values.as_ptr().cast::<u8>(), "borrowed");
+        assert_eq!(slices[1].len(), BORROW_MIN_BYTES);
     }
     let big = message(vec![tensor(
         vec![1 << 20],
