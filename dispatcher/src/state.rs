@@ -199,6 +199,10 @@ struct StageState {
     completed: BTreeSet<u64>,
 }
 
+/// The fewest leases [`DispatcherState::lease_share`] gives a worker, however many share the
+/// window: enough to lease the next steps while computing.
+pub const MIN_LEASE_SHARE: u32 = 4;
+
 /// The dispatcher's state: workers, leases per stage, the consumed watermark.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DispatcherState {
@@ -327,6 +331,24 @@ impl DispatcherState {
     }
 
     /// The steps `worker` holds, in order.
+    /// A worker of `stage`'s lease limit when the training side's receiver buffers `window`
+    /// steps: the window shared among the stage's active workers (so that their leases
+    /// together are not too far ahead of it), at least [`MIN_LEASE_SHARE`], at most the
+    /// configured limit per worker.
+    pub fn lease_share(&self, stage: StageId, window: u64) -> u32 {
+        let max = self.config.max_leases_per_worker;
+        let active = self
+            .workers
+            .values()
+            .filter(|w| w.stage == stage && w.status == WorkerStatus::Active)
+            .count()
+            .max(1);
+        let share = window / u64::try_from(active).unwrap_or(u64::MAX);
+        u32::try_from(share)
+            .unwrap_or(u32::MAX)
+            .clamp(MIN_LEASE_SHARE.min(max), max)
+    }
+
     pub fn leases_of(&self, worker: WorkerId) -> Vec<StepId> {
         self.workers
             .get(&worker)

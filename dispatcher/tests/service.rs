@@ -8,7 +8,7 @@ use std::time::Duration;
 use lode_dispatcher::journal::JOURNAL_FILE;
 use lode_dispatcher::{
     index_batch, serve, DispatcherConfig, JobId, JournalError, ManualClock, ServeError,
-    ServiceConfig, Shuffle, StepId, PROTOCOL_VERSION,
+    ServiceConfig, Shuffle, StepId, MIN_LEASE_SHARE, PROTOCOL_VERSION,
 };
 use lode_proto::service::v1::{self, lease_response::Outcome};
 use lode_proto::service::{connect, ClientError, DispatcherClient};
@@ -241,6 +241,72 @@ fn batch_of(config: &DispatcherConfig, epoch: u64, step: u64) -> Vec<u64> {
     index_batch(config, StepId::new(epoch, step)).expect("step in range")
 }
 
+/// The workers of a stage share the training side's window as leases: each registration and
+/// each lease answer says the worker's share now, and a worker over it leases nothing more.
+#[tokio::test]
+async fn workers_share_the_receivers_window_as_leases() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut roomy = config(1);
+    roomy.records = 3000;
+    roomy.max_leases_per_worker = 64;
+    let server = Server::start(dir.path(), roomy).await;
+    let mut client = server.client().await;
+    let alone = register(&mut client, 0).await;
+    assert_eq!(alone.max_leases, 64, "the default window of 64, alone");
+    client
+        .register_consumer(v1::RegisterConsumerRequest {
+            job_id: JOB,
+            receiver_addr: "http://127.0.0.1:9".into(),
+            resume_from: None,
+            window: 48,
+        })
+        .await
+        .expect("consumer");
+    let batch = |worker| v1::LeaseRequest {
+        job_id: JOB,
+        worker_id: worker,
+        max_steps: 64,
+    };
+    let answer = client
+        .lease(batch(alone.worker_id))
+        .await
+        .expect("lease")
+        .into_inner();
+    assert_eq!(answer.max_leases, 48, "the consumer's window");
+    let Some(Outcome::Leases(granted)) = answer.outcome else {
+        panic!("a batch: {answer:?}");
+    };
+    assert_eq!(granted.steps.len(), 48, "at most its share");
+    let second = register(&mut client, 0).await;
+    assert_eq!(second.max_leases, 24, "two share 48");
+    let over = client
+        .lease(batch(alone.worker_id))
+        .await
+        .expect("lease")
+        .into_inner();
+    assert_eq!(over.max_leases, 24);
+    assert_eq!(
+        over.outcome,
+        Some(Outcome::Wait(v1::Wait { retry_after_ms: 0 })),
+        "48 held, 24 allowed: nothing more, and no pause (it asks once it holds less)"
+    );
+    let Some(Outcome::Leases(theirs)) = client
+        .lease(batch(second.worker_id))
+        .await
+        .expect("lease")
+        .into_inner()
+        .outcome
+    else {
+        panic!("a batch");
+    };
+    assert_eq!(theirs.steps.len(), 24);
+    // However many workers, each keeps a few.
+    for _ in 0..20 {
+        register(&mut client, 0).await;
+    }
+    assert_eq!(register(&mut client, 0).await.max_leases, MIN_LEASE_SHARE);
+}
+
 #[tokio::test]
 async fn register_lease_complete_consume_round_trip() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -264,6 +330,7 @@ async fn register_lease_complete_consume_round_trip() {
             job_id: JOB,
             receiver_addr: "http://127.0.0.1:9".into(),
             resume_from: None,
+            window: 0,
         })
         .await
         .expect("consumer")
@@ -440,6 +507,7 @@ async fn bad_credentials_and_other_jobs_are_rejected_without_touching_state() {
                         job_id,
                         receiver_addr: "http://127.0.0.1:9".into(),
                         resume_from: None,
+                        window: 0,
                     })
                     .await
                     .map(drop),
@@ -657,6 +725,7 @@ async fn mid_epoch(server: &Server, client: &mut DispatcherClient) -> [u64; 3] {
             job_id: JOB,
             receiver_addr: "http://127.0.0.1:9".into(),
             resume_from: None,
+            window: 0,
         })
         .await
         .expect("consumer");
@@ -943,6 +1012,7 @@ async fn the_training_side_ends_the_job_and_the_dispatcher_stops_once_everyone_k
             job_id: JOB,
             receiver_addr: "http://127.0.0.1:9".into(),
             resume_from: None,
+            window: 0,
         })
         .await
         .expect("register the consumer");

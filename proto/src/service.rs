@@ -351,6 +351,7 @@ mod tests {
                 now_ms: 10,
                 generation: 4,
             })),
+            max_leases: 7,
         };
         let bytes = answer.encode_to_vec();
         let back = v1::LeaseResponse::decode(bytes.as_slice()).expect("decodes");

@@ -252,6 +252,8 @@ impl Consumer {
             )
             .map_err(ConsumerError::Address)?,
             resume_from: resume.map(|g| StepRef::from_global(g, self.per_epoch).to_wire()),
+            // The workers share it as leases, so that they are not too far ahead together.
+            window: config.capacity,
         };
         let reg = self.call("RegisterConsumer", |mut d| {
             let request = request.clone();

@@ -347,6 +347,7 @@ pub async fn run_worker(
                 // (the dispatcher may exit right after this answer).
                 if let Ok(LeaseResponse {
                     outcome: Some(Outcome::EndOfData(_)),
+                    ..
                 }) = &answer
                 {
                     if let Ok(mut s) = shared.lock() {
@@ -508,7 +509,11 @@ fn absorb(
 ) -> Result<(), ServiceError> {
     match answer {
         Answer::Lease(answer, round_trip) => {
-            let leases = match answer?.outcome {
+            let answer = answer?;
+            if answer.max_leases > 0 {
+                state.set_max_leases(answer.max_leases);
+            }
+            let leases = match answer.outcome {
                 Some(Outcome::Lease(lease)) => vec![lease],
                 Some(Outcome::Leases(batch)) => batch.steps,
                 Some(Outcome::Wait(wait)) => {

@@ -197,6 +197,13 @@ impl WorkerState {
         }
     }
 
+    /// The dispatcher's lease limit for this worker changed (its share of the training side's
+    /// window, which changes as workers join and leave): steps held past a lower limit stay,
+    /// and the worker leases again once it holds fewer.
+    pub fn set_max_leases(&mut self, max_leases: u32) {
+        self.max_leases = usize::try_from(max_leases.max(1)).unwrap_or(usize::MAX);
+    }
+
     /// Steps the dispatcher counts as this worker's: leased and not yet reported back.
     pub fn outstanding(&self) -> usize {
         self.queued.len()
@@ -678,6 +685,36 @@ mod tests {
             [0, 1, 3]
         );
         assert_eq!(w.outstanding(), 5, "3 delivered, 1 parked, 1 in the burst");
+    }
+
+    /// The dispatcher lowers the limit when another worker joins: what is held stays, the
+    /// batches shrink, and nothing is leased until the worker holds less.
+    #[test]
+    fn a_lower_lease_limit_holds_back_leases_until_the_worker_holds_less() {
+        let t0 = Instant::now();
+        let far = t0 + Duration::from_secs(10);
+        let mut w = WorkerState::new(64);
+        w.step_time = Some(1e-4);
+        w.round_trip = Some(1.0);
+        assert_eq!(w.batch_size(), 32);
+        assert_eq!(w.next_lease(t0), Some(32));
+        w.leased(
+            (0..32).map(|g| step(g, far)).collect(),
+            Duration::from_millis(1),
+        );
+        w.set_max_leases(16);
+        assert_eq!(w.batch_size(), 8);
+        assert_eq!(w.next_lease(t0), None, "32 held, 16 allowed");
+        assert_eq!(w.outstanding(), 32, "what was leased stays");
+        w.set_max_leases(48);
+        assert_eq!(
+            w.next_lease(t0),
+            None,
+            "room for 16, but 32 queued is enough work"
+        );
+        w.set_max_leases(128);
+        assert_eq!(w.batch_size(), MAX_BATCH);
+        assert_eq!(w.next_lease(t0), Some(MAX_BATCH), "batches of 64 again");
     }
 
     /// Steps waiting for company in a report count against the lease limit: when they keep

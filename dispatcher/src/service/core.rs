@@ -44,6 +44,10 @@ pub(crate) struct Core {
     drained: BTreeSet<WorkerId>,
     /// Where data workers push step messages; empty until the consumer registered.
     receiver_addr: String,
+    /// Steps the consumer's receiver buffers ahead (its `window`), which a stage's workers
+    /// share as leases; not journaled (a restarted dispatcher assumes
+    /// [`super::DEFAULT_RECEIVER_WINDOW`] until the training side registers again).
+    receiver_window: u64,
     /// The next worker id to hand out: above every id the journal ever registered.
     next_worker: u64,
     /// A journal write failed: the live state may be ahead of the file, so nothing more is
@@ -141,6 +145,7 @@ impl Core {
                 journal,
                 drained,
                 receiver_addr,
+                receiver_window: super::DEFAULT_RECEIVER_WINDOW,
                 next_worker,
                 failed: false,
                 counters: Counters::default(),
@@ -203,11 +208,13 @@ impl Core {
     pub(crate) fn register_consumer(
         &mut self,
         receiver_addr: String,
+        window: Option<u64>,
         now: Time,
     ) -> Result<(), ApplyError> {
         if self.failed {
             return Err(ApplyError::JournalFailed);
         }
+        self.receiver_window = window.unwrap_or(super::DEFAULT_RECEIVER_WINDOW);
         // A new training side (or a reopened job) has not been told anything yet.
         self.told_end = ToldEnd::default();
         if receiver_addr != self.receiver_addr {
@@ -249,6 +256,15 @@ impl Core {
 
     pub(crate) fn receiver_addr(&self) -> &str {
         &self.receiver_addr
+    }
+
+    /// `worker`'s lease limit now: its share of the receiver's window (see
+    /// [`DispatcherState::lease_share`]); the limit per worker for an unknown worker.
+    pub(crate) fn lease_limit(&self, worker: WorkerId) -> u32 {
+        match self.state.worker(worker) {
+            Some(info) => self.state.lease_share(info.stage, self.receiver_window),
+            None => self.state.config().max_leases_per_worker,
+        }
     }
 
     pub(crate) fn is_drained(&self, worker: WorkerId) -> bool {

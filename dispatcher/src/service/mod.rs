@@ -89,6 +89,10 @@ pub const MAX_WORKER_NAME_BYTES: usize = 256;
 /// How often the background task expires leases and looks for silent workers.
 pub const TICK_INTERVAL: Duration = Duration::from_millis(100);
 
+/// The training side's receiver window the dispatcher assumes until one registers with its
+/// own (`RegisterConsumerRequest.window`): the consumers' default.
+pub const DEFAULT_RECEIVER_WINDOW: u64 = 64;
+
 /// What a lease answer tells a worker to wait when there is nothing to lease yet.
 pub const LEASE_RETRY_AFTER: Duration = Duration::from_millis(100);
 

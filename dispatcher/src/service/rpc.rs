@@ -39,7 +39,6 @@ struct Inner {
     stage_graphs: Vec<Bytes>,
     heartbeat_interval: Duration,
     lease_duration_ms: u64,
-    max_leases: u32,
     steps_per_epoch: u64,
     /// The most steps one `Lease` answer carries: [`MAX_STEPS_PER_REQUEST`], fewer when the
     /// job's batches are so large that as many would not fit a message.
@@ -91,7 +90,6 @@ impl DispatcherService {
         let config = core.state().config();
         let lease_duration_ms =
             u64::try_from(config.lease_duration.as_millis()).unwrap_or(u64::MAX);
-        let max_leases = config.max_leases_per_worker;
         let steps_per_epoch = config.steps_per_epoch();
         // A lease answer carries at most 10 bytes a record, plus a little per step.
         let per_step = config.batch_size.saturating_mul(10).saturating_add(64);
@@ -107,7 +105,6 @@ impl DispatcherService {
                 stage_graphs: parts.stage_graphs,
                 heartbeat_interval: parts.heartbeat_interval,
                 lease_duration_ms,
-                max_leases,
                 steps_per_epoch,
                 max_steps,
                 silence_ms: interval.saturating_mul(u64::from(parts.missed_heartbeats)),
@@ -231,7 +228,7 @@ impl Dispatcher for DispatcherService {
         }
         let protocol_version = req.protocol_version;
         let name = req.worker_name.clone();
-        let (worker, stage, receiver_addr) = self
+        let (worker, stage, receiver_addr, max_leases) = self
             .mutate(Durability::Synced, move |core, now| {
                 if core.state().workers().count() >= MAX_WORKERS_PER_JOB {
                     return Err(Status::resource_exhausted(format!(
@@ -254,7 +251,12 @@ impl Dispatcher for DispatcherService {
                 let live: BTreeSet<WorkerId> = core.state().workers().map(|(w, _)| w).collect();
                 core.names.retain(|w, _| live.contains(w));
                 core.worker_counters.retain(|w, _| live.contains(w));
-                Ok((worker, stage, core.receiver_addr().to_owned()))
+                Ok((
+                    worker,
+                    stage,
+                    core.receiver_addr().to_owned(),
+                    core.lease_limit(worker),
+                ))
             })
             .await
             .inspect_err(|status| {
@@ -275,7 +277,7 @@ impl Dispatcher for DispatcherService {
             lease_duration_ms: self.inner.lease_duration_ms,
             heartbeat_interval_ms: u64::try_from(self.inner.heartbeat_interval.as_millis())
                 .unwrap_or(u64::MAX),
-            max_leases: self.inner.max_leases,
+            max_leases,
             steps_per_epoch: self.inner.steps_per_epoch,
         }))
     }
@@ -290,75 +292,15 @@ impl Dispatcher for DispatcherService {
         // 0 and 1 ask for one step, answered as `lease` (the protocol before batches).
         let batched = req.max_steps > 1;
         let max = req.max_steps.clamp(1, self.inner.max_steps);
-        let outcome = self
+        let (outcome, max_leases) = self
             .mutate(Durability::Written, move |core, now| {
-                let wait = || {
-                    Outcome::Wait(v1::Wait {
-                        retry_after_ms: u64::try_from(LEASE_RETRY_AFTER.as_millis())
-                            .unwrap_or(u64::MAX),
-                    })
-                };
-                if core.is_drained(worker) {
-                    return Ok(Outcome::Drained(v1::Drained {}));
-                }
-                if core.state().is_end_of_data() {
-                    core.told_worker_end(worker);
-                    return Ok(Outcome::EndOfData(v1::EndOfData {}));
-                }
-                // Expiry happens on ticks only: tick first, so that a step whose deadline
-                // passed since the last background tick is leased again now.
-                core.apply(Command::Tick, now)?;
-                match core.apply(Command::RequestLeases { worker, max }, now) {
-                    Ok(events) => {
-                        let generation = core.state().generation();
-                        let mut steps: Vec<v1::StepLease> = events
-                            .into_iter()
-                            .filter_map(|event| match event {
-                                Event::LeaseGranted {
-                                    stage,
-                                    step,
-                                    deadline,
-                                    records,
-                                    ..
-                                } => Some(v1::StepLease {
-                                    generation,
-                                    ..convert::step_lease(stage, step, records, deadline, now)
-                                }),
-                                _ => None,
-                            })
-                            .collect();
-                        if batched {
-                            Ok(Outcome::Leases(v1::StepLeases { steps }))
-                        } else {
-                            steps
-                                .pop()
-                                .map(Outcome::Lease)
-                                .ok_or_else(|| Status::internal("a lease request granted no lease"))
-                        }
-                    }
-                    Err(ApplyError::State(
-                        Error::NoStepReady { .. }
-                        | Error::LeaseLimit { .. }
-                        | Error::Draining { .. },
-                    )) => Ok(wait()),
-                    Err(ApplyError::State(Error::StageFinished { .. })) => {
-                        if core.state().is_end_of_data() {
-                            core.told_worker_end(worker);
-                        }
-                        Ok(Outcome::EndOfData(v1::EndOfData {}))
-                    }
-                    // The tick above may have drained it (its last lease expired).
-                    Err(ApplyError::State(Error::UnknownWorker { .. }))
-                        if core.is_drained(worker) =>
-                    {
-                        Ok(Outcome::Drained(v1::Drained {}))
-                    }
-                    Err(err) => Err(err.into()),
-                }
+                let outcome = lease_outcome(core, now, worker, max, batched);
+                Ok((outcome?, core.lease_limit(worker)))
             })
             .await?;
         Ok(Response::new(v1::LeaseResponse {
             outcome: Some(outcome),
+            max_leases,
         }))
     }
 
@@ -535,6 +477,8 @@ impl Dispatcher for DispatcherService {
         let request = request.into_inner();
         let resume = request.resume_from.map(|s| StepId::new(s.epoch, s.step));
         let addr = request.receiver_addr;
+        // 0: not said (an older training side); the default is assumed.
+        let window = Some(request.window).filter(|&w| w > 0);
         if addr.is_empty() || addr.len() > MAX_ADDR_BYTES {
             return Err(Status::invalid_argument(format!(
                 "receiver_addr: must be 1 to {MAX_ADDR_BYTES} bytes"
@@ -543,7 +487,7 @@ impl Dispatcher for DispatcherService {
         tracing::info!(receiver = ?addr, "consumer registered");
         let (first_step, end_of_data) = self
             .mutate(Durability::Synced, move |core, now| {
-                core.register_consumer(addr, now)?;
+                core.register_consumer(addr, window, now)?;
                 if let Some(next) = resume {
                     core.apply(Command::Rewind { next }, now)?;
                 }
@@ -623,6 +567,89 @@ impl Dispatcher for DispatcherService {
             })
             .await;
         Ok(Response::new(status))
+    }
+}
+
+/// The outcome of a lease request (see `Dispatcher::lease`), within `worker`'s share of the
+/// receiver's window.
+fn lease_outcome(
+    core: &mut Core,
+    now: Time,
+    worker: WorkerId,
+    max: u32,
+    batched: bool,
+) -> Result<Outcome, Status> {
+    let wait = || {
+        Outcome::Wait(v1::Wait {
+            retry_after_ms: u64::try_from(LEASE_RETRY_AFTER.as_millis()).unwrap_or(u64::MAX),
+        })
+    };
+    if core.is_drained(worker) {
+        return Ok(Outcome::Drained(v1::Drained {}));
+    }
+    if core.state().is_end_of_data() {
+        core.told_worker_end(worker);
+        return Ok(Outcome::EndOfData(v1::EndOfData {}));
+    }
+    // Expiry happens on ticks only: tick first, so that a step whose deadline
+    // passed since the last background tick is leased again now.
+    core.apply(Command::Tick, now)?;
+    // Within its share of the receiver's window: a worker over it (another one joined)
+    // leases nothing until it holds less; the answer tells it its limit, and it asks again
+    // once it has room, so there is nothing to wait for.
+    let max = match core.state().worker(worker) {
+        Some(info) => {
+            let held = u32::try_from(info.lease_count()).unwrap_or(u32::MAX);
+            let limit = core.lease_limit(worker);
+            if held >= limit {
+                return Ok(Outcome::Wait(v1::Wait { retry_after_ms: 0 }));
+            }
+            max.min(limit - held)
+        }
+        None => max,
+    };
+    match core.apply(Command::RequestLeases { worker, max }, now) {
+        Ok(events) => {
+            let generation = core.state().generation();
+            let mut steps: Vec<v1::StepLease> = events
+                .into_iter()
+                .filter_map(|event| match event {
+                    Event::LeaseGranted {
+                        stage,
+                        step,
+                        deadline,
+                        records,
+                        ..
+                    } => Some(v1::StepLease {
+                        generation,
+                        ..convert::step_lease(stage, step, records, deadline, now)
+                    }),
+                    _ => None,
+                })
+                .collect();
+            if batched {
+                Ok(Outcome::Leases(v1::StepLeases { steps }))
+            } else {
+                steps
+                    .pop()
+                    .map(Outcome::Lease)
+                    .ok_or_else(|| Status::internal("a lease request granted no lease"))
+            }
+        }
+        Err(ApplyError::State(
+            Error::NoStepReady { .. } | Error::LeaseLimit { .. } | Error::Draining { .. },
+        )) => Ok(wait()),
+        Err(ApplyError::State(Error::StageFinished { .. })) => {
+            if core.state().is_end_of_data() {
+                core.told_worker_end(worker);
+            }
+            Ok(Outcome::EndOfData(v1::EndOfData {}))
+        }
+        // The tick above may have drained it (its last lease expired).
+        Err(ApplyError::State(Error::UnknownWorker { .. })) if core.is_drained(worker) => {
+            Ok(Outcome::Drained(v1::Drained {}))
+        }
+        Err(err) => Err(err.into()),
     }
 }
 
