@@ -186,6 +186,7 @@ async fn worker(
                 job_id: JOB,
                 worker_id,
                 max_steps: k,
+                ..Default::default()
             })
             .await
             .expect("lease")

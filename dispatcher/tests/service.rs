@@ -131,6 +131,7 @@ async fn lease(client: &mut DispatcherClient, worker: u64) -> Outcome {
             job_id: JOB,
             worker_id: worker,
             max_steps: 0,
+            ..Default::default()
         })
         .await
         .expect("lease")
@@ -266,6 +267,7 @@ async fn workers_share_the_receivers_window_as_leases() {
         job_id: JOB,
         worker_id: worker,
         max_steps: 64,
+        ..Default::default()
     };
     let answer = client
         .lease(batch(alone.worker_id))
@@ -305,6 +307,80 @@ async fn workers_share_the_receivers_window_as_leases() {
         register(&mut client, 0).await;
     }
     assert_eq!(register(&mut client, 0).await.max_leases, MIN_LEASE_SHARE);
+}
+
+/// A lease request may carry the worker's report: its steps are completed first, so they
+/// free room for the grant; steps it does not hold come back refused.
+#[tokio::test]
+async fn a_lease_carries_a_report_completed_before_the_grant() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(dir.path(), config(1)).await;
+    let mut client = server.client().await;
+    let w = register(&mut client, 0).await;
+    assert_eq!(w.max_leases, 2);
+    let ask = |completed: Vec<v1::CompletedStep>| v1::LeaseRequest {
+        job_id: JOB,
+        worker_id: w.worker_id,
+        max_steps: 2,
+        stage: 0,
+        completed,
+    };
+    let first = client
+        .lease(ask(Vec::new()))
+        .await
+        .expect("lease")
+        .into_inner();
+    let Some(Outcome::Leases(first)) = first.outcome else {
+        panic!("a batch: {first:?}");
+    };
+    assert_eq!(
+        first.steps.iter().map(|s| s.step).collect::<Vec<_>>(),
+        [0, 1]
+    );
+    // At its limit: only a report makes room.
+    assert!(matches!(
+        client
+            .lease(ask(Vec::new()))
+            .await
+            .expect("lease")
+            .into_inner()
+            .outcome,
+        Some(Outcome::Wait(_))
+    ));
+    let mut report: Vec<v1::CompletedStep> = first
+        .steps
+        .iter()
+        .map(|s| v1::CompletedStep {
+            epoch: s.epoch,
+            step: s.step,
+            compute_us: 10,
+            deadline_ms: s.deadline_ms,
+        })
+        .collect();
+    report.push(v1::CompletedStep {
+        epoch: 0,
+        step: 5,
+        compute_us: 10,
+        deadline_ms: 0,
+    });
+    let answer = client.lease(ask(report)).await.expect("lease").into_inner();
+    assert_eq!(
+        answer.refused,
+        [v1::StepRef { epoch: 0, step: 5 }],
+        "never leased to it"
+    );
+    let Some(Outcome::Leases(next)) = answer.outcome else {
+        panic!("a batch: {answer:?}");
+    };
+    assert_eq!(
+        next.steps.iter().map(|s| s.step).collect::<Vec<_>>(),
+        [2, 3]
+    );
+    assert_eq!(
+        status(&mut client).await.leases.len(),
+        2,
+        "0 and 1 are complete"
+    );
 }
 
 #[tokio::test]
@@ -474,6 +550,7 @@ async fn bad_credentials_and_other_jobs_are_rejected_without_touching_state() {
                         job_id,
                         worker_id: worker,
                         max_steps: 0,
+                        ..Default::default()
                     })
                     .await
                     .map(drop),
@@ -889,6 +966,7 @@ async fn a_batch_is_leased_and_completed_in_one_request_each() {
             job_id: JOB,
             worker_id: worker,
             max_steps: 8,
+            ..Default::default()
         })
         .await
         .expect("lease")
@@ -937,6 +1015,7 @@ async fn a_batch_is_leased_and_completed_in_one_request_each() {
             job_id: JOB,
             worker_id: worker,
             max_steps: 2,
+            ..Default::default()
         })
         .await
         .expect("lease")

@@ -43,8 +43,10 @@ pub mod v1 {
 pub use prost::bytes::Bytes;
 
 /// The protocol version this build speaks; `Register` refuses a worker that speaks another.
-/// Bump it with any change a worker must understand.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Bump it with any change a worker must understand (or that a worker relies on the dispatcher
+/// understanding). 2: a lease request carries the worker's report (`LeaseRequest.completed`),
+/// which a version-1 dispatcher would drop unread.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The largest message either end encodes or decodes. Sized for `Register`'s answer, which
 /// carries the plan and a stage graph.
@@ -352,6 +354,7 @@ mod tests {
                 generation: 4,
             })),
             max_leases: 7,
+            refused: vec![v1::StepRef { epoch: 1, step: 2 }],
         };
         let bytes = answer.encode_to_vec();
         let back = v1::LeaseResponse::decode(bytes.as_slice()).expect("decodes");

@@ -326,21 +326,25 @@ pub async fn run_worker(
         // The step to run next is taken first, so that the lease request below already
         // counts it as started and asks for the steps after it while it runs (lease-ahead).
         let next = state.next_step(now);
-        if let Some(max) = state.next_lease(now) {
+        // The delivered steps ride with the lease request as its report (one RPC, not two).
+        if let Some((max, report)) = state.next_lease_carrying(now) {
+            steps += report.len() as u64;
+            let carried = !report.is_empty();
             let (client, tx, job) = (dispatcher.clone(), answers_tx.clone(), config.job);
             let shared = shared.clone();
             tokio::spawn(async move {
                 let asked = Instant::now();
+                let request = LeaseRequest {
+                    job_id: job,
+                    worker_id,
+                    max_steps: max,
+                    stage: stage_index,
+                    completed: completed_steps(&report),
+                };
                 let answer = retrying("Lease", || {
                     let mut d = client.clone();
-                    async move {
-                        d.lease(LeaseRequest {
-                            job_id: job,
-                            worker_id,
-                            max_steps: max,
-                        })
-                        .await
-                    }
+                    let request = request.clone();
+                    async move { d.lease(request).await }
                 })
                 .await;
                 // Said at once, for a step waiting on a receiver that is gone with the job
@@ -354,7 +358,9 @@ pub async fn run_worker(
                         s.end_of_data = true;
                     }
                 }
-                let _ = tx.send(Answer::Lease(answer, asked.elapsed())).await;
+                let _ = tx
+                    .send(Answer::Lease(answer, asked.elapsed(), carried))
+                    .await;
             });
         }
         if let Some(report) = state.next_report(now) {
@@ -432,8 +438,8 @@ pub async fn run_worker(
         loop {
             if state.is_reporting() {
                 match answers.recv().await {
-                    Some(Answer::Report(_)) => state.reported(),
-                    Some(Answer::Lease(..)) => {}
+                    Some(Answer::Report(_) | Answer::Lease(_, _, true)) => state.reported(),
+                    Some(Answer::Lease(_, _, false)) => {}
                     None => break,
                 }
                 continue;
@@ -474,7 +480,8 @@ const REPORT_DRAIN: Duration = Duration::from_secs(5);
 
 /// An answer from one of the worker's RPC tasks.
 enum Answer {
-    Lease(Result<LeaseResponse, ServiceError>, Duration),
+    /// The answer, the round trip, and whether the request carried a report.
+    Lease(Result<LeaseResponse, ServiceError>, Duration, bool),
     Report(Result<CompleteResponse, ServiceError>),
 }
 
@@ -487,16 +494,21 @@ fn complete_request(job: u64, worker: u64, stage: u32, delivered: &[Delivered]) 
         epoch: 0,
         step: 0,
         compute_us: 0,
-        steps: delivered
-            .iter()
-            .map(|d| CompletedStep {
-                epoch: d.epoch,
-                step: d.step,
-                compute_us: d.compute_us,
-                deadline_ms: d.deadline_ms,
-            })
-            .collect(),
+        steps: completed_steps(delivered),
     }
+}
+
+/// Delivered steps as a report lists them.
+fn completed_steps(delivered: &[Delivered]) -> Vec<CompletedStep> {
+    delivered
+        .iter()
+        .map(|d| CompletedStep {
+            epoch: d.epoch,
+            step: d.step,
+            compute_us: d.compute_us,
+            deadline_ms: d.deadline_ms,
+        })
+        .collect()
 }
 
 /// Feeds an RPC answer to the state.
@@ -508,7 +520,16 @@ fn absorb(
     now: Instant,
 ) -> Result<(), ServiceError> {
     match answer {
-        Answer::Lease(answer, round_trip) => {
+        Answer::Lease(answer, round_trip, carried) => {
+            if carried {
+                // The report rode with it: answered (or given up) with the lease.
+                state.reported();
+                if let Ok(a) = &answer {
+                    if !a.refused.is_empty() {
+                        tracing::debug!(refused = a.refused.len(), "complete refused some steps");
+                    }
+                }
+            }
             let answer = answer?;
             if answer.max_leases > 0 {
                 state.set_max_leases(answer.max_leases);

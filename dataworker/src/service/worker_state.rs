@@ -242,6 +242,25 @@ impl WorkerState {
     /// the caller sends it and answers with [`Self::leased`], [`Self::wait`] or
     /// [`Self::ended`].
     pub fn next_lease(&mut self, now: Instant) -> Option<u32> {
+        self.lease_request(now, 0)
+    }
+
+    /// [`Self::next_lease`] with the delivered steps riding along as the request's report
+    /// (when no report is in flight): the dispatcher completes them before it grants, so they
+    /// do not count against the limit here. The caller answers with [`Self::leased`] (or
+    /// [`Self::wait`], ...) and then [`Self::reported`] when the report is not empty.
+    pub fn next_lease_carrying(&mut self, now: Instant) -> Option<(u32, Vec<Delivered>)> {
+        let carried = if self.reporting == 0 {
+            self.delivered.len()
+        } else {
+            0
+        };
+        let max = self.lease_request(now, carried)?;
+        Some((max, self.take_report().unwrap_or_default()))
+    }
+
+    /// A lease request's size, counting `freed` of the held steps as no longer held.
+    fn lease_request(&mut self, now: Instant, freed: usize) -> Option<u32> {
         if self.lease_in_flight || self.end.is_some() {
             return None;
         }
@@ -257,7 +276,9 @@ impl WorkerState {
             }
             1
         } else {
-            let room = self.max_leases.saturating_sub(outstanding);
+            let room = self
+                .max_leases
+                .saturating_sub(outstanding.saturating_sub(freed));
             let k = usize::try_from(self.batch_size()).unwrap_or(1);
             // Enough work ahead already, or no room: wait for steps to finish.
             if room == 0 || self.queued.len() >= k {
@@ -756,6 +777,64 @@ mod tests {
             Some(8),
             "8 queued and no room to lease: report now"
         );
+    }
+
+    /// Delivered steps ride with the next lease as its report: they do not hold the lease
+    /// back, and no report of its own goes out for them.
+    #[test]
+    fn delivered_steps_ride_with_the_next_lease() {
+        let t0 = Instant::now();
+        let far = t0 + Duration::from_secs(10);
+        let mut w = WorkerState::new(32);
+        w.step_time = Some(1e-4);
+        w.round_trip = Some(1.0);
+        w.leased(
+            (0..32).map(|g| step(g, far)).collect(),
+            Duration::from_secs(1),
+        );
+        let burst = |w: &mut WorkerState| {
+            while w.next_step(t0).is_some() {
+                w.computed(Duration::from_micros(100));
+            }
+        };
+        burst(&mut w);
+        w.sent();
+        burst(&mut w);
+        for _ in 0..8 {
+            assert_eq!(w.pushed(PushAnswer::Taken, t0), PushNext::Done);
+        }
+        w.sent();
+        burst(&mut w);
+        for _ in 0..8 {
+            assert_eq!(w.pushed(PushAnswer::Taken, t0), PushNext::Done);
+        }
+        assert_eq!((w.queued.len(), w.outstanding()), (8, 32));
+        assert_eq!(w.next_lease(t0), None, "no room while they count");
+        let (max, report) = w
+            .next_lease_carrying(t0)
+            .expect("room once they are reported");
+        assert_eq!(max, 16);
+        assert_eq!(
+            report.iter().map(|d| d.global).collect::<Vec<_>>(),
+            (0..16).collect::<Vec<_>>()
+        );
+        assert!(w.is_reporting());
+        assert_eq!(w.next_report(t0), None, "the report is on its way");
+        w.reported();
+        w.leased(
+            (32..48).map(|g| step(g, far)).collect(),
+            Duration::from_millis(1),
+        );
+        assert_eq!(w.outstanding(), 32, "16 reported, 16 leased");
+        // With a report in flight, a lease carries nothing.
+        let mut v = WorkerState::new(32);
+        v.leased(vec![step(0, far)], Duration::from_millis(1));
+        assert_eq!(v.next_step(t0).map(|s| s.global), Some(0));
+        v.computed(Duration::from_micros(100));
+        v.sent();
+        assert_eq!(v.pushed(PushAnswer::Taken, t0), PushNext::Done);
+        assert_eq!(v.take_report().map(|r| r.len()), Some(1));
+        assert_eq!(v.next_lease_carrying(t0), Some((16, Vec::new())));
     }
 
     #[test]

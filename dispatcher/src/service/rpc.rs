@@ -292,15 +292,25 @@ impl Dispatcher for DispatcherService {
         // 0 and 1 ask for one step, answered as `lease` (the protocol before batches).
         let batched = req.max_steps > 1;
         let max = req.max_steps.clamp(1, self.inner.max_steps);
-        let (outcome, max_leases) = self
+        let completed = report_steps(&req.completed)?;
+        let stage = StageId(req.stage);
+        let (outcome, max_leases, refused) = self
             .mutate(Durability::Written, move |core, now| {
-                let outcome = lease_outcome(core, now, worker, max, batched);
-                Ok((outcome?, core.lease_limit(worker)))
+                // The report first: the steps it completes no longer count against the
+                // worker's limit when the lease is granted. A drained worker holds nothing.
+                let refused = if completed.is_empty() || core.is_drained(worker) {
+                    Vec::new()
+                } else {
+                    complete_steps(core, now, worker, stage, &completed)?
+                };
+                let outcome = lease_outcome(core, now, worker, max, batched)?;
+                Ok((outcome, core.lease_limit(worker), refused))
             })
             .await?;
         Ok(Response::new(v1::LeaseResponse {
             outcome: Some(outcome),
             max_leases,
+            refused,
         }))
     }
 
@@ -345,12 +355,6 @@ impl Dispatcher for DispatcherService {
         let req = request.into_inner();
         let worker = WorkerId(req.worker_id);
         let stage = StageId(req.stage);
-        if req.steps.len() > usize::try_from(MAX_STEPS_PER_REQUEST).unwrap_or(usize::MAX) {
-            return Err(Status::invalid_argument(format!(
-                "steps: {} exceed the {MAX_STEPS_PER_REQUEST}-step limit of a request",
-                req.steps.len()
-            )));
-        }
         if req.steps.is_empty() {
             // One step, refused as a whole when the worker does not hold it (the protocol
             // before batches).
@@ -368,57 +372,10 @@ impl Dispatcher for DispatcherService {
             .await?;
             return Ok(Response::new(v1::CompleteResponse::default()));
         }
-        let steps: Vec<(StepId, u64, u64)> = req
-            .steps
-            .iter()
-            .map(|s| (StepId::new(s.epoch, s.step), s.compute_us, s.deadline_ms))
-            .collect();
+        let steps = report_steps(&req.steps)?;
         let refused = self
             .mutate(Durability::Written, move |core, now| {
-                // A report that names the grant it was delivered under completes only that
-                // grant (see `CompletedStep.deadline_ms`).
-                let current = |step: StepId, deadline_ms: u64| {
-                    deadline_ms == 0
-                        || core.state().lease(stage, step).is_some_and(|l| {
-                            l.worker == worker && l.deadline.as_millis() == deadline_ms
-                        })
-                };
-                let listed: Vec<StepId> = steps
-                    .iter()
-                    .filter(|(step, _, deadline_ms)| current(*step, *deadline_ms))
-                    .map(|(step, _, _)| *step)
-                    .collect();
-                let command = Command::CompleteSteps {
-                    worker,
-                    stage,
-                    steps: listed,
-                };
-                let events = core.apply(command, now)?;
-                let done: BTreeSet<StepId> = events
-                    .iter()
-                    .filter_map(|e| match e {
-                        Event::StepCompleted { step, .. } => Some(*step),
-                        _ => None,
-                    })
-                    .collect();
-                // The compute counters measure the worker (the scheduler's per-worker rate):
-                // a step the training side consumed before its report came was computed and
-                // delivered by this worker all the same, so it counts, though its lease is gone.
-                let watermark = core.state().watermark();
-                let (computed, compute_us) = steps
-                    .iter()
-                    .filter(|(step, _, _)| {
-                        done.contains(step) || watermark.is_some_and(|w| *step <= w)
-                    })
-                    .fold((0u64, 0u64), |(n, sum), (_, us, _)| {
-                        (n + 1, sum.saturating_add(*us))
-                    });
-                core.count_completed(worker, computed, compute_us);
-                Ok(steps
-                    .iter()
-                    .filter(|(step, _, _)| !done.contains(step))
-                    .map(|(step, _, _)| convert::step_ref(*step))
-                    .collect())
+                complete_steps(core, now, worker, stage, &steps)
             })
             .await?;
         Ok(Response::new(v1::CompleteResponse { refused }))
@@ -568,6 +525,75 @@ impl Dispatcher for DispatcherService {
             .await;
         Ok(Response::new(status))
     }
+}
+
+/// A report's steps as (step, compute µs, grant deadline ms), within the limit of a request.
+#[allow(clippy::result_large_err)] // tonic's handlers answer with a `Status` as it is
+fn report_steps(steps: &[v1::CompletedStep]) -> Result<Vec<(StepId, u64, u64)>, Status> {
+    if steps.len() > usize::try_from(MAX_STEPS_PER_REQUEST).unwrap_or(usize::MAX) {
+        return Err(Status::invalid_argument(format!(
+            "steps: {} exceed the {MAX_STEPS_PER_REQUEST}-step limit of a request",
+            steps.len()
+        )));
+    }
+    Ok(steps
+        .iter()
+        .map(|s| (StepId::new(s.epoch, s.step), s.compute_us, s.deadline_ms))
+        .collect())
+}
+
+/// Completes `steps` (step, compute µs, grant deadline ms) of `worker`'s `stage`, as a
+/// report lists them; the ones it does not hold (any more) are returned, refused.
+fn complete_steps(
+    core: &mut Core,
+    now: Time,
+    worker: WorkerId,
+    stage: StageId,
+    steps: &[(StepId, u64, u64)],
+) -> Result<Vec<v1::StepRef>, Status> {
+    // A report that names the grant it was delivered under completes only that
+    // grant (see `CompletedStep.deadline_ms`).
+    let current = |step: StepId, deadline_ms: u64| {
+        deadline_ms == 0
+            || core
+                .state()
+                .lease(stage, step)
+                .is_some_and(|l| l.worker == worker && l.deadline.as_millis() == deadline_ms)
+    };
+    let listed: Vec<StepId> = steps
+        .iter()
+        .filter(|(step, _, deadline_ms)| current(*step, *deadline_ms))
+        .map(|(step, _, _)| *step)
+        .collect();
+    let command = Command::CompleteSteps {
+        worker,
+        stage,
+        steps: listed,
+    };
+    let events = core.apply(command, now)?;
+    let done: BTreeSet<StepId> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::StepCompleted { step, .. } => Some(*step),
+            _ => None,
+        })
+        .collect();
+    // The compute counters measure the worker (the scheduler's per-worker rate):
+    // a step the training side consumed before its report came was computed and
+    // delivered by this worker all the same, so it counts, though its lease is gone.
+    let watermark = core.state().watermark();
+    let (computed, compute_us) = steps
+        .iter()
+        .filter(|(step, _, _)| done.contains(step) || watermark.is_some_and(|w| *step <= w))
+        .fold((0u64, 0u64), |(n, sum), (_, us, _)| {
+            (n + 1, sum.saturating_add(*us))
+        });
+    core.count_completed(worker, computed, compute_us);
+    Ok(steps
+        .iter()
+        .filter(|(step, _, _)| !done.contains(step))
+        .map(|(step, _, _)| convert::step_ref(*step))
+        .collect())
 }
 
 /// The outcome of a lease request (see `Dispatcher::lease`), within `worker`'s share of the
