@@ -638,6 +638,27 @@ mod tests {
         }
     }
 
+    /// A worker of limit 32 with 100 µs steps and a 1 s round trip, holding steps 0..32.
+    fn holding_32(t0: Instant) -> WorkerState {
+        let mut w = WorkerState::new(32);
+        w.step_time = Some(1e-4);
+        w.round_trip = Some(1.0);
+        w.leased(
+            (0..32)
+                .map(|g| step(g, t0 + Duration::from_secs(10)))
+                .collect(),
+            Duration::from_secs(1),
+        );
+        w
+    }
+
+    /// Runs queued steps (100 µs each) until the burst takes no more.
+    fn run_burst(w: &mut WorkerState, now: Instant) {
+        while w.next_step(now).is_some() {
+            w.computed(Duration::from_micros(100));
+        }
+    }
+
     #[test]
     fn the_burst_holds_a_millisecond_of_short_steps_and_one_long_one() {
         let mut w = WorkerState::new(32);
@@ -743,19 +764,10 @@ mod tests {
     #[test]
     fn a_report_goes_out_early_when_its_steps_keep_the_next_batch_from_being_leased() {
         let t0 = Instant::now();
-        let far = t0 + Duration::from_secs(10);
-        let mut w = WorkerState::new(32);
-        w.step_time = Some(1e-4);
-        w.round_trip = Some(1.0);
+        let mut w = holding_32(t0);
         assert_eq!(w.batch_size(), 16);
-        w.leased(
-            (0..32).map(|g| step(g, far)).collect(),
-            Duration::from_secs(1),
-        );
         let burst = |w: &mut WorkerState| {
-            while w.next_step(t0).is_some() {
-                w.computed(Duration::from_micros(100));
-            }
+            run_burst(w, t0);
             assert!(w.burst_due(t0));
         };
         burst(&mut w);
@@ -785,26 +797,15 @@ mod tests {
     fn delivered_steps_ride_with_the_next_lease() {
         let t0 = Instant::now();
         let far = t0 + Duration::from_secs(10);
-        let mut w = WorkerState::new(32);
-        w.step_time = Some(1e-4);
-        w.round_trip = Some(1.0);
-        w.leased(
-            (0..32).map(|g| step(g, far)).collect(),
-            Duration::from_secs(1),
-        );
-        let burst = |w: &mut WorkerState| {
-            while w.next_step(t0).is_some() {
-                w.computed(Duration::from_micros(100));
-            }
-        };
-        burst(&mut w);
+        let mut w = holding_32(t0);
+        run_burst(&mut w, t0);
         w.sent();
-        burst(&mut w);
+        run_burst(&mut w, t0);
         for _ in 0..8 {
             assert_eq!(w.pushed(PushAnswer::Taken, t0), PushNext::Done);
         }
         w.sent();
-        burst(&mut w);
+        run_burst(&mut w, t0);
         for _ in 0..8 {
             assert_eq!(w.pushed(PushAnswer::Taken, t0), PushNext::Done);
         }
