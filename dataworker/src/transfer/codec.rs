@@ -15,6 +15,7 @@
 //! decompressed; every single-bit flip of a frame is an error.
 //!
 //! # Payload (bincode 2, standard configuration: little-endian, varint integers)
+//! Written by hand (one pass, no call per integer) and read by bincode.
 //! ```text
 //! job u64, stage u32, step u64, epoch u64, tensor count u64, then per tensor:
 //!   dtype tag u8 (see dtype_tag), rank u64, dims u64 × rank, value count u64, values:
@@ -53,9 +54,7 @@
 
 use bincode::de::read::BorrowReader;
 use bincode::de::{BorrowDecode, BorrowDecoder};
-use bincode::enc::write::Writer;
-use bincode::enc::{Encode, Encoder, EncoderImpl};
-use bincode::error::{DecodeError, EncodeError};
+use bincode::error::DecodeError;
 
 use super::error::TransferError;
 use crate::tensor::{DType, Tensor, TensorData};
@@ -101,10 +100,6 @@ pub const AUTO_MIN_SAVING_PERCENT: u64 = 10;
 /// The frame's bincode configuration: little-endian, varint integers, no bincode limit (the
 /// codec bounds every allocation itself).
 const WIRE: bincode::config::Configuration = bincode::config::standard();
-
-/// Numeric values are converted to little-endian bytes through a stack buffer of this size,
-/// then written in one call.
-const CHUNK_BYTES: usize = 8192;
 
 /// The messages of one step from one stage: every tensor the stage sends to the next one.
 #[derive(Debug, Clone, PartialEq)]
@@ -301,7 +296,7 @@ impl StepEncoder {
         let stored = if compress {
             self.scratch.clear();
             self.scratch.reserve(encoded_size_hint(msg));
-            write_payload(msg, &mut self.scratch)?;
+            write_payload(msg, &mut self.scratch);
             check_payload_len(self.scratch.len(), limit)?;
             let raw_len = self.scratch.len();
             let max = lz4_flex::block::get_maximum_output_size(raw_len);
@@ -322,7 +317,7 @@ impl StepEncoder {
         } else {
             out.reserve(HEADER_LEN + encoded_size_hint(msg));
             out.resize(HEADER_LEN, 0);
-            write_payload(msg, out)?;
+            write_payload(msg, out);
             check_payload_len(out.len() - HEADER_LEN, limit)?;
             FrameCompression::None
         };
@@ -363,22 +358,22 @@ impl StepEncoder {
         if !uncompressed || !cfg!(target_endian = "little") {
             let mut owned = Vec::new();
             self.encode_into(msg, &mut owned)?;
-            let len = owned.len();
             return Ok(FrameParts {
                 owned,
-                pieces: vec![Piece::Owned(0..len)],
-                len,
+                borrowed: Vec::new(),
+                borrowed_len: 0,
             });
         }
         let limit = self.checked_limit(msg)?;
+        let mut owned = Vec::with_capacity(HEADER_LEN + owned_size_hint(msg));
+        owned.resize(HEADER_LEN, 0);
         let mut parts = FrameParts {
-            owned: vec![0; HEADER_LEN],
-            pieces: Vec::with_capacity(2 * msg.tensors.len() + 1),
-            len: HEADER_LEN,
+            owned,
+            borrowed: Vec::new(),
+            borrowed_len: 0,
         };
-        parts.pieces.push(Piece::Owned(0..HEADER_LEN));
-        write_payload_parts(msg, &mut parts)?;
-        let payload_len = parts.len - HEADER_LEN;
+        write_payload(msg, &mut parts);
+        let payload_len = parts.len() - HEADER_LEN;
         check_payload_len(payload_len, limit)?;
         let mut header = [0u8; HEADER_LEN];
         header[..4].copy_from_slice(&MAGIC);
@@ -441,85 +436,52 @@ impl StepEncoder {
 /// A frame as pieces in wire order (see [`StepEncoder::encode_parts`]).
 #[derive(Debug)]
 pub struct FrameParts<'m> {
-    /// The header, metadata and strings.
+    /// The header, metadata, strings and small values.
     owned: Vec<u8>,
-    pieces: Vec<Piece<'m>>,
-    /// The frame's length in bytes.
-    len: usize,
+    /// Borrowed values, each with the offset in `owned` where it goes (ascending).
+    borrowed: Vec<(usize, &'m [u8])>,
+    /// The borrowed pieces' bytes.
+    borrowed_len: usize,
 }
 
-#[derive(Debug)]
-enum Piece<'m> {
-    /// A range of `FrameParts::owned`.
-    Owned(std::ops::Range<usize>),
-    /// A tensor's values as they are in memory.
-    Borrowed(&'m [u8]),
-}
-
-impl<'m> Piece<'m> {
-    fn bytes<'a>(&'a self, owned: &'a [u8]) -> &'a [u8] {
-        match self {
-            Piece::Owned(range) => &owned[range.clone()],
-            Piece::Borrowed(bytes) => bytes,
-        }
-    }
-}
-
-impl FrameParts<'_> {
+impl<'m> FrameParts<'m> {
     /// The frame's length in bytes.
     pub fn len(&self) -> usize {
-        self.len
+        self.owned.len() + self.borrowed_len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
-    /// The pieces in order, as one vectored write takes them.
+    /// The pieces in order, as one vectored write takes them (none empty).
     pub fn slices(&self) -> impl Iterator<Item = &[u8]> + '_ {
-        self.pieces
+        let mut from = 0;
+        self.borrowed
             .iter()
-            .map(|p| p.bytes(&self.owned))
+            .flat_map(move |&(at, values)| {
+                let owned = &self.owned[from..at];
+                from = at;
+                [owned, values]
+            })
+            .chain(std::iter::once(
+                &self.owned[self.borrowed.last().map_or(0, |&(at, _)| at)..],
+            ))
             .filter(|b| !b.is_empty())
     }
 
     /// The frame in one buffer (for tests and for transports without vectored writes).
     pub fn to_vec(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.len);
+        let mut out = Vec::with_capacity(self.len());
         for piece in self.slices() {
             out.extend_from_slice(piece);
         }
         out
     }
 
-    /// Appends to the owned buffer, extending the last owned piece.
-    fn push_owned(&mut self, bytes: &[u8]) {
-        let start = self.owned.len();
-        self.owned.extend_from_slice(bytes);
-        let end = self.owned.len();
-        match self.pieces.last_mut() {
-            Some(Piece::Owned(range)) if range.end == start => range.end = end,
-            _ => self.pieces.push(Piece::Owned(start..end)),
-        }
-        self.len += bytes.len();
-    }
-}
-
-impl<'m> FrameParts<'m> {
     fn push_borrowed(&mut self, bytes: &'m [u8]) {
-        self.pieces.push(Piece::Borrowed(bytes));
-        self.len += bytes.len();
-    }
-}
-
-/// bincode's writer for the owned pieces of a [`FrameParts`].
-struct PartsWriter<'a, 'm>(&'a mut FrameParts<'m>);
-
-impl Writer for PartsWriter<'_, '_> {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) -> Result<(), EncodeError> {
-        self.0.push_owned(bytes);
-        Ok(())
+        self.borrowed.push((self.owned.len(), bytes));
+        self.borrowed_len += bytes.len();
     }
 }
 
@@ -546,17 +508,6 @@ fn wire_bytes(data: &TensorData) -> Option<&[u8]> {
     })
 }
 
-/// Runs `f` with a bincode encoder that appends to the owned pieces of `parts`.
-fn encode_owned<'m>(
-    parts: &mut FrameParts<'m>,
-    f: impl for<'a> FnOnce(
-        &mut EncoderImpl<PartsWriter<'a, 'm>, bincode::config::Configuration>,
-    ) -> Result<(), EncodeError>,
-) -> Result<(), TransferError> {
-    let mut e = EncoderImpl::new(PartsWriter(parts), WIRE);
-    f(&mut e).map_err(|source| TransferError::Encode { source })
-}
-
 /// A numeric tensor's values of at least this many bytes are borrowed into a frame in parts;
 /// smaller ones are copied next to their metadata. A vectored write pays per piece (the
 /// kernel walks each one, and takes at most 1024 per call): a step of many small tensors
@@ -564,27 +515,111 @@ fn encode_owned<'m>(
 /// instead of 137, while a large tensor's values are still never copied in user space.
 pub const BORROW_MIN_BYTES: usize = 2048;
 
-/// [`write_payload`] into parts: the same bytes, numeric values of [`BORROW_MIN_BYTES`] or
-/// more borrowed.
-fn write_payload_parts<'m>(
-    msg: &'m StepMessage,
-    parts: &mut FrameParts<'m>,
-) -> Result<(), TransferError> {
-    encode_owned(parts, |e| encode_message_head(msg, e))?;
-    for t in &msg.tensors {
-        match wire_bytes(t.data()) {
-            Some(values) => {
-                encode_owned(parts, |e| encode_tensor_head(t, e))?;
-                if values.len() >= BORROW_MIN_BYTES {
-                    parts.push_borrowed(values);
-                } else {
-                    parts.push_owned(values);
-                }
-            }
-            None => encode_owned(parts, |e| encode_tensor(t, e))?,
+/// Where the payload encoder puts bytes: a contiguous frame (`Vec<u8>`) or a frame in parts.
+trait PayloadSink<'m> {
+    /// The owned bytes; the encoder appends to them.
+    fn owned(&mut self) -> &mut Vec<u8>;
+    /// A numeric tensor's values in their wire form.
+    fn values(&mut self, bytes: &'m [u8]);
+}
+
+impl<'m> PayloadSink<'m> for Vec<u8> {
+    fn owned(&mut self) -> &mut Vec<u8> {
+        self
+    }
+
+    fn values(&mut self, bytes: &'m [u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+impl<'m> PayloadSink<'m> for FrameParts<'m> {
+    fn owned(&mut self) -> &mut Vec<u8> {
+        &mut self.owned
+    }
+
+    /// Values of [`BORROW_MIN_BYTES`] or more are borrowed, smaller ones copied.
+    fn values(&mut self, bytes: &'m [u8]) {
+        if bytes.len() >= BORROW_MIN_BYTES {
+            self.push_borrowed(bytes);
+        } else {
+            self.owned.extend_from_slice(bytes);
         }
     }
-    Ok(())
+}
+
+/// Appends `v` as the wire's variable-length integer (bincode 2's standard varint): below
+/// 251 one byte; else a marker byte (251, 252, 253) and the value as u16, u32 or u64,
+/// little-endian. u32 fields use the same form (a u32 never needs the u64 marker).
+#[inline(always)]
+fn put_varint(out: &mut Vec<u8>, v: u64) {
+    if let Some(byte) = u8::try_from(v).ok().filter(|&b| b < 251) {
+        out.push(byte);
+    } else if let Ok(v) = u16::try_from(v) {
+        out.push(251);
+        out.extend_from_slice(&v.to_le_bytes());
+    } else if let Ok(v) = u32::try_from(v) {
+        out.push(252);
+        out.extend_from_slice(&v.to_le_bytes());
+    } else {
+        out.push(253);
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// Writes `msg`'s payload (see the module documentation) into `sink`: the one encoder of the
+/// wire format, byte for byte what bincode 2's standard configuration writes for it (the
+/// decoder is bincode's; the tests hold the two together). Written by hand because bincode's
+/// writer is called once per integer and per string, which cost a wide_deep step more than
+/// its checksum.
+fn write_payload<'m>(msg: &'m StepMessage, sink: &mut impl PayloadSink<'m>) {
+    let out = sink.owned();
+    put_varint(out, msg.job);
+    put_varint(out, u64::from(msg.stage));
+    put_varint(out, msg.step);
+    put_varint(out, msg.epoch);
+    put_varint(out, len_u64(msg.records.len()));
+    for &r in &msg.records {
+        put_varint(out, r);
+    }
+    put_varint(out, len_u64(msg.tensors.len()));
+    for t in &msg.tensors {
+        let out = sink.owned();
+        out.push(dtype_tag(t.dtype()));
+        put_varint(out, len_u64(t.shape().len()));
+        for &d in t.shape() {
+            put_varint(out, len_u64(d));
+        }
+        put_varint(out, len_u64(t.num_elements()));
+        if let Some(values) = wire_bytes(t.data()) {
+            sink.values(values);
+            continue;
+        }
+        let out = sink.owned();
+        match t.data() {
+            TensorData::String(v) => {
+                out.reserve(v.iter().map(|s| s.len() + 9).sum());
+                for s in v {
+                    put_varint(out, len_u64(s.len()));
+                    out.extend_from_slice(s);
+                }
+            }
+            // A big-endian machine: the values are converted.
+            TensorData::Bool(v) => out.extend(v.iter().map(|&b| u8::from(b))),
+            TensorData::Int8(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+            TensorData::UInt8(v) => out.extend_from_slice(v),
+            TensorData::Int16(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+            TensorData::UInt16(v) | TensorData::Float16(v) | TensorData::BFloat16(v) => {
+                out.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+            }
+            TensorData::Int32(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+            TensorData::UInt32(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+            TensorData::Float32(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+            TensorData::Int64(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+            TensorData::UInt64(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+            TensorData::Float64(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+        }
+    }
 }
 
 /// Decodes frames. Keeps a decompression buffer between calls.
@@ -856,6 +891,27 @@ fn check_payload_len(len: usize, limit: u64) -> Result<(), TransferError> {
     Ok(())
 }
 
+/// A close upper bound of what a frame in parts copies: everything but values of
+/// [`BORROW_MIN_BYTES`] or more.
+fn owned_size_hint(msg: &StepMessage) -> usize {
+    msg.tensors
+        .iter()
+        .fold(48 + 10 * msg.records.len(), |acc: usize, t| {
+            let values = match t.data() {
+                TensorData::String(v) => v.iter().map(|s| s.len() + 9).sum(),
+                data => {
+                    let bytes = data.len() * t.dtype().byte_width().unwrap_or(1);
+                    if bytes >= BORROW_MIN_BYTES {
+                        0
+                    } else {
+                        bytes
+                    }
+                }
+            };
+            acc.saturating_add(11 + 10 * t.shape().len() + 10 + values)
+        })
+}
+
 /// A close upper bound of the payload size, to reserve once.
 fn encoded_size_hint(msg: &StepMessage) -> usize {
     msg.tensors.iter().fold(48, |acc: usize, t| {
@@ -890,105 +946,6 @@ fn write_header(out: &mut [u8], compression: FrameCompression, payload_len: u64)
     out[6..14].copy_from_slice(&payload_len.to_le_bytes());
     let crc = crc32c_append(crc32c_append(0, &out[..14]), &out[HEADER_LEN..]);
     out[14..18].copy_from_slice(&crc.to_le_bytes());
-}
-
-/// bincode's writer for the end of a vector.
-struct VecWriter<'a>(&'a mut Vec<u8>);
-
-impl Writer for VecWriter<'_> {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) -> Result<(), EncodeError> {
-        self.0.extend_from_slice(bytes);
-        Ok(())
-    }
-}
-
-/// Appends `msg`'s bincode payload to `out`.
-fn write_payload(msg: &StepMessage, out: &mut Vec<u8>) -> Result<(), TransferError> {
-    bincode::encode_into_writer(WireMessage(msg), VecWriter(out), WIRE)
-        .map_err(|source| TransferError::Encode { source })
-}
-
-/// The payload's bincode form; a wrapper so that the wire format stays private to this module.
-struct WireMessage<'a>(&'a StepMessage);
-
-impl Encode for WireMessage<'_> {
-    fn encode<E: Encoder>(&self, e: &mut E) -> Result<(), EncodeError> {
-        let m = self.0;
-        encode_message_head(m, e)?;
-        for t in &m.tensors {
-            encode_tensor(t, e)?;
-        }
-        Ok(())
-    }
-}
-
-/// Everything of a message before its tensors: ids, records and the tensor count.
-fn encode_message_head<E: Encoder>(m: &StepMessage, e: &mut E) -> Result<(), EncodeError> {
-    m.job.encode(e)?;
-    m.stage.encode(e)?;
-    m.step.encode(e)?;
-    m.epoch.encode(e)?;
-    len_u64(m.records.len()).encode(e)?;
-    for r in &m.records {
-        r.encode(e)?;
-    }
-    len_u64(m.tensors.len()).encode(e)
-}
-
-/// A tensor's dtype, shape and value count (its values follow).
-fn encode_tensor_head<E: Encoder>(t: &Tensor, e: &mut E) -> Result<(), EncodeError> {
-    dtype_tag(t.dtype()).encode(e)?;
-    len_u64(t.shape().len()).encode(e)?;
-    for &d in t.shape() {
-        len_u64(d).encode(e)?;
-    }
-    len_u64(t.num_elements()).encode(e)
-}
-
-fn encode_tensor<E: Encoder>(t: &Tensor, e: &mut E) -> Result<(), EncodeError> {
-    encode_tensor_head(t, e)?;
-    match t.data() {
-        TensorData::Bool(v) => write_le(e, v, |b| [u8::from(b)]),
-        TensorData::Int8(v) => write_le(e, v, i8::to_le_bytes),
-        TensorData::UInt8(v) => e.writer().write(v),
-        TensorData::Int16(v) => write_le(e, v, i16::to_le_bytes),
-        TensorData::UInt16(v) | TensorData::Float16(v) | TensorData::BFloat16(v) => {
-            write_le(e, v, u16::to_le_bytes)
-        }
-        TensorData::Int32(v) => write_le(e, v, i32::to_le_bytes),
-        TensorData::UInt32(v) => write_le(e, v, u32::to_le_bytes),
-        TensorData::Float32(v) => write_le(e, v, f32::to_le_bytes),
-        TensorData::Int64(v) => write_le(e, v, i64::to_le_bytes),
-        TensorData::UInt64(v) => write_le(e, v, u64::to_le_bytes),
-        TensorData::Float64(v) => write_le(e, v, f64::to_le_bytes),
-        TensorData::String(v) => {
-            for s in v {
-                len_u64(s.len()).encode(e)?;
-                e.writer().write(s)?;
-            }
-            Ok(())
-        }
-    }
-}
-
-/// Writes `values` as little-endian bytes, converting through a stack buffer so that the
-/// writer sees a few large writes and nothing is allocated.
-#[inline]
-fn write_le<E: Encoder, T: Copy, const N: usize>(
-    e: &mut E,
-    values: &[T],
-    to_le: impl Fn(T) -> [u8; N],
-) -> Result<(), EncodeError> {
-    let mut buf = [0u8; CHUNK_BYTES];
-    for chunk in values.chunks(CHUNK_BYTES / N) {
-        let bytes = &mut buf[..chunk.len() * N];
-        for (dst, &x) in bytes.as_chunks_mut::<N>().0.iter_mut().zip(chunk) {
-            *dst = to_le(x);
-        }
-        e.writer().write(bytes)?;
-    }
-    Ok(())
 }
 
 /// Decodes a whole payload; the error of a failed check is the codec's own, not bincode's.

@@ -276,6 +276,99 @@ fn fixed_modes_report_their_choice() {
     assert!("zstd".parse::<Compression>().is_err());
 }
 
+/// The payload as bincode 2 itself writes it, field by field: the reference the hand-written
+/// encoder must match byte for byte.
+fn bincode_payload(msg: &StepMessage) -> Vec<u8> {
+    fn put<T: bincode::Encode>(out: &mut Vec<u8>, v: T) {
+        bincode::encode_into_std_write(v, out, WIRE).expect("vec write");
+    }
+    let mut out = Vec::new();
+    put(&mut out, msg.job);
+    put(&mut out, msg.stage);
+    put(&mut out, msg.step);
+    put(&mut out, msg.epoch);
+    put(&mut out, msg.records.len() as u64);
+    for &r in &msg.records {
+        put(&mut out, r);
+    }
+    put(&mut out, msg.tensors.len() as u64);
+    for t in &msg.tensors {
+        put(&mut out, dtype_tag(t.dtype()));
+        put(&mut out, t.shape().len() as u64);
+        for &d in t.shape() {
+            put(&mut out, d as u64);
+        }
+        put(&mut out, t.num_elements() as u64);
+        match t.data() {
+            TensorData::String(v) => {
+                for s in v {
+                    put(&mut out, s.len() as u64);
+                    out.extend_from_slice(s);
+                }
+            }
+            data => out.extend_from_slice(wire_bytes(data).expect("little-endian")),
+        }
+    }
+    out
+}
+
+#[test]
+fn varints_are_bincodes_at_every_width_boundary() {
+    for v in [
+        0,
+        1,
+        250,
+        251,
+        252,
+        u64::from(u16::MAX),
+        u64::from(u16::MAX) + 1,
+        u64::from(u32::MAX),
+        u64::from(u32::MAX) + 1,
+        u64::MAX,
+    ] {
+        let mut ours = Vec::new();
+        put_varint(&mut ours, v);
+        let mut theirs = Vec::new();
+        varint(v, &mut theirs);
+        assert_eq!(ours, theirs, "varint of {v}");
+        if let Ok(small) = u32::try_from(v) {
+            let mut as_u32 = Vec::new();
+            bincode::encode_into_std_write(small, &mut as_u32, WIRE).expect("vec write");
+            assert_eq!(ours, as_u32, "a u32 field of {small}");
+        }
+    }
+}
+
+#[test]
+fn the_payload_is_bincodes_with_long_strings_and_wide_integers() {
+    let long = |n: usize| (0..251u8).cycle().take(n).collect::<Vec<u8>>();
+    let mut msg = message(vec![
+        tensor(
+            vec![4],
+            TensorData::String(vec![long(250), long(251), long(70_000), Vec::new()]),
+        ),
+        tensor(vec![3], TensorData::Int64(vec![i64::MIN, -1, i64::MAX])),
+        tensor(vec![2, 0], TensorData::Float32(Vec::new())),
+        tensor(vec![1024], TensorData::Int32((0..1024).collect())),
+    ]);
+    msg.job = u64::MAX;
+    msg.stage = u32::MAX;
+    msg.step = u64::from(u32::MAX) + 1;
+    msg.epoch = 251;
+    msg.records = vec![0, 250, 65_536, u64::MAX];
+    let reference = bincode_payload(&msg);
+    let frame = encoder(Compression::Off).encode(&msg).expect("encodes");
+    assert_eq!(&frame[HEADER_LEN..], &reference[..]);
+    let parts = encoder(Compression::Off)
+        .encode_parts(&msg)
+        .expect("encodes");
+    assert_eq!(&parts.to_vec()[HEADER_LEN..], &reference[..]);
+    // The 4 KiB Int32 block (the last tensor) is borrowed, the rest copied: two pieces.
+    let pieces: Vec<&[u8]> = parts.slices().collect();
+    assert_eq!(pieces.len(), 2);
+    assert_eq!(pieces[1].len(), 4096);
+}
+
 // --- Building hostile frames -------------------------------------------------------------
 
 fn varint(v: u64, out: &mut Vec<u8>) {
@@ -646,6 +739,13 @@ proptest! {
             prop_assert_eq!(parts.len(), frame.len());
             prop_assert_eq!(parts.to_vec(), frame);
         }
+    }
+
+    /// Whatever the message, the hand-written encoder writes what bincode writes.
+    #[test]
+    fn prop_payloads_are_bincodes(msg in message_strategy()) {
+        let frame = encoder(Compression::Off).encode(&msg).expect("encodes");
+        prop_assert_eq!(&frame[HEADER_LEN..], &bincode_payload(&msg)[..]);
     }
 
     #[test]

@@ -116,13 +116,6 @@ pub enum TransferError {
         source: lz4_flex::block::CompressError,
     },
 
-    /// bincode refused to encode (cannot happen with the in-memory writer; kept as an error).
-    #[error("bincode could not encode a step message")]
-    Encode {
-        #[source]
-        source: bincode::error::EncodeError,
-    },
-
     /// A receiver was configured without any stage to wait for.
     #[error("a step receiver needs at least one stage")]
     NoStages,
@@ -146,7 +139,6 @@ impl TransferError {
             self,
             TransferError::MessageTooLarge { .. }
                 | TransferError::Compress { .. }
-                | TransferError::Encode { .. }
                 | TransferError::NoStages
                 | TransferError::ZeroCapacity
                 | TransferError::RateWindowTooShort { .. }
