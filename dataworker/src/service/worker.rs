@@ -893,7 +893,13 @@ async fn settle(
         let answered = match answer.status {
             PushStatus::Accepted | PushStatus::Duplicate => PushAnswer::Taken,
             PushStatus::Retry => {
-                PushAnswer::Retry(Duration::from_millis(answer.retry_after_ms.clamp(1, 1000)))
+                let pause = Duration::from_millis(answer.retry_after_ms.clamp(1, 1000));
+                tracing::debug!(
+                    step = global,
+                    ?pause,
+                    "the receiver is full: the step waits"
+                );
+                PushAnswer::Retry(pause)
             }
             PushStatus::Rejected | PushStatus::Unspecified => {
                 tracing::error!(step = global, reason = %answer.reason, "the receiver refused the step");

@@ -65,9 +65,9 @@ pub const MAX_BATCH: u32 = 64;
 /// much (at most [`MAX_BURST`] steps) and sent together (see the module docs: "Bursts").
 pub const BURST_TIME: Duration = Duration::from_millis(1);
 
-/// The most steps in one burst. Well under the receiver's default window (16 steps ahead of
-/// the training side), so that two workers' bursts fit in it side by side.
-pub const MAX_BURST: usize = 8;
+/// The most steps in one burst. A quarter of the receiver's default window (64 steps ahead of
+/// the training side), so that two workers' bursts fit in their shares of it side by side.
+pub const MAX_BURST: usize = 16;
 
 /// The longest a delivered step waits for others to share its report (see the module docs).
 pub const REPORT_DELAY: Duration = Duration::from_millis(2);
@@ -638,10 +638,11 @@ mod tests {
         }
     }
 
-    /// A worker of limit 32 with 100 µs steps and a 1 s round trip, holding steps 0..32.
+    /// A worker of limit 32 with 125 µs steps (bursts of 8) and a 1 s round trip, holding
+    /// steps 0..32.
     fn holding_32(t0: Instant) -> WorkerState {
         let mut w = WorkerState::new(32);
-        w.step_time = Some(1e-4);
+        w.step_time = Some(1.25e-4);
         w.round_trip = Some(1.0);
         w.leased(
             (0..32)
@@ -652,10 +653,10 @@ mod tests {
         w
     }
 
-    /// Runs queued steps (100 µs each) until the burst takes no more.
+    /// Runs queued steps (125 µs each) until the burst takes no more.
     fn run_burst(w: &mut WorkerState, now: Instant) {
         while w.next_step(now).is_some() {
-            w.computed(Duration::from_micros(100));
+            w.computed(Duration::from_micros(125));
         }
     }
 
@@ -665,7 +666,8 @@ mod tests {
         assert_eq!(w.burst_size(), 1, "no step measured yet");
         for (step_us, burst) in [
             (300, 3),
-            (100, MAX_BURST),
+            (100, 10),
+            (50, MAX_BURST),
             (1, MAX_BURST),
             (999, 1),
             (5_000, 1),
