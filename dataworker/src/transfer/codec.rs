@@ -295,7 +295,7 @@ impl StepEncoder {
         out.clear();
         let stored = if compress {
             self.scratch.clear();
-            self.scratch.reserve(encoded_size_hint(msg));
+            self.scratch.reserve(size_hint(msg, usize::MAX));
             write_payload(msg, &mut self.scratch);
             check_payload_len(self.scratch.len(), limit)?;
             let raw_len = self.scratch.len();
@@ -315,7 +315,7 @@ impl StepEncoder {
                 FrameCompression::None
             }
         } else {
-            out.reserve(HEADER_LEN + encoded_size_hint(msg));
+            out.reserve(HEADER_LEN + size_hint(msg, usize::MAX));
             out.resize(HEADER_LEN, 0);
             write_payload(msg, out);
             check_payload_len(out.len() - HEADER_LEN, limit)?;
@@ -365,7 +365,7 @@ impl StepEncoder {
             });
         }
         let limit = self.checked_limit(msg)?;
-        let mut owned = Vec::with_capacity(HEADER_LEN + owned_size_hint(msg));
+        let mut owned = Vec::with_capacity(HEADER_LEN + size_hint(msg, BORROW_MIN_BYTES));
         owned.resize(HEADER_LEN, 0);
         let mut parts = FrameParts {
             owned,
@@ -597,8 +597,8 @@ fn write_payload<'m>(msg: &'m StepMessage, sink: &mut impl PayloadSink<'m>) {
         }
         let out = sink.owned();
         match t.data() {
+            // The callers reserved for them (see `size_hint`).
             TensorData::String(v) => {
-                out.reserve(v.iter().map(|s| s.len() + 9).sum());
                 for s in v {
                     put_varint(out, len_u64(s.len()));
                     out.extend_from_slice(s);
@@ -891,35 +891,23 @@ fn check_payload_len(len: usize, limit: u64) -> Result<(), TransferError> {
     Ok(())
 }
 
-/// A close upper bound of what a frame in parts copies: everything but values of
-/// [`BORROW_MIN_BYTES`] or more.
-fn owned_size_hint(msg: &StepMessage) -> usize {
-    msg.tensors
-        .iter()
-        .fold(48 + 10 * msg.records.len(), |acc: usize, t| {
-            let values = match t.data() {
-                TensorData::String(v) => v.iter().map(|s| s.len() + 9).sum(),
-                data => {
-                    let bytes = data.len() * t.dtype().byte_width().unwrap_or(1);
-                    if bytes >= BORROW_MIN_BYTES {
-                        0
-                    } else {
-                        bytes
-                    }
-                }
-            };
-            acc.saturating_add(11 + 10 * t.shape().len() + 10 + values)
-        })
-}
-
-/// A close upper bound of the payload size, to reserve once.
-fn encoded_size_hint(msg: &StepMessage) -> usize {
-    msg.tensors.iter().fold(48, |acc: usize, t| {
+/// A close upper bound of the payload's size, to reserve once, leaving out numeric values of
+/// `borrowed_from` bytes or more (a frame in parts borrows them; `usize::MAX` counts all).
+fn size_hint(msg: &StepMessage, borrowed_from: usize) -> usize {
+    let head = 48 + 9 * msg.records.len();
+    msg.tensors.iter().fold(head, |acc: usize, t| {
         let values = match t.data() {
-            TensorData::String(v) => v.iter().map(|s| s.len() + 10).sum(),
-            data => data.len() * t.dtype().byte_width().unwrap_or(1),
+            TensorData::String(v) => v.iter().map(|s| s.len() + 9).sum(),
+            data => {
+                let bytes = data.len() * t.dtype().byte_width().unwrap_or(1);
+                if bytes >= borrowed_from {
+                    0
+                } else {
+                    bytes
+                }
+            }
         };
-        acc.saturating_add(11 + 10 * t.shape().len() + 10 + values)
+        acc.saturating_add(1 + 9 * (t.shape().len() + 2) + values)
     })
 }
 
