@@ -59,7 +59,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 pub use lode_proto::tls::host_port;
 
-use super::receiver::ReceiverService;
+use super::receiver::{ReceiverService, Verdict};
 use crate::transfer::codec::stream::{self, Incoming, StreamFault};
 use crate::transfer::codec::{FrameHeader, HEADER_LEN};
 use crate::transfer::{FrameChecksum, FrameParts, StepDecoder};
@@ -459,7 +459,7 @@ async fn read_and_offer(
     frame: &mut Vec<u8>,
     decoder: &mut StepDecoder,
     service: &ReceiverService,
-) -> std::io::Result<Option<(PushStatus, String)>> {
+) -> std::io::Result<Option<Verdict>> {
     let len = usize::try_from(len).map_err(|_| std::io::ErrorKind::InvalidData)?;
     frame.clear();
     let mut sum = FrameChecksum::default();
@@ -562,15 +562,15 @@ pub(crate) async fn serve_connection(
         // Closed: a newer receiver replaced this one. The frame is not answered (an answer
         // would count it as delivered); the sender sees the connection end and pushes to the
         // receiver the dispatcher names now.
-        let Some((status, reason)) = answer else {
+        let Some(Verdict {
+            status,
+            retry_after_ms,
+            reason,
+        }) = answer
+        else {
             tracing::debug!(?peer, "data plane: the receiver was replaced; closing");
             let _ = send(incoming.get_mut(), &owed).await;
             return;
-        };
-        let retry_after_ms = if status == PushStatus::Retry {
-            super::receiver::retry_after_ms()
-        } else {
-            0
         };
         owed.extend_from_slice(&answer_bytes(status, retry_after_ms, &reason));
         if status != PushStatus::Rejected && !incoming.buffered().is_empty() {

@@ -35,8 +35,26 @@ use crate::transfer::{
     CodecConfig, Compression, FrameChecksum, Offer, SharedReceiver, StepDecoder, StepEncoder,
 };
 
-/// How long a pushing worker waits before retrying when the buffer is full.
-pub const RETRY_AFTER: Duration = Duration::from_millis(20);
+/// What the receiver answers a pushed frame, on either transport.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    pub status: PushStatus,
+    /// For [`PushStatus::Retry`]: how long the sender waits before it pushes the step again
+    /// ([`SharedReceiver::retry_after`], whole milliseconds); 0 otherwise.
+    pub retry_after_ms: u64,
+    /// For [`PushStatus::Rejected`]: why.
+    pub reason: String,
+}
+
+impl Verdict {
+    fn new(status: PushStatus) -> Self {
+        Verdict {
+            status,
+            retry_after_ms: 0,
+            reason: String::new(),
+        }
+    }
+}
 
 /// The receiver service of one job.
 #[derive(Debug, Clone)]
@@ -77,7 +95,7 @@ impl ReceiverService {
         decoder: &mut StepDecoder,
         frame: &[u8],
         sum: Option<&FrameChecksum>,
-    ) -> Option<(PushStatus, String)> {
+    ) -> Option<Verdict> {
         let decoded = match sum {
             Some(sum) => decoder.decode_summed(frame, sum),
             None => decoder.decode(frame),
@@ -90,27 +108,33 @@ impl ReceiverService {
     }
 
     /// Offers a decoded message to the buffer (see [`Self::offer_frame`]).
-    pub(crate) fn offer_message(
-        &self,
-        msg: crate::transfer::StepMessage,
-    ) -> Option<(PushStatus, String)> {
+    pub(crate) fn offer_message(&self, msg: crate::transfer::StepMessage) -> Option<Verdict> {
         let (step, stage) = (msg.step, msg.stage);
         Some(match self.buffer.try_push(msg) {
-            Offer::Accepted => (PushStatus::Accepted, String::new()),
-            Offer::Duplicate | Offer::Stale => (PushStatus::Duplicate, String::new()),
-            Offer::TooFarAhead => (PushStatus::Retry, String::new()),
+            Offer::Accepted => Verdict::new(PushStatus::Accepted),
+            Offer::Duplicate | Offer::Stale => Verdict::new(PushStatus::Duplicate),
+            Offer::TooFarAhead => Verdict {
+                retry_after_ms: whole_millis(self.buffer.retry_after(step)),
+                ..Verdict::new(PushStatus::Retry)
+            },
             Offer::Rejected(why) => {
                 tracing::warn!(step, stage, reason = ?why, "rejected a step message");
-                (PushStatus::Rejected, format!("{why:?}"))
+                Verdict {
+                    reason: format!("{why:?}"),
+                    ..Verdict::new(PushStatus::Rejected)
+                }
             }
             Offer::Closed => return None,
         })
     }
 
     /// The answer to a frame the codec refused.
-    pub(crate) fn refuse_frame(&self, e: &crate::transfer::TransferError) -> (PushStatus, String) {
+    pub(crate) fn refuse_frame(&self, e: &crate::transfer::TransferError) -> Verdict {
         tracing::warn!(cause = %e, "rejected a malformed step frame");
-        (PushStatus::Rejected, e.to_string())
+        Verdict {
+            reason: e.to_string(),
+            ..Verdict::new(PushStatus::Rejected)
+        }
     }
 
     #[allow(clippy::result_large_err)] // tonic's handlers answer with a `Status` as it is
@@ -124,20 +148,17 @@ impl ReceiverService {
     }
 }
 
-/// [`RETRY_AFTER`] in milliseconds, as both transports send it.
-pub(crate) fn retry_after_ms() -> u64 {
-    u64::try_from(RETRY_AFTER.as_millis()).unwrap_or(u64::MAX)
+/// A pause in whole milliseconds, rounded up (as both transports send it).
+fn whole_millis(pause: Duration) -> u64 {
+    let millis = pause.as_nanos().div_ceil(1_000_000);
+    u64::try_from(millis).unwrap_or(u64::MAX)
 }
 
-fn answer(status: PushStatus, reason: String) -> Response<PushResponse> {
+fn answer(verdict: Verdict) -> Response<PushResponse> {
     Response::new(PushResponse {
-        status: status.into(),
-        retry_after_ms: if status == PushStatus::Retry {
-            retry_after_ms()
-        } else {
-            0
-        },
-        reason,
+        status: verdict.status.into(),
+        retry_after_ms: verdict.retry_after_ms,
+        reason: verdict.reason,
     })
 }
 
@@ -147,12 +168,12 @@ impl Receiver for ReceiverService {
         self.authorize("Push", &request, request.get_ref().job_id)?;
         let frame = request.into_inner().frame;
         let mut decoder = StepDecoder::new(MAX_MESSAGE_BYTES as u64);
-        let Some((status, reason)) = self.offer_frame(&mut decoder, &frame, None) else {
+        let Some(verdict) = self.offer_frame(&mut decoder, &frame, None) else {
             return Err(Status::unavailable(
                 "this receiver was replaced: push to the one the dispatcher names now",
             ));
         };
-        Ok(answer(status, reason))
+        Ok(answer(verdict))
     }
 
     async fn fetch(

@@ -669,8 +669,9 @@ fn value_bytes(msg: &StepMessage) -> usize {
 }
 
 /// Sends the burst, after the answers to the one before are read (one burst's answers are
-/// awaited at a time). Steps whose lease expired meanwhile are not sent. A long step's answer
-/// is read at once. False when `shutdown` completed first.
+/// awaited at a time). Steps whose lease expired meanwhile are not sent, nor those the
+/// receiver would refuse now ([`WorkerState::hold_back`]). A long step's answer is read at
+/// once. False when `shutdown` completed first.
 async fn flush(
     ctx: &StepContext,
     state: &mut WorkerState,
@@ -685,8 +686,17 @@ async fn flush(
         out.burst.clear();
         return Ok(true);
     }
+    // Steps the receiver would refuse now wait with the parked ones, unsent.
+    for global in state.hold_back(Instant::now()) {
+        if let Some(at) = out.burst.iter().position(|m| m.step == global) {
+            out.parked.insert(global, out.burst.remove(at));
+        }
+    }
     let live: Vec<u64> = state.burst().collect();
     out.burst.retain(|m| live.contains(&m.step));
+    if out.burst.is_empty() {
+        return Ok(true);
+    }
     out.flight = out.burst.drain(..).collect();
     out.flight_sent = false;
     // An unsent burst is sent again, after a reconnection, by `settle`.

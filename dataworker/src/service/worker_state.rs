@@ -34,7 +34,11 @@
 //! - **A full receiver holds up nothing.** A step the receiver answers `RETRY` (too far ahead
 //!   of its window) is parked with its frame until the pause ends, and the worker runs its
 //!   other steps meanwhile: one of them may be the step the receiver waits for. A worker that
-//!   waited on the `RETRY` instead would hold that step until its lease expired.
+//!   waited on the `RETRY` instead would hold that step until its lease expired. A step above
+//!   one whose pause has not ended is parked without being sent
+//!   ([`WorkerState::hold_back`]): the receiver would refuse it too. The receiver sizes the
+//!   pause from its consumer's rate, so that the step comes back about when the window reaches
+//!   it.
 //! - **Revoked at once.** When a receiver registers or the training side rewinds, the
 //!   dispatcher revokes every lease and its lease generation goes up; lease and heartbeat
 //!   answers carry it. The queued and parked steps of an older generation are dropped at once
@@ -464,6 +468,49 @@ impl WorkerState {
         self.running.retain(|(s, _)| s.expires > now);
         self.abandoned += (before - self.running.len()) as u64;
         !self.running.is_empty()
+    }
+
+    /// Parks the burst's steps that the receiver would answer `RETRY` now: those above a
+    /// parked step whose pause has not ended (the receiver's window ended below them when it
+    /// answered, and it has not moved far enough since). Each waits, computed, until the
+    /// latest pause among the parked steps below it ends, instead of crossing the network to
+    /// be refused. Returns their global steps, lowest first: the shell keeps their frames with
+    /// the other parked ones.
+    pub fn hold_back(&mut self, now: Instant) -> Vec<u64> {
+        let waiting: Vec<(u64, Instant)> = self
+            .parked
+            .values()
+            .filter(|p| p.not_before > now)
+            .map(|p| (p.step.global, p.not_before))
+            .collect();
+        if waiting.is_empty() {
+            return Vec::new();
+        }
+        let mut held = Vec::new();
+        let mut kept = Vec::with_capacity(self.running.len());
+        for (step, compute) in self.running.drain(..) {
+            let until = waiting
+                .iter()
+                .filter(|(below, _)| *below < step.global)
+                .map(|&(_, until)| until)
+                .max();
+            match until {
+                Some(not_before) => {
+                    held.push(step.global);
+                    self.parked.insert(
+                        step.global,
+                        Parked {
+                            step,
+                            compute,
+                            not_before,
+                        },
+                    );
+                }
+                None => kept.push((step, compute)),
+            }
+        }
+        self.running = kept;
+        held
     }
 
     /// Whether any step whose answer is awaited may be sent again now (after a lost
@@ -1127,6 +1174,75 @@ mod tests {
         assert_eq!(w.outstanding(), 2, "60 and 77 delivered, to be reported");
     }
 
+    /// A burst answered `RETRY` past the receiver's window: the next burst's steps above a
+    /// waiting step are parked unsent, each until the latest pause below it ends; a lower step
+    /// (the one the receiver may wait for) still goes out.
+    #[test]
+    fn steps_past_a_refused_one_wait_unsent() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut w = holding_32(t0);
+        run_burst(&mut w, t0);
+        assert!(w.burst().eq(0..8));
+        assert!(w.may_push(t0));
+        assert!(w.hold_back(t0).is_empty(), "nothing parked yet");
+        w.sent();
+        run_burst(&mut w, t0);
+        assert!(w.burst().eq(8..16));
+        for (answer, next) in [
+            (PushAnswer::Taken, PushNext::Done),
+            (PushAnswer::Taken, PushNext::Done),
+            (PushAnswer::Retry(ms(1)), PushNext::Parked),
+            (PushAnswer::Retry(ms(2)), PushNext::Parked),
+            (PushAnswer::Taken, PushNext::Done),
+            (PushAnswer::Retry(ms(3)), PushNext::Parked),
+            (PushAnswer::Retry(ms(3)), PushNext::Parked),
+            (PushAnswer::Retry(ms(4)), PushNext::Parked),
+        ] {
+            assert_eq!(w.pushed(answer, t0), next);
+        }
+        // Steps 2, 3, 5, 6 and 7 wait; the burst 8..16 is above all of them.
+        let held = w.hold_back(t0);
+        assert_eq!(held, (8..16).collect::<Vec<_>>());
+        assert!(held.iter().all(|&g| w.is_parked(g)));
+        assert_eq!(w.burst().count(), 0, "nothing left to send");
+        assert_eq!(
+            w.outstanding(),
+            32,
+            "3 delivered, 13 parked, 16 queued: all still held"
+        );
+        // At 1 ms step 2's pause ended; 3's has not: a burst above 3 waits for the latest
+        // pause below each of its steps, one below 3 goes.
+        let now = t0 + ms(1);
+        assert_eq!(w.next_step(now).map(|s| s.global), Some(2));
+        assert!(w.may_push(now));
+        assert!(w.hold_back(now).is_empty(), "2 is below every waiting step");
+        w.sent();
+        assert_eq!(w.pushed(PushAnswer::Taken, now), PushNext::Done);
+        assert_eq!(
+            w.next_step(now).map(|s| s.global),
+            Some(16),
+            "the queue's lowest"
+        );
+        w.computed(Duration::from_micros(125));
+        assert!(w.may_push(now));
+        assert_eq!(w.hold_back(now), [16]);
+        assert_eq!(
+            w.parked[&16].not_before,
+            t0 + ms(4),
+            "until 7's pause, the latest below it"
+        );
+        // Once every pause ended, the parked steps come back lowest first.
+        let later = t0 + ms(4);
+        let mut order = Vec::new();
+        while let Some(s) = w.next_step(later) {
+            order.push(s.global);
+            w.computed(Duration::from_micros(125));
+        }
+        assert_eq!(order, [3, 5, 6, 7, 8, 9, 10, 11]);
+        assert!(w.hold_back(later).is_empty(), "no pause is running");
+    }
+
     /// A receiver registered (or the training side rewound): every lease was revoked. The
     /// worker drops its queued and parked steps of the older generation, which frees its lease
     /// limit for the steps the new receiver waits for; the step being sent finishes.
@@ -1258,8 +1374,8 @@ mod tests {
         /// Under any interleaving of answers: never more than the lease limit outstanding, at
         /// most what was asked is held per lease, no step reported before the receiver took
         /// it (and each at most once), no expired lease pushed, the lowest runnable step runs
-        /// first, a parked step is not sent again before its pause ends, and the worker ends
-        /// only once it holds nothing.
+        /// first, a parked step is not sent again before its pause ends, a step above one
+        /// is held back with it, and the worker ends only once it holds nothing.
         #[test]
         fn the_worker_keeps_its_rules(max_leases in 1u32..40, ops in proptest::collection::vec(op(), 0..300)) {
             let t0 = Instant::now();
@@ -1359,8 +1475,31 @@ mod tests {
                         prop_assert_eq!(live, !running.is_empty());
                         prop_assert!(w.burst().eq(running.iter().map(|s| s.global)), "the burst kept an expired lease");
                         if live {
+                            // A step above a parked one whose pause has not ended waits with
+                            // it, until the latest such pause below it ends.
+                            parked.retain(|g, _| w.is_parked(*g));
+                            let expected: Vec<(u64, Instant)> = running
+                                .iter()
+                                .filter_map(|s| {
+                                    parked
+                                        .iter()
+                                        .filter(|&(&g, &until)| g < s.global && until > now)
+                                        .map(|(_, &until)| until)
+                                        .max()
+                                        .map(|until| (s.global, until))
+                                })
+                                .collect();
+                            let held = w.hold_back(now);
+                            prop_assert!(held.iter().copied().eq(expected.iter().map(|e| e.0)), "held back {:?}, expected {:?}", held, expected);
+                            for (g, until) in expected {
+                                prop_assert!(w.is_parked(g), "{} held back and not parked", g);
+                                prop_assert!(w.wakeup().is_some_and(|t| t <= until), "a held step's pause is not a wakeup");
+                                parked.insert(g, until);
+                            }
+                            running.retain(|s| !held.contains(&s.global));
+                            prop_assert!(w.burst().eq(running.iter().map(|s| s.global)), "the burst kept a held step");
                             w.sent();
-                            prop_assert!(w.awaits_answer());
+                            prop_assert_eq!(w.awaits_answer(), !running.is_empty());
                             pushing = running.drain(..).collect();
                             resend = false;
                         }

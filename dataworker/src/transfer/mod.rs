@@ -41,4 +41,5 @@ pub use error::TransferError;
 pub use pool::{TensorPool, DEFAULT_POOL_BYTES};
 pub use receiver::{
     Offer, ReceiverConfig, ReceiverMetrics, ReceiverState, RejectReason, SharedReceiver, Step,
+    MAX_RETRY_AFTER, MIN_RETRY_AFTER,
 };

@@ -13,7 +13,8 @@
 //! # Capacity
 //! The buffer holds steps `next .. next + capacity` (where `next` is the next step to deliver),
 //! partial or complete; a message for a later step is answered [`Offer::TooFarAhead`] and the
-//! sender retries later. The next step itself is always inside the window, so whichever
+//! sender retries later, after about the time the consumer takes to move the window up to the
+//! step ([`ReceiverState::retry_after`]). The next step itself is always inside the window, so whichever
 //! messages are missing for it can always be accepted: a full buffer never deadlocks. At most
 //! `capacity` steps, `capacity × stages` messages, are buffered.
 //!
@@ -38,6 +39,13 @@ pub const DEFAULT_RATE_WINDOW: Duration = Duration::from_secs(10);
 
 /// Buckets of the rate metrics' sliding window.
 pub const RATE_BUCKETS: usize = 10;
+
+/// The shortest pause [`ReceiverState::retry_after`] asks of a sender (the answer's unit).
+pub const MIN_RETRY_AFTER: Duration = Duration::from_millis(1);
+
+/// The longest pause [`ReceiverState::retry_after`] asks of a sender, and the pause before
+/// the consumer's rate is known.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_millis(20);
 
 /// What a receiver accepts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -275,6 +283,26 @@ impl ReceiverState {
             }),
             _ => Offer::Accepted,
         }
+    }
+
+    /// How long a sender should wait before it offers `step` again, after it was answered
+    /// [`Offer::TooFarAhead`] at `now`: the time the consumer takes, at its dequeue rate over
+    /// the rate window, to deliver the steps between the window's end and `step`, rounded up
+    /// to whole milliseconds, within [`MIN_RETRY_AFTER`] and [`MAX_RETRY_AFTER`] (the longest
+    /// before any step was delivered). A fixed pause would be far too long for a fast consumer
+    /// (20 ms is hundreds of short steps, so the step comes back long after the window passed
+    /// it and the consumer waits for it) and too short for a slow one.
+    pub fn retry_after(&self, step: u64, now: Instant) -> Duration {
+        let window_end = self.next.saturating_add(self.config.capacity);
+        let pops = step.saturating_sub(window_end).saturating_add(1);
+        let rate = self.dequeued.rate(now);
+        if rate.is_nan() || rate <= 0.0 {
+            return MAX_RETRY_AFTER;
+        }
+        let millis = (pops as f64 * 1000.0 / rate).ceil();
+        Duration::try_from_secs_f64(millis / 1000.0)
+            .unwrap_or(MAX_RETRY_AFTER)
+            .clamp(MIN_RETRY_AFTER, MAX_RETRY_AFTER)
     }
 
     /// Offers a received message at time `now`. Only an [`Offer::Accepted`] message is kept.
@@ -549,6 +577,11 @@ impl SharedReceiver {
     /// Offers `msg` without waiting.
     pub fn try_push(&self, msg: StepMessage) -> Offer {
         self.push(msg, Duration::ZERO)
+    }
+
+    /// See [`ReceiverState::retry_after`], now.
+    pub fn retry_after(&self, step: u64) -> Duration {
+        self.lock().retry_after(step, Instant::now())
     }
 
     /// Delivers the next step, waiting up to `timeout` for it to be complete.

@@ -190,6 +190,41 @@ fn waiting_times_are_from_completion_to_pop() {
     assert_eq!(m.delivered, 2);
 }
 
+/// A step past the window is asked to wait about as long as the consumer takes to move the
+/// window up to it, in whole milliseconds within [1 ms, 20 ms]; 20 ms before any step was
+/// delivered.
+#[test]
+fn the_pause_before_a_retry_follows_the_consumers_rate() {
+    let t0 = Instant::now();
+    let mut r = receiver(&[0], 0, 4, t0);
+    assert_eq!(r.classify(&msg(0, 9)), Offer::TooFarAhead);
+    assert_eq!(
+        r.retry_after(9, t0),
+        MAX_RETRY_AFTER,
+        "no rate measured yet"
+    );
+    // 2,000 steps a second for 2 s: one step every 500 µs.
+    for i in 0..4000u64 {
+        let at = t0 + Duration::from_micros(500 * i);
+        assert_eq!(r.offer(msg(0, i), at), Offer::Accepted);
+        assert!(r.pop(at).is_some());
+    }
+    let now = t0 + ms(2000);
+    // The window is 4000..4004: step 4004 fits after 1 pop (0.5 ms, rounded up to 1 ms),
+    // 4009 after 6 (3 ms), 4100 after 97 (48.5 ms, at most 20).
+    assert_eq!(r.retry_after(4004, now), ms(1));
+    assert_eq!(r.retry_after(4009, now), ms(3));
+    assert_eq!(r.retry_after(4010, now), ms(4), "3.5 ms rounded up");
+    assert_eq!(r.retry_after(4100, now), MAX_RETRY_AFTER);
+    assert_eq!(r.retry_after(u64::MAX, now), MAX_RETRY_AFTER);
+    // A consumer that stopped: the rate decays, the pause grows to the longest.
+    assert_eq!(
+        r.retry_after(4004, now + Duration::from_secs(11)),
+        MAX_RETRY_AFTER
+    );
+    assert_eq!(MIN_RETRY_AFTER, ms(1));
+}
+
 #[test]
 fn rates_are_over_the_sliding_window() {
     let t0 = Instant::now();
