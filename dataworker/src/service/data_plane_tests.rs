@@ -219,7 +219,11 @@ async fn frames_are_answered_like_grpc_push() {
         .await
         .expect("answer");
     assert_eq!(far.status, PushStatus::Retry, "beyond the window");
-    assert!(far.retry_after_ms > 0);
+    assert_eq!(
+        u128::from(far.retry_after_ms),
+        crate::transfer::MAX_RETRY_AFTER.as_millis(),
+        "nothing delivered yet: the longest pause"
+    );
     let step = served.buffer.try_pop().expect("step 0 delivered");
     assert_eq!(step.parts[0].records, vec![0, 1]);
 

@@ -498,7 +498,11 @@ mod tests {
         let far = frame(&message(5, 0, 10));
         let answer = push("right", 5, far).await.expect("answered").into_inner();
         assert_eq!(answer.status, PushStatus::Retry as i32);
-        assert!(answer.retry_after_ms > 0);
+        assert_eq!(
+            u128::from(answer.retry_after_ms),
+            crate::transfer::MAX_RETRY_AFTER.as_millis(),
+            "nothing delivered yet: the longest pause"
+        );
         let step = buffer.try_pop().expect("step 0 delivered");
         assert_eq!(step.parts[0].records, vec![0, 1]);
 

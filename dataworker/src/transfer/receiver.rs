@@ -14,9 +14,9 @@
 //! The buffer holds steps `next .. next + capacity` (where `next` is the next step to deliver),
 //! partial or complete; a message for a later step is answered [`Offer::TooFarAhead`] and the
 //! sender retries later, after about the time the consumer takes to move the window up to the
-//! step ([`ReceiverState::retry_after`]). The next step itself is always inside the window, so whichever
-//! messages are missing for it can always be accepted: a full buffer never deadlocks. At most
-//! `capacity` steps, `capacity × stages` messages, are buffered.
+//! step ([`ReceiverState::retry_after`]). The next step itself is always inside the window,
+//! so whichever messages are missing for it can always be accepted: a full buffer never
+//! deadlocks. At most `capacity` steps, `capacity × stages` messages, are buffered.
 //!
 //! # Metrics
 //! Rates are counted over a sliding window of `rate_window` (default [`DEFAULT_RATE_WINDOW`])
