@@ -376,7 +376,7 @@ struct CsvSplitter<'a> {
 
 impl CsvSplitter<'_> {
     fn split(&self, input: &[u8]) -> std::result::Result<Vec<Vec<u8>>, &'static str> {
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(self.select.len());
         if input.is_empty() {
             return Ok(out);
         }
@@ -395,15 +395,17 @@ impl CsvSplitter<'_> {
             let quoted = self.quote && input[i] == b'"';
             let mut field = Vec::new();
             if !quoted {
+                // An unquoted field is the bytes up to the delimiter, taken in one copy.
+                let start = i;
                 while i < n && input[i] != self.delim {
                     let c = input[i];
                     if (self.quote && c == b'"') || c == b'\n' || c == b'\r' {
                         return Err("unquoted fields cannot have quotes or CR/LF inside");
                     }
-                    if include {
-                        field.push(c);
-                    }
                     i += 1;
+                }
+                if include {
+                    field = input[start..i].to_vec();
                 }
                 i += 1;
             } else {
