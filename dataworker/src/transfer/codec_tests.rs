@@ -1163,6 +1163,17 @@ proptest! {
         prop_assert_eq!(pieces, crc32c::crc32c(&bytes));
         prop_assert_eq!(crc32c_append(0, &bytes), crc32c::crc32c(&bytes));
     }
+
+    /// Both implementations give the same sums, whichever this machine uses: `crc-fast`'s
+    /// folding (on whatever path it takes here) against the `crc32` instruction's, from any
+    /// running sum.
+    #[test]
+    fn prop_both_checksum_implementations_agree(
+        bytes in proptest::collection::vec(any::<u8>(), 0..70_000),
+        start in any::<u32>(),
+    ) {
+        prop_assert_eq!(folded_append(start, &bytes), crc32c::crc32c_append(start, &bytes));
+    }
 }
 
 #[test]
@@ -1170,4 +1181,5 @@ fn the_frame_checksum_has_crc32c_check_value() {
     // The check value of CRC-32/ISCSI (the CRC of "123456789").
     assert_eq!(crc32c_append(0, b"123456789"), 0xe306_9283);
     assert_eq!(crc32c_append(0, &[]), 0);
+    assert_eq!(folded_append(0, b"123456789"), 0xe306_9283);
 }
