@@ -646,6 +646,8 @@ def cmd_table(args):
           "| consumer | all processes |")
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     exec_rate, worker_rate = {}, {}
+    # Per round, for the paired ratio: the worker's and exec's samples per CPU-second.
+    round_worker, round_exec = {}, {}
     for key in sorted(groups, key=order):
         model, cut, config = key
         rs = groups[key]
@@ -653,6 +655,8 @@ def cmd_table(args):
         head = f"| {model} | {cut} | {config} | {len(rs)} | {rate:,.0f} |"
         if rs[0]["engine"] == "lode exec":
             exec_rate[(model, cut)] = med(r["samples_per_cpu_sec"] for r in rs)
+            for r in rs:
+                round_exec[(model, cut, r["round"])] = r["samples_per_cpu_sec"]
             us = 1e6 / exec_rate[(model, cut)]
             print(f"{head} – | {us:.1f} (the whole process) | – | {us:.1f} |")
             continue
@@ -661,6 +665,8 @@ def cmd_table(args):
         workers = [n for n in names if n.startswith("worker")]
         if rs[0]["engine"] == "lode" and len(workers) == 1:
             worker_rate[(model, cut)] = 1e6 / per[workers[0]]
+            for r in rs:
+                round_worker[(model, cut, r["round"])] = 1e6 / r["cpu_us_per_sample"][workers[0]]
         print(f"{head} {fmt(per.get('dispatcher'))} | {' / '.join(fmt(per[w]) for w in workers)} "
               f"| {fmt(per.get('consumer'))} | {fmt(sum(per.values()))} |")
     print()
@@ -670,13 +676,22 @@ def cmd_table(args):
     if exec_rate:
         print()
         print("| model | work | `lode worker` samples per CPU-s (1 worker) "
-              "| `lode exec --threads 1` samples per CPU-s | ratio (target ≥ 0.90) |")
-        print("| --- | --- | ---: | ---: | ---: |")
+              "| `lode exec --threads 1` samples per CPU-s | ratio (target ≥ 0.90) "
+              "| paired: each round's ratio | median of paired |")
+        print("| --- | --- | ---: | ---: | ---: | --- | ---: |")
         for (model, cut), e in sorted(exec_rate.items(), key=lambda kv: (kv[0][0] != "wide_deep",
                                                                          kv[0][1] != "simple")):
             w = worker_rate.get((model, cut))
+            pairs = [round_worker[k] / round_exec[k] for k in sorted(round_exec)
+                     if k[:2] == (model, cut) and k in round_worker]
+            listed = " / ".join(f"{p:.2f}" for p in pairs) or "–"
             print(f"| {model} | {cut} | {fmt(w, 0)} | {e:,.0f} | "
-                  f"{'–' if w is None else f'{w / e:.2f}'} |")
+                  f"{'–' if w is None else f'{w / e:.2f}'} | {listed} | "
+                  f"{f'{med(pairs):.2f}' if pairs else '–'} |")
+        print()
+        print("paired: the worker's samples per CPU-second in a round over `lode exec`'s in the "
+              "same round (with `--engines` holding both and `--workers` holding 1, exec runs "
+              "right after the one-worker run of its plan).")
 
 
 def targets(groups):
