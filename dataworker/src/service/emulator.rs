@@ -69,12 +69,6 @@ pub enum EmulatorError {
         #[source]
         source: std::io::Error,
     },
-    #[error("step {step}: cannot digest its tensors")]
-    Digest {
-        step: u64,
-        #[source]
-        source: crate::Error,
-    },
     #[error("expected to resume at step {expected}, but the dispatcher's watermark says the next step is {next}")]
     ResumeMismatch { expected: u64, next: u64 },
 }
@@ -89,19 +83,16 @@ struct LogLine<'a> {
     digest: String,
 }
 
-/// A step's digest: TensorFlow's Fingerprint64 over the TensorProto encoding of every tensor
-/// of every stage's part, in stage then send order, each prefixed with its length.
-pub fn digest(step: &Step) -> Result<String, crate::Error> {
-    let mut bytes = Vec::new();
+/// A step's digest: TensorFlow's Fingerprint64 over the wire form of every tensor of every
+/// stage's part (dtype, shape and values, as a frame's payload carries them:
+/// [`crate::transfer::codec::write_tensors`]), in stage then send order. `scratch` holds the
+/// bytes (kept between steps, so that digesting allocates nothing once it has grown).
+pub fn digest(step: &Step, scratch: &mut Vec<u8>) -> String {
+    scratch.clear();
     for part in &step.parts {
-        for t in &part.tensors {
-            let encoded = crate::convert::encode_tensor(t)?;
-            let len = u64::try_from(encoded.len()).unwrap_or(u64::MAX);
-            bytes.extend_from_slice(&len.to_le_bytes());
-            bytes.extend_from_slice(&encoded);
-        }
+        crate::transfer::codec::write_tensors(&part.tensors, scratch);
     }
-    Ok(format!("{:016x}", crate::hash::fingerprint64(&bytes)))
+    format!("{:016x}", crate::hash::fingerprint64(scratch))
 }
 
 /// Runs the emulator until the data ends, `config.steps` were taken, or `cancelled()` (then
@@ -139,6 +130,7 @@ pub fn emulate(
         last_report: Instant::now(),
     };
     let mut summary = ConsumeSummary::default();
+    let mut scratch = Vec::new();
     let started = Instant::now();
     let result = (|| -> Result<(), EmulatorError> {
         while config.steps.is_none_or(|n| summary.steps < n) {
@@ -164,10 +156,7 @@ pub fn emulate(
                 epoch: step.epoch,
                 step: step.step,
                 records,
-                digest: digest(&step).map_err(|source| EmulatorError::Digest {
-                    step: step.step,
-                    source,
-                })?,
+                digest: digest(&step, &mut scratch),
             };
             serde_json::to_writer(&mut log.out, &line)
                 .map_err(|e| log_error(std::io::Error::other(e)))?;
@@ -236,5 +225,82 @@ impl Log {
         }
         self.last_report = Instant::now();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transfer::StepMessage;
+    use crate::{Tensor, TensorData};
+
+    fn step_of(tensors: Vec<Tensor>) -> Step {
+        Step {
+            step: 7,
+            epoch: 0,
+            parts: vec![StepMessage {
+                job: 1,
+                stage: 0,
+                step: 7,
+                epoch: 0,
+                records: vec![1, 2],
+                tensors,
+            }],
+        }
+    }
+
+    fn t(shape: Vec<usize>, data: TensorData) -> Tensor {
+        Tensor::new(shape, data).expect("a valid tensor")
+    }
+
+    fn strings(v: &[&str]) -> TensorData {
+        TensorData::String(v.iter().map(|s| s.as_bytes().to_vec()).collect())
+    }
+
+    #[test]
+    fn a_digest_tells_apart_what_training_would_see_differently() {
+        let mut scratch = Vec::new();
+        let mut d = |tensors| digest(&step_of(tensors), &mut scratch);
+        let base = d(vec![t(
+            vec![2, 3],
+            TensorData::Int64(vec![1, 2, 3, 4, 5, 6]),
+        )]);
+        assert_eq!(base.len(), 16, "{base}");
+        // The same tensors, digested again (the scratch reused): the same digest.
+        let again = d(vec![t(
+            vec![2, 3],
+            TensorData::Int64(vec![1, 2, 3, 4, 5, 6]),
+        )]);
+        assert_eq!(again, base);
+        let others = [
+            // One value.
+            d(vec![t(
+                vec![2, 3],
+                TensorData::Int64(vec![1, 2, 3, 4, 5, 7]),
+            )]),
+            // The shape only.
+            d(vec![t(
+                vec![3, 2],
+                TensorData::Int64(vec![1, 2, 3, 4, 5, 6]),
+            )]),
+            // The dtype only (the same bytes).
+            d(vec![t(
+                vec![2, 3],
+                TensorData::UInt64(vec![1, 2, 3, 4, 5, 6]),
+            )]),
+            // Split into two tensors.
+            d(vec![
+                t(vec![1, 3], TensorData::Int64(vec![1, 2, 3])),
+                t(vec![1, 3], TensorData::Int64(vec![4, 5, 6])),
+            ]),
+        ];
+        for (i, other) in others.iter().enumerate() {
+            assert_ne!(other, &base, "variant {i}");
+        }
+        // Strings: where one ends and the next begins counts.
+        assert_ne!(
+            d(vec![t(vec![2], strings(&["ab", "c"]))]),
+            d(vec![t(vec![2], strings(&["a", "bc"]))])
+        );
     }
 }

@@ -584,41 +584,54 @@ fn write_payload<'m>(msg: &'m StepMessage, sink: &mut impl PayloadSink<'m>) {
     }
     put_varint(out, len_u64(msg.tensors.len()));
     for t in &msg.tensors {
-        let out = sink.owned();
-        out.push(dtype_tag(t.dtype()));
-        put_varint(out, len_u64(t.shape().len()));
-        for &d in t.shape() {
-            put_varint(out, len_u64(d));
-        }
-        put_varint(out, len_u64(t.num_elements()));
-        if let Some(values) = wire_bytes(t.data()) {
-            sink.values(values);
-            continue;
-        }
-        let out = sink.owned();
-        match t.data() {
-            // The callers reserved for them (see `size_hint`).
-            TensorData::String(v) => {
-                for s in v {
-                    put_varint(out, len_u64(s.len()));
-                    out.extend_from_slice(s);
-                }
+        write_tensor(t, sink);
+    }
+}
+
+/// Appends the wire form of `tensors` to `out`: each as a frame's payload carries it (dtype,
+/// shape, value count, values), one after another. What the training-side emulator digests.
+pub fn write_tensors<'m>(tensors: impl IntoIterator<Item = &'m Tensor>, out: &mut Vec<u8>) {
+    for t in tensors {
+        write_tensor(t, out);
+    }
+}
+
+/// One tensor of a payload (see [`write_payload`]).
+fn write_tensor<'m>(t: &'m Tensor, sink: &mut impl PayloadSink<'m>) {
+    let out = sink.owned();
+    out.push(dtype_tag(t.dtype()));
+    put_varint(out, len_u64(t.shape().len()));
+    for &d in t.shape() {
+        put_varint(out, len_u64(d));
+    }
+    put_varint(out, len_u64(t.num_elements()));
+    if let Some(values) = wire_bytes(t.data()) {
+        sink.values(values);
+        return;
+    }
+    let out = sink.owned();
+    match t.data() {
+        // The callers reserved for them (see `size_hint`).
+        TensorData::String(v) => {
+            for s in v {
+                put_varint(out, len_u64(s.len()));
+                out.extend_from_slice(s);
             }
-            // A big-endian machine: the values are converted.
-            TensorData::Bool(v) => out.extend(v.iter().map(|&b| u8::from(b))),
-            TensorData::Int8(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
-            TensorData::UInt8(v) => out.extend_from_slice(v),
-            TensorData::Int16(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
-            TensorData::UInt16(v) | TensorData::Float16(v) | TensorData::BFloat16(v) => {
-                out.extend(v.iter().flat_map(|x| x.to_le_bytes()));
-            }
-            TensorData::Int32(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
-            TensorData::UInt32(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
-            TensorData::Float32(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
-            TensorData::Int64(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
-            TensorData::UInt64(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
-            TensorData::Float64(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
         }
+        // A big-endian machine: the values are converted.
+        TensorData::Bool(v) => out.extend(v.iter().map(|&b| u8::from(b))),
+        TensorData::Int8(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+        TensorData::UInt8(v) => out.extend_from_slice(v),
+        TensorData::Int16(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+        TensorData::UInt16(v) | TensorData::Float16(v) | TensorData::BFloat16(v) => {
+            out.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+        }
+        TensorData::Int32(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+        TensorData::UInt32(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+        TensorData::Float32(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+        TensorData::Int64(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+        TensorData::UInt64(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+        TensorData::Float64(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
     }
 }
 
