@@ -191,10 +191,10 @@ for ((r = 1; r <= ROUNDS; r++)); do
         if [[ " $ENGINES " == *" lode "* ]]; then
             for n in $WORKERS; do for m in $MODELS; do for cut in simple full; do
                 run_lode "$r" "$n" "$m" "$cut"
-                ((paired && n == 1)) && run_exec "$r" "$m" "$cut"
+                if ((paired && n == 1)); then run_exec "$r" "$m" "$cut"; fi
             done; done; done
         fi
-        if [[ " $ENGINES " == *" exec "* ]] && ((!paired)); then
+        if [[ " $ENGINES " == *" exec "* ]] && ((paired == 0)); then
             for m in $MODELS; do for cut in simple full; do run_exec "$r" "$m" "$cut"; done; done
         fi
     }

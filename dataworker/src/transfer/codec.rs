@@ -611,7 +611,7 @@ fn write_tensor<'m>(t: &'m Tensor, sink: &mut impl PayloadSink<'m>) {
     }
     let out = sink.owned();
     match t.data() {
-        // The callers reserved for them (see `size_hint`).
+        // A frame's encoder reserved for them (see `size_hint`).
         TensorData::String(v) => {
             for s in v {
                 put_varint(out, len_u64(s.len()));
