@@ -448,6 +448,43 @@ async fn tcp_transfer(steps: u64, pushers: u64, frame_len: usize) -> Duration {
     elapsed
 }
 
+/// This process's CPU time so far (user and system, from `/proc/self/stat` in USER_HZ ticks,
+/// which Linux fixes at 100 per second), or None where that file is not to be read.
+fn process_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) may hold spaces: fields are counted after its ')'.
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the name.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// CPU microseconds per MiB of payload, over every measured run of a transport.
+fn cpu_us_per_mib(cpu: Option<Duration>, bytes: u64) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    cpu.map_or_else(
+        || "-".to_string(),
+        |c| {
+            format!(
+                "{:.0}",
+                c.as_secs_f64() * 1e6 / (bytes as f64 / 1_048_576.0)
+            )
+        },
+    )
+}
+
+/// Runs `f`, and adds the CPU time it took (when known) to `total`.
+fn counting_cpu<T>(total: &mut Option<Duration>, f: impl FnOnce() -> T) -> T {
+    let before = process_cpu();
+    let out = f();
+    *total = match (*total, before, process_cpu()) {
+        (Some(t), Some(b), Some(a)) => Some(t + a.saturating_sub(b)),
+        _ => None,
+    };
+    out
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -513,12 +550,18 @@ fn main() {
     for &(_, compression, transport) in &transports {
         runtime.block_on(service_transfer(steps, pushers, compression, transport));
     }
+    // CPU time of the whole process (every thread: pushers, receiver, consumer) per transport.
+    let mut tcp_cpu = Some(Duration::ZERO);
+    let mut cpu = vec![Some(Duration::ZERO); transports.len()];
     for _ in 0..REPEATS {
-        let elapsed = runtime.block_on(tcp_transfer(steps, pushers, raw_frame_len));
+        let elapsed = counting_cpu(&mut tcp_cpu, || {
+            runtime.block_on(tcp_transfer(steps, pushers, raw_frame_len))
+        });
         tcp.push(mib_per_s(payload, elapsed));
         for (i, &(_, compression, transport)) in transports.iter().enumerate() {
-            let (elapsed, wire, r) =
-                runtime.block_on(service_transfer(steps, pushers, compression, transport));
+            let (elapsed, wire, r) = counting_cpu(&mut cpu[i], || {
+                runtime.block_on(service_transfer(steps, pushers, compression, transport))
+            });
             rates[i].push(mib_per_s(payload, elapsed));
             #[allow(clippy::cast_precision_loss)]
             {
@@ -529,17 +572,19 @@ fn main() {
     }
     let tcp_median = median(tcp.clone());
     println!(
-        "{:<12} {:>10} {:>8} {:>8} {:>8} {:>8}   runs MiB/s",
-        "transport", "MiB/s", "vs tcp", "paired", "wire/raw", "retries"
+        "{:<12} {:>10} {:>8} {:>8} {:>8} {:>8} {:>10}   runs MiB/s",
+        "transport", "MiB/s", "vs tcp", "paired", "wire/raw", "retries", "cpu us/MiB"
     );
+    let measured = payload * REPEATS as u64;
     println!(
-        "{:<12} {:>10.0} {:>7.0}% {:>7.0}% {:>8} {:>8}   {:?}",
+        "{:<12} {:>10.0} {:>7.0}% {:>7.0}% {:>8} {:>8} {:>10}   {:?}",
         "tcp copy",
         tcp_median,
         100.0,
         100.0,
         "-",
         "-",
+        cpu_us_per_mib(tcp_cpu, measured),
         tcp.iter().map(|x| x.round()).collect::<Vec<_>>()
     );
     for (i, (name, _, _)) in transports.iter().enumerate() {
@@ -547,13 +592,14 @@ fn main() {
         // The median of each round's ratio to the TCP copy of the same round.
         let paired = median(rates[i].iter().zip(&tcp).map(|(r, t)| r / t).collect());
         println!(
-            "{:<12} {:>10.0} {:>7.0}% {:>7.0}% {:>8.3} {:>8}   {:?}",
+            "{:<12} {:>10.0} {:>7.0}% {:>7.0}% {:>8.3} {:>8} {:>10}   {:?}",
             name,
             rate,
             100.0 * rate / tcp_median,
             100.0 * paired,
             wire_ratio[i],
             retries[i],
+            cpu_us_per_mib(cpu[i], measured),
             rates[i].iter().map(|x| x.round()).collect::<Vec<_>>()
         );
     }

@@ -45,8 +45,9 @@ pub use prost::bytes::Bytes;
 /// The protocol version this build speaks; `Register` refuses a worker that speaks another.
 /// Bump it with any change a worker must understand (or that a worker relies on the dispatcher
 /// understanding). 2: a lease request carries the worker's report (`LeaseRequest.completed`),
-/// which a version-1 dispatcher would drop unread.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// which a version-1 dispatcher would drop unread. 3: step frames are of format version 2 (an
+/// XXH3-64 checksum instead of a CRC32C, see `lode_dataworker::transfer::codec`).
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// The largest message either end encodes or decodes. Sized for `Register`'s answer, which
 /// carries the plan and a stage graph.

@@ -265,12 +265,12 @@ fn fuzz(name: &str, seeds: Vec<Vec<u8>>, repair: Option<Repair>, read: impl Fn(&
     );
 }
 
-/// A data-plane frame's CRC32C (bytes 14..18) over bytes 0..14 and the payload.
+/// A data-plane frame's checksum (bytes 14..22) over bytes 0..14 and the payload.
 fn repair_frame(frame: &mut [u8]) {
-    use lode_dataworker::transfer::codec::HEADER_LEN;
+    use lode_dataworker::transfer::codec::{frame_checksum, HEADER_LEN};
     if frame.len() >= HEADER_LEN {
-        let crc = crc32c::crc32c_append(crc32c::crc32c(&frame[..14]), &frame[HEADER_LEN..]);
-        frame[14..18].copy_from_slice(&crc.to_le_bytes());
+        let sum = frame_checksum(frame);
+        frame[14..HEADER_LEN].copy_from_slice(&sum.to_le_bytes());
     }
 }
 

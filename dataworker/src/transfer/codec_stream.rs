@@ -294,7 +294,7 @@ impl<S: AsyncRead + Unpin> Payload<'_, S> {
     }
 
     /// The checksum of everything taken so far.
-    fn checksum(&mut self) -> u32 {
+    fn checksum(&mut self) -> u64 {
         self.sum_taken();
         self.sum.value()
     }

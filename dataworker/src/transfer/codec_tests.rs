@@ -118,9 +118,10 @@ fn header_layout_is_as_documented() {
     assert_eq!(frame[5], 0);
     let header = FrameHeader::parse(&frame, DEFAULT_MAX_MESSAGE_BYTES).expect("header");
     assert_eq!(header.payload_len, len_u64(frame.len() - HEADER_LEN));
-    let mut crc_input = frame[..14].to_vec();
-    crc_input.extend_from_slice(&frame[HEADER_LEN..]);
-    assert_eq!(header.checksum, crc32c::crc32c(&crc_input));
+    let mut summed = frame[..14].to_vec();
+    summed.extend_from_slice(&frame[HEADER_LEN..]);
+    assert_eq!(header.checksum, xxhash_rust::xxh3::xxh3_64(&summed));
+    assert_eq!(&frame[14..22], &header.checksum.to_le_bytes());
     // The payload starts with the bincode varints of job, stage and step (252: a u32 follows).
     assert_eq!(&frame[HEADER_LEN..HEADER_LEN + 2], &[7, 2]);
     assert_eq!(frame[HEADER_LEN + 2], 252);
@@ -427,7 +428,7 @@ fn bad_magic() {
     assert!(matches!(
         decode_err(b"LO"),
         TransferError::Truncated {
-            needed: 18,
+            needed: 22,
             actual: 2
         }
     ));
@@ -436,15 +437,15 @@ fn bad_magic() {
 
 #[test]
 fn unknown_version_and_compression_flag() {
-    let mut frame = valid_frame();
-    frame[4] = 2;
-    assert!(matches!(
-        decode_err(&frame),
-        TransferError::UnsupportedVersion {
-            version: 2,
-            supported: 1
-        }
-    ));
+    // Version 1 (a CRC32C in bytes 14..18) is no longer read, nor any later one.
+    for version in [1, 3] {
+        let mut frame = valid_frame();
+        frame[4] = version;
+        assert!(matches!(
+            decode_err(&frame),
+            TransferError::UnsupportedVersion { version: v, supported: 2 } if v == version
+        ));
+    }
     let mut frame = valid_frame();
     frame[5] = 9;
     assert!(matches!(
@@ -458,7 +459,7 @@ fn truncated_and_overlong_frames() {
     let frame = valid_frame();
     assert!(matches!(
         decode_err(&frame[..10]),
-        TransferError::Truncated { needed: 18, .. }
+        TransferError::Truncated { needed: 22, .. }
     ));
     assert!(matches!(
         decode_err(&frame[..frame.len() - 1]),
@@ -872,7 +873,7 @@ fn frames_in_parts_borrow_numeric_values_and_match_every_dtype() {
 fn checksums_summed_in_pieces_match_and_catch_damage() {
     let msg = message(every_dtype());
     let frame = encoder(Compression::Lz4).encode(&msg).expect("encodes");
-    for piece in [1, 3, 14, 17, 18, 19, 64, frame.len()] {
+    for piece in [1, 3, 14, 15, 21, 22, 23, 64, 241, frame.len()] {
         let mut sum = FrameChecksum::default();
         for chunk in frame.chunks(piece) {
             sum.update(chunk);
@@ -1151,35 +1152,47 @@ proptest! {
 }
 
 proptest! {
-    /// The frame's CRC32C, summed in any pieces, is the `crc32c` crate's (the implementation
-    /// the TFRecord reader and the journal use): the same function, independently computed.
+    /// The frame's checksum, summed in any pieces, is XXH3-64 of bytes 0..14 and 22.. as the
+    /// `xxhash-rust` crate computes it: the same function, independently implemented. Sizes
+    /// cross XXH3's internal boundaries (16, 128 and 240 bytes, 1 KiB stripes blocks).
     #[test]
-    fn prop_the_frame_checksum_is_crc32c(
+    fn prop_the_frame_checksum_is_xxh3(
         bytes in proptest::collection::vec(any::<u8>(), 0..5000),
-        cut in any::<prop::sample::Index>(),
+        cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..4),
     ) {
-        let cut = cut.index(bytes.len() + 1);
-        let pieces = crc32c_append(crc32c_append(0, &bytes[..cut]), &bytes[cut..]);
-        prop_assert_eq!(pieces, crc32c::crc32c(&bytes));
-        prop_assert_eq!(crc32c_append(0, &bytes), crc32c::crc32c(&bytes));
-    }
-
-    /// Both implementations give the same sums, whichever this machine uses: `crc-fast`'s
-    /// folding (on whatever path it takes here) against the `crc32` instruction's, from any
-    /// running sum.
-    #[test]
-    fn prop_both_checksum_implementations_agree(
-        bytes in proptest::collection::vec(any::<u8>(), 0..70_000),
-        start in any::<u32>(),
-    ) {
-        prop_assert_eq!(folded_append(start, &bytes), crc32c::crc32c_append(start, &bytes));
+        let mut at: Vec<usize> = cuts.iter().map(|c| c.index(bytes.len() + 1)).collect();
+        at.push(0);
+        at.push(bytes.len());
+        at.sort_unstable();
+        let mut sum = FrameChecksum::default();
+        for pair in at.windows(2) {
+            sum.update(&bytes[pair[0]..pair[1]]);
+        }
+        let mut summed = bytes[..bytes.len().min(14)].to_vec();
+        summed.extend_from_slice(bytes.get(HEADER_LEN..).unwrap_or(&[]));
+        let reference = xxhash_rust::xxh3::xxh3_64(&summed);
+        prop_assert_eq!(sum.value(), reference);
+        prop_assert_eq!(frame_checksum(&bytes), reference);
     }
 }
 
 #[test]
-fn the_frame_checksum_has_crc32c_check_value() {
-    // The check value of CRC-32/ISCSI (the CRC of "123456789").
-    assert_eq!(crc32c_append(0, b"123456789"), 0xe306_9283);
-    assert_eq!(crc32c_append(0, &[]), 0);
-    assert_eq!(folded_append(0, b"123456789"), 0xe306_9283);
+fn the_frame_checksum_has_xxh3_check_values() {
+    // XXH3-64 of no bytes (the xxHash reference's value), and of "123456789": frames shorter
+    // than the checksum field are summed whole.
+    assert_eq!(frame_checksum(&[]), 0x2d06_8005_38d3_94c2);
+    assert_eq!(frame_checksum(b"123456789"), 0x72dc_b18b_67a1_7dff);
+    // A whole megabyte, summed in pieces of every size: the same value.
+    let big: Vec<u8> = (0..1u32 << 20)
+        .flat_map(|i| i.wrapping_mul(2_654_435_761).to_le_bytes())
+        .take(1 << 20)
+        .collect();
+    let mut summed = big[..14].to_vec();
+    summed.extend_from_slice(&big[HEADER_LEN..]);
+    let reference = xxhash_rust::xxh3::xxh3_64(&summed);
+    for piece in [1usize, 7, 64, 1000, 4096, 65_536, big.len()] {
+        let mut sum = FrameChecksum::default();
+        big.chunks(piece).for_each(|c| sum.update(c));
+        assert_eq!(sum.value(), reference, "pieces of {piece}");
+    }
 }

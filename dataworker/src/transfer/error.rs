@@ -43,11 +43,11 @@ pub enum TransferError {
         max_ratio: u64,
     },
 
-    /// The frame's CRC32C does not match its bytes (damage in transit or storage).
+    /// The frame's checksum does not match its bytes (damage in transit or storage).
     #[error(
-        "step frame checksum mismatch: header says {expected:#010x}, bytes give {actual:#010x}"
+        "step frame checksum mismatch: header says {expected:#018x}, bytes give {actual:#018x}"
     )]
-    ChecksumMismatch { expected: u32, actual: u32 },
+    ChecksumMismatch { expected: u64, actual: u64 },
 
     /// The LZ4 payload is malformed.
     #[error("the LZ4 payload of a step frame ({compressed} bytes) does not decompress")]
