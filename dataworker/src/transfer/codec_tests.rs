@@ -1154,7 +1154,8 @@ proptest! {
 proptest! {
     /// The frame's checksum, summed in any pieces, is XXH3-64 of bytes 0..14 and 22.. as the
     /// `xxhash-rust` crate computes it: the same function, independently implemented. Sizes
-    /// cross XXH3's internal boundaries (16, 128 and 240 bytes, 1 KiB stripes blocks).
+    /// and cuts cross XXH3's internal boundaries (inputs of 16, 128 and 240 bytes, the streaming
+    /// state's 256-byte buffer, blocks of 1 KiB).
     #[test]
     fn prop_the_frame_checksum_is_xxh3(
         bytes in proptest::collection::vec(any::<u8>(), 0..5000),
@@ -1178,8 +1179,8 @@ proptest! {
 
 #[test]
 fn the_frame_checksum_has_xxh3_check_values() {
-    // XXH3-64 of no bytes (the xxHash reference's value), and of "123456789": frames shorter
-    // than the checksum field are summed whole.
+    // XXH3-64 of no bytes (the xxHash reference's value), and of "123456789" (both crates
+    // agree): bytes shorter than the header are summed whole, none of them is the field.
     assert_eq!(frame_checksum(&[]), 0x2d06_8005_38d3_94c2);
     assert_eq!(frame_checksum(b"123456789"), 0x72dc_b18b_67a1_7dff);
     // A whole megabyte, summed in pieces of every size: the same value.
