@@ -389,22 +389,17 @@ impl StepEncoder {
         write_payload(msg, &mut parts);
         let payload_len = parts.len() - HEADER_LEN;
         check_payload_len(payload_len, limit)?;
-        let mut header = [0u8; HEADER_LEN];
+        let header = &mut parts.owned[..HEADER_LEN];
         header[..4].copy_from_slice(&MAGIC);
         header[4] = FORMAT_VERSION;
         header[5] = FrameCompression::None.flag();
         header[6..14].copy_from_slice(&len_u64(payload_len).to_le_bytes());
-        // The payload starts after the header, inside the first (owned) piece.
-        let mut sum = Xxh3::new();
-        sum.write(&header[..CHECKSUM_AT.start]);
-        let mut skip = HEADER_LEN;
+        // The frame's pieces in order, summed as a receiver sums them (the field is skipped).
+        let mut sum = FrameChecksum::default();
         for piece in parts.slices() {
-            let cut = skip.min(piece.len());
-            skip -= cut;
-            sum.write(&piece[cut..]);
+            sum.update(piece);
         }
-        header[CHECKSUM_AT].copy_from_slice(&sum.finish().to_le_bytes());
-        parts.owned[..HEADER_LEN].copy_from_slice(&header);
+        parts.owned[CHECKSUM_AT].copy_from_slice(&sum.value().to_le_bytes());
         self.encoded += 1;
         Ok(parts)
     }
