@@ -577,6 +577,21 @@ fn put_varint(out: &mut Vec<u8>, v: u64) {
     }
 }
 
+/// Reads one of the four forms [`put_varint`] writes from the start of `bytes`: the value and
+/// the bytes it took. `None` when `bytes` holds none of them whole (too short, or a first
+/// byte of 254 or 255): the caller then asks bincode, whose answer (a value, or the error) is
+/// the wire format's. Where this gives a value, bincode gives the same one.
+pub(crate) fn get_varint(bytes: &[u8]) -> Option<(u64, usize)> {
+    let (&first, rest) = bytes.split_first()?;
+    match first {
+        0..=250 => Some((u64::from(first), 1)),
+        251 => Some((u64::from(u16::from_le_bytes(*rest.first_chunk()?)), 3)),
+        252 => Some((u64::from(u32::from_le_bytes(*rest.first_chunk()?)), 5)),
+        253 => Some((u64::from_le_bytes(*rest.first_chunk()?), 9)),
+        _ => None,
+    }
+}
+
 /// Writes `msg`'s payload (see the module documentation) into `sink`: the one encoder of the
 /// wire format, byte for byte what bincode 2's standard configuration writes for it (the
 /// decoder is bincode's; the tests hold the two together). Written by hand because bincode's

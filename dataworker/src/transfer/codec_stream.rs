@@ -326,6 +326,19 @@ impl<S: AsyncRead + Unpin> Payload<'_, S> {
         }
     }
 
+    /// Decodes a u64 (bincode's varint) from the buffer: by hand when it is buffered whole in
+    /// a form the encoder writes, otherwise through bincode. A step of short strings holds one
+    /// per string.
+    async fn varint(&mut self) -> Parsed<u64> {
+        let most = usize::try_from(self.left).unwrap_or(usize::MAX).min(9);
+        let window = self.incoming.buffered();
+        if let Some((v, used)) = super::get_varint(&window[..most.min(window.len())]) {
+            self.take(used);
+            return Ok(Ok(v));
+        }
+        self.value::<u64>().await
+    }
+
     /// Decodes one bincode value (an integer: at most 17 bytes) from the buffer.
     async fn value<T: bincode::Decode<()>>(&mut self) -> Parsed<T> {
         let most = usize::try_from(self.left).unwrap_or(usize::MAX).min(17);
@@ -374,17 +387,17 @@ impl<S: AsyncRead + Unpin> Payload<'_, S> {
     }
 
     async fn message(&mut self) -> Parsed<StepMessage> {
-        let job = refuse!(self.value::<u64>().await?);
+        let job = refuse!(self.varint().await?);
         let stage = refuse!(self.value::<u32>().await?);
-        let step = refuse!(self.value::<u64>().await?);
-        let epoch = refuse!(self.value::<u64>().await?);
-        let nrecords = refuse!(self.value::<u64>().await?);
+        let step = refuse!(self.varint().await?);
+        let epoch = refuse!(self.varint().await?);
+        let nrecords = refuse!(self.varint().await?);
         refuse!(self.charge(nrecords.saturating_mul(8)));
         let mut records = Vec::with_capacity(super::initial_capacity(nrecords, 4096));
         for _ in 0..nrecords {
-            records.push(refuse!(self.value::<u64>().await?));
+            records.push(refuse!(self.varint().await?));
         }
-        let count = refuse!(self.value::<u64>().await?);
+        let count = refuse!(self.varint().await?);
         let mut tensors = Vec::with_capacity(super::initial_capacity(count, 256));
         for index in 0..count {
             let index = usize::try_from(index).unwrap_or(usize::MAX);
@@ -405,13 +418,13 @@ impl<S: AsyncRead + Unpin> Payload<'_, S> {
         let Some(dtype) = dtype_from_tag(tag) else {
             return Ok(Err(TransferError::UnknownDtype { tensor, tag }));
         };
-        let rank = refuse!(self.value::<u64>().await?);
+        let rank = refuse!(self.varint().await?);
         refuse!(self.charge(TENSOR_OVERHEAD_BYTES.saturating_add(rank.saturating_mul(8))));
         let mut dims = Vec::with_capacity(super::initial_capacity(rank, 8));
         for _ in 0..rank {
-            dims.push(refuse!(self.value::<u64>().await?));
+            dims.push(refuse!(self.varint().await?));
         }
-        let count = refuse!(self.value::<u64>().await?);
+        let count = refuse!(self.varint().await?);
         let expected = super::value_count(&dims);
         let mismatch = |dims: Vec<u64>| TransferError::ValueCountMismatch {
             tensor,
@@ -436,18 +449,37 @@ impl<S: AsyncRead + Unpin> Payload<'_, S> {
         Ok(Tensor::new(shape, data).map_err(|_| mismatch(dims)))
     }
 
+    /// `count` strings, written into the buffers of a given-back string tensor where the
+    /// pool has one (see [`TensorPool::take_strings`]).
     async fn strings(&mut self, count: u64) -> Parsed<TensorData> {
-        let mut out = Vec::with_capacity(super::initial_capacity(count, 1024));
-        for _ in 0..count {
-            let len = refuse!(self.value::<u64>().await?);
+        let mut out = self
+            .pool
+            .take_strings(usize::try_from(count).unwrap_or(usize::MAX));
+        let reused = out.len();
+        out.reserve(super::initial_capacity(count, 1024).saturating_sub(reused));
+        for i in 0..count {
+            let len = refuse!(self.varint().await?);
             refuse!(self.charge(STRING_OVERHEAD_BYTES.saturating_add(len)));
             if len > self.left {
                 return Ok(Err(self.short(len)));
             }
-            let mut s = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
-            refuse!(self.bytes_into(&mut s).await?);
-            out.push(s);
+            // Within the frame's remaining bytes, so within memory's reach.
+            let n = usize::try_from(len).unwrap_or(usize::MAX);
+            let at = usize::try_from(i).unwrap_or(usize::MAX);
+            if at >= out.len() {
+                out.push(Vec::new());
+            }
+            let s = &mut out[at];
+            s.clear();
+            if let Some(buffered) = self.incoming.buffered().get(..n) {
+                s.extend_from_slice(buffered);
+                self.take(n);
+            } else {
+                s.resize(n, 0);
+                refuse!(self.bytes_into(s).await?);
+            }
         }
+        out.truncate(usize::try_from(count).unwrap_or(usize::MAX));
         Ok(Ok(TensorData::String(out)))
     }
 

@@ -341,6 +341,53 @@ fn varints_are_bincodes_at_every_width_boundary() {
 }
 
 #[test]
+fn varints_read_by_hand_at_every_width_boundary() {
+    for v in [
+        0,
+        250,
+        251,
+        0xffff,
+        0x1_0000,
+        0xffff_ffff,
+        0x1_0000_0000,
+        u64::MAX,
+    ] {
+        let mut bytes = Vec::new();
+        put_varint(&mut bytes, v);
+        let used = bytes.len();
+        bytes.extend_from_slice(&[9; 9]);
+        assert_eq!(get_varint(&bytes), Some((v, used)), "varint of {v}");
+        // Cut short: left to bincode.
+        assert_eq!(get_varint(&bytes[..used - 1]), None, "{v} cut short");
+    }
+    // A u128's marker and the invalid byte: left to bincode, which refuses them for a u64.
+    for first in [254u8, 255] {
+        let mut bytes = vec![first];
+        bytes.extend_from_slice(&[0; 16]);
+        assert_eq!(get_varint(&bytes), None);
+        assert!(bincode::decode_from_slice::<u64, _>(&bytes, WIRE).is_err());
+    }
+}
+
+proptest! {
+    /// Where the hand reader gives a value, bincode gives the same value from the same bytes.
+    #[test]
+    fn prop_varints_read_by_hand_are_bincodes(
+        bytes in proptest::collection::vec(any::<u8>(), 0..12),
+        marker in 249u8..=255,
+    ) {
+        let mut with_marker = vec![marker];
+        with_marker.extend_from_slice(&bytes);
+        for input in [&bytes[..], &with_marker[..]] {
+            if let Some((v, used)) = get_varint(input) {
+                let theirs = bincode::decode_from_slice::<u64, _>(input, WIRE);
+                prop_assert_eq!(theirs.ok(), Some((v, used)));
+            }
+        }
+    }
+}
+
+#[test]
 fn the_payload_is_bincodes_with_long_strings_and_wide_integers() {
     let long = |n: usize| (0..251u8).cycle().take(n).collect::<Vec<u8>>();
     let mut msg = message(vec![
@@ -951,8 +998,9 @@ impl tokio::io::AsyncRead for Trickle<'_> {
 /// What comes after the frame on the connection: the stream decoder must leave it unread.
 const NEXT: &[u8; 4] = b"NEXT";
 
-/// A pool whose memory holds junk values of every numeric dtype, long and short: whatever the
-/// stream decoder takes from it must be overwritten completely, or the decode differs.
+/// A pool whose memory holds junk values of every dtype the pool keeps, long and short:
+/// whatever the stream decoder takes from it must be overwritten completely, or the decode
+/// differs.
 fn junk_pool() -> TensorPool {
     let pool = TensorPool::new(1 << 22);
     for n in [3, 64, 5000] {
@@ -970,10 +1018,19 @@ fn junk_pool() -> TensorPool {
                 TensorData::Int64(v) => TensorData::Int64(v.iter().map(|_| i64::MIN).collect()),
                 TensorData::UInt64(v) => TensorData::UInt64(v.iter().map(|_| u64::MAX).collect()),
                 TensorData::Float64(v) => TensorData::Float64(v.iter().map(|_| -0.0).collect()),
+                TensorData::String(v) => {
+                    TensorData::String(v.iter().map(|_| vec![0xab; 7]).collect())
+                }
                 other => other,
             };
             pool.give(junk);
         }
+    }
+    // Strings: lists shorter and longer than a frame's, of junk strings longer and shorter
+    // than its (the reader clears each buffer, pushes the strings a list lacks and drops the
+    // ones it has over).
+    for (count, len) in [(1, 300), (3, 0), (40, 5), (2, 1000)] {
+        pool.give(TensorData::String(vec![vec![0xab; len]; count]));
     }
     pool
 }

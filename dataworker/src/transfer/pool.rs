@@ -6,6 +6,10 @@
 //! consumer has copied out and given back ([`TensorPool::give_step`]) skips both: its old
 //! values are overwritten instead. Nothing else changes: a tensor taken from the pool is
 //! filled completely by the reader, or its frame is refused.
+//!
+//! A string tensor is one allocation per string. Reading a step of many short strings fresh
+//! costs an allocation per string on the receiving thread and a free per string on the
+//! consumer's; given back, the strings' buffers are refilled instead ([`TensorPool::take_strings`]).
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError};
@@ -26,16 +30,25 @@ pub struct TensorPool {
 
 #[derive(Debug, Default)]
 struct Inner {
-    free: VecDeque<TensorData>,
+    /// Memory kept, each with its [`held_bytes`].
+    free: VecDeque<(TensorData, usize)>,
     bytes: usize,
 }
 
-/// The bytes of memory `data` holds (its capacity), for the dtypes the pool keeps: numbers,
-/// not booleans (read through bytes and checked) nor strings (many small allocations).
+/// The bytes of memory `data` holds (its capacity), for the dtypes the pool keeps: numbers
+/// and strings (each string's buffer and the list's own), not booleans (read through bytes
+/// and checked).
 fn held_bytes(data: &TensorData) -> Option<usize> {
-    match data.dtype() {
-        DType::Bool | DType::String => None,
-        dtype => dtype.byte_width().map(|w| capacity(data).saturating_mul(w)),
+    match data {
+        TensorData::Bool(_) => None,
+        TensorData::String(v) => Some(v.iter().fold(
+            v.capacity().saturating_mul(std::mem::size_of::<Vec<u8>>()),
+            |sum, s| sum.saturating_add(s.capacity()),
+        )),
+        _ => data
+            .dtype()
+            .byte_width()
+            .map(|w| capacity(data).saturating_mul(w)),
     }
 }
 
@@ -93,16 +106,7 @@ impl TensorPool {
     /// that overwrites them all: given-back memory of the same dtype and room for `n` if there
     /// is some, otherwise fresh zeros.
     pub fn take(&self, dtype: DType, n: usize) -> TensorData {
-        let found = {
-            let mut inner = self.lock();
-            let at = inner
-                .free
-                .iter()
-                .position(|d| d.dtype() == dtype && capacity(d) >= n);
-            at.and_then(|at| inner.free.remove(at)).inspect(|d| {
-                inner.bytes -= held_bytes(d).unwrap_or(0);
-            })
-        };
+        let found = self.remove_first(|d| d.dtype() == dtype && capacity(d) >= n);
         match found {
             Some(mut data) => {
                 fit(&mut data, n);
@@ -112,8 +116,31 @@ impl TensorPool {
         }
     }
 
-    /// Keeps `data`'s memory for a later [`Self::take`] (numeric dtypes but `bool` only, and
-    /// within the limit: the oldest memory kept goes first).
+    /// A given-back string tensor's strings, for a reader that refills them (clears each
+    /// before writing it, pushes more when there are fewer than it needs and drops the rest):
+    /// the oldest kept of at least `n` strings, otherwise the oldest kept, otherwise none.
+    pub fn take_strings(&self, n: usize) -> Vec<Vec<u8>> {
+        let is_strings = |d: &TensorData| matches!(d, TensorData::String(_));
+        let found = self
+            .remove_first(|d| is_strings(d) && d.len() >= n)
+            .or_else(|| self.remove_first(is_strings));
+        match found {
+            Some(TensorData::String(v)) => v,
+            _ => Vec::new(),
+        }
+    }
+
+    /// Takes out the oldest memory kept that `wanted` accepts.
+    fn remove_first(&self, wanted: impl Fn(&TensorData) -> bool) -> Option<TensorData> {
+        let mut inner = self.lock();
+        let at = inner.free.iter().position(|(d, _)| wanted(d))?;
+        let (data, bytes) = inner.free.remove(at)?;
+        inner.bytes -= bytes;
+        Some(data)
+    }
+
+    /// Keeps `data`'s memory for a later [`Self::take`] or [`Self::take_strings`] (any dtype
+    /// but `bool`, and within the limit: the oldest memory kept goes first).
     pub fn give(&self, data: TensorData) {
         let Some(bytes) = held_bytes(&data) else {
             return;
@@ -123,13 +150,13 @@ impl TensorPool {
         }
         let mut inner = self.lock();
         while inner.bytes + bytes > self.limit {
-            let Some(old) = inner.free.pop_front() else {
+            let Some((_, old)) = inner.free.pop_front() else {
                 break;
             };
-            inner.bytes -= held_bytes(&old).unwrap_or(0);
+            inner.bytes -= old;
         }
         inner.bytes += bytes;
-        inner.free.push_back(data);
+        inner.free.push_back((data, bytes));
     }
 
     /// Gives back the memory of every tensor of `step`.
@@ -192,10 +219,39 @@ mod tests {
         assert!(
             matches!(pool.take(DType::Int32, 1000), TensorData::Int32(v) if v == vec![2; 1000])
         );
-        // Over the limit alone, or not numeric: not kept.
+        // Over the limit alone, or boolean: not kept.
         pool.give(TensorData::Float64(vec![0.0; 2000]));
-        pool.give(TensorData::String(vec![b"x".to_vec(); 10]));
         pool.give(TensorData::Bool(vec![true; 10]));
         assert_eq!(pool.bytes(), 3000);
+    }
+
+    #[test]
+    fn strings_given_back_are_taken_again_with_their_buffers() {
+        let pool = TensorPool::new(1 << 20);
+        let strings: Vec<Vec<u8>> = (0..4).map(|i| vec![b'a' + i; 100]).collect();
+        let list = std::mem::size_of::<Vec<u8>>();
+        pool.give(TensorData::String(strings));
+        assert_eq!(pool.bytes(), 4 * list + 400);
+        pool.give(TensorData::String(vec![b"xy".to_vec(); 2]));
+        assert_eq!(pool.bytes(), 4 * list + 400 + 2 * list + 4);
+        // At least 3 wanted: the 4 strings, as they were (the reader clears each).
+        let taken = pool.take_strings(3);
+        assert_eq!(taken.len(), 4);
+        assert!(taken.iter().all(|s| s.len() == 100 && s.capacity() >= 100));
+        assert_eq!(pool.bytes(), 2 * list + 4);
+        // More wanted than any kept has: the oldest kept, then nothing.
+        assert_eq!(pool.take_strings(8), vec![b"xy".to_vec(); 2]);
+        assert_eq!(pool.bytes(), 0);
+        assert!(pool.take_strings(1).is_empty());
+        // Numbers never come back as strings, nor strings as numbers.
+        pool.give(TensorData::Int32(vec![7; 8]));
+        assert!(pool.take_strings(1).is_empty());
+        pool.give(TensorData::String(vec![vec![0; 64]; 8]));
+        assert_eq!(
+            pool.take(DType::Int64, 8),
+            TensorData::zeros(DType::Int64, 8)
+        );
+        assert!(matches!(pool.take(DType::Int32, 8), TensorData::Int32(v) if v == vec![7; 8]));
+        assert_eq!(pool.take_strings(8).len(), 8);
     }
 }

@@ -27,6 +27,7 @@
 //! delivered steps.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -490,13 +491,22 @@ fn len_u64(n: usize) -> u64 {
 /// A [`ReceiverState`] shared between threads (the transport's handlers push, the consumer
 /// pops), on the real clock. Pushes wait while the buffer is full, so the bound on buffered
 /// steps is the backpressure senders feel.
+///
+/// A condition variable's signal is a system call even when no one waits, so each counts its
+/// waiters, and a push or a pop signals only when someone waits. The counts change and are
+/// read only under the state's lock, which a waiter holds from its check to its wait: no
+/// wake-up is lost.
 #[derive(Debug)]
 pub struct SharedReceiver {
     state: Mutex<ReceiverState>,
     /// Signalled when the window moves (a step was popped).
     not_full: Condvar,
+    /// Pushes waiting on `not_full`.
+    pushers_waiting: AtomicUsize,
     /// Signalled when the next step may have become complete.
     ready: Condvar,
+    /// Pops waiting on `ready`.
+    poppers_waiting: AtomicUsize,
     /// Memory of delivered steps the consumer gave back ([`Self::recycle`]).
     pool: TensorPool,
 }
@@ -506,7 +516,9 @@ impl SharedReceiver {
         Ok(SharedReceiver {
             state: Mutex::new(ReceiverState::new(config, Instant::now())?),
             not_full: Condvar::new(),
+            pushers_waiting: AtomicUsize::new(0),
             ready: Condvar::new(),
+            poppers_waiting: AtomicUsize::new(0),
             pool: TensorPool::new(DEFAULT_POOL_BYTES),
         })
     }
@@ -539,7 +551,7 @@ impl SharedReceiver {
             let now = Instant::now();
             if state.classify(&msg) != Offer::TooFarAhead {
                 let verdict = state.offer(msg, now);
-                if state.is_ready() {
+                if state.is_ready() && self.poppers_waiting.load(Ordering::Relaxed) > 0 {
                     self.ready.notify_all();
                 }
                 return verdict;
@@ -548,22 +560,17 @@ impl SharedReceiver {
                 state.count(Offer::TooFarAhead);
                 waited = true;
             }
-            state = match deadline {
-                None => self
-                    .not_full
-                    .wait(state)
-                    .unwrap_or_else(PoisonError::into_inner),
+            let left = match deadline {
+                None => None,
                 Some(deadline) => {
                     let left = deadline.saturating_duration_since(now);
                     if left.is_zero() {
                         return Offer::TooFarAhead;
                     }
-                    self.not_full
-                        .wait_timeout(state, left)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0
+                    Some(left)
                 }
             };
+            state = wait(&self.not_full, &self.pushers_waiting, state, left);
         }
     }
 
@@ -591,25 +598,22 @@ impl SharedReceiver {
         loop {
             let now = Instant::now();
             if let Some(step) = state.pop(now) {
-                self.not_full.notify_all();
+                if self.pushers_waiting.load(Ordering::Relaxed) > 0 {
+                    self.not_full.notify_all();
+                }
                 return Some(step);
             }
-            state = match deadline {
-                None => self
-                    .ready
-                    .wait(state)
-                    .unwrap_or_else(PoisonError::into_inner),
+            let left = match deadline {
+                None => None,
                 Some(deadline) => {
                     let left = deadline.saturating_duration_since(now);
                     if left.is_zero() {
                         return None;
                     }
-                    self.ready
-                        .wait_timeout(state, left)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0
+                    Some(left)
                 }
             };
+            state = wait(&self.ready, &self.poppers_waiting, state, left);
         }
     }
 
@@ -632,6 +636,28 @@ impl SharedReceiver {
     pub fn next_step(&self) -> u64 {
         self.lock().next_step()
     }
+}
+
+/// Waits on `signal` for at most `left` (forever when `None`), counted in `waiters` for as
+/// long as the wait lasts (see [`SharedReceiver`]).
+fn wait<'a>(
+    signal: &Condvar,
+    waiters: &AtomicUsize,
+    state: MutexGuard<'a, ReceiverState>,
+    left: Option<Duration>,
+) -> MutexGuard<'a, ReceiverState> {
+    waiters.fetch_add(1, Ordering::Relaxed);
+    let state = match left {
+        None => signal.wait(state).unwrap_or_else(PoisonError::into_inner),
+        Some(left) => {
+            signal
+                .wait_timeout(state, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0
+        }
+    };
+    waiters.fetch_sub(1, Ordering::Relaxed);
+    state
 }
 
 #[cfg(test)]

@@ -420,6 +420,45 @@ fn a_blocked_pop_returns_once_the_step_is_complete() {
     assert_eq!((step.step, step.parts.len()), (0, 2));
 }
 
+/// Waits until `waiters` counts one thread waiting.
+fn until_waiting(waiters: &AtomicUsize) {
+    while waiters.load(Ordering::Relaxed) == 0 {
+        thread::yield_now();
+    }
+}
+
+/// A push or a pop signals only when its waiter count is not zero: one that is counted while
+/// it waits (with no timeout to rescue it) is woken by the call that lets it go on.
+#[test]
+fn counted_waiters_are_woken_without_a_timeout() {
+    let r = shared(&[0], 1);
+    let (popped, pops) = std::sync::mpsc::channel();
+    {
+        let r = Arc::clone(&r);
+        thread::spawn(move || popped.send(r.pop(Duration::MAX).map(|s| s.step)));
+    }
+    until_waiting(&r.poppers_waiting);
+    assert_eq!(r.try_push(msg(0, 0)), Offer::Accepted);
+    assert_eq!(pops.recv_timeout(LONG).expect("the pop was woken"), Some(0));
+    assert_eq!(r.poppers_waiting.load(Ordering::Relaxed), 0);
+
+    // Step 2 is outside the one-step window until step 1 is popped.
+    assert_eq!(r.try_push(msg(0, 1)), Offer::Accepted);
+    let (pushed, pushes) = std::sync::mpsc::channel();
+    {
+        let r = Arc::clone(&r);
+        thread::spawn(move || pushed.send(r.push(msg(0, 2), Duration::MAX)));
+    }
+    until_waiting(&r.pushers_waiting);
+    assert_eq!(r.try_pop().map(|s| s.step), Some(1));
+    assert_eq!(
+        pushes.recv_timeout(LONG).expect("the push was woken"),
+        Offer::Accepted
+    );
+    assert_eq!(r.pushers_waiting.load(Ordering::Relaxed), 0);
+    assert_eq!(r.try_pop().map(|s| s.step), Some(2));
+}
+
 #[test]
 fn timeouts_give_up_with_the_current_answer() {
     let r = shared(&[0], 1);
