@@ -35,6 +35,15 @@ struct Inner {
     bytes: usize,
 }
 
+impl Inner {
+    /// Takes out what is kept at `at`.
+    fn remove(&mut self, at: usize) -> Option<TensorData> {
+        let (data, bytes) = self.free.remove(at)?;
+        self.bytes -= bytes;
+        Some(data)
+    }
+}
+
 /// The bytes of memory `data` holds (its capacity), for the dtypes the pool keeps: numbers
 /// and strings (each string's buffer and the list's own), not booleans (read through bytes
 /// and checked).
@@ -118,13 +127,25 @@ impl TensorPool {
 
     /// A given-back string tensor's strings, for a reader that refills them (clears each
     /// before writing it, pushes more when there are fewer than it needs and drops the rest):
-    /// the oldest kept of at least `n` strings, otherwise the oldest kept, otherwise none.
+    /// the oldest kept of at least `n` strings, otherwise the oldest kept, otherwise none (and
+    /// none for `n` = 0, which would only drop them). One pass over what is kept.
     pub fn take_strings(&self, n: usize) -> Vec<Vec<u8>> {
-        let is_strings = |d: &TensorData| matches!(d, TensorData::String(_));
-        let found = self
-            .remove_first(|d| is_strings(d) && d.len() >= n)
-            .or_else(|| self.remove_first(is_strings));
-        match found {
+        if n == 0 {
+            return Vec::new();
+        }
+        let mut inner = self.lock();
+        let mut shorter = None;
+        let mut found = None;
+        for (at, (data, _)) in inner.free.iter().enumerate() {
+            if let TensorData::String(v) = data {
+                if v.len() >= n {
+                    found = Some(at);
+                    break;
+                }
+                shorter.get_or_insert(at);
+            }
+        }
+        match found.or(shorter).and_then(|at| inner.remove(at)) {
             Some(TensorData::String(v)) => v,
             _ => Vec::new(),
         }
@@ -134,9 +155,7 @@ impl TensorPool {
     fn remove_first(&self, wanted: impl Fn(&TensorData) -> bool) -> Option<TensorData> {
         let mut inner = self.lock();
         let at = inner.free.iter().position(|(d, _)| wanted(d))?;
-        let (data, bytes) = inner.free.remove(at)?;
-        inner.bytes -= bytes;
-        Some(data)
+        inner.remove(at)
     }
 
     /// Keeps `data`'s memory for a later [`Self::take`] or [`Self::take_strings`] (any dtype
@@ -243,6 +262,10 @@ mod tests {
         assert_eq!(pool.take_strings(8), vec![b"xy".to_vec(); 2]);
         assert_eq!(pool.bytes(), 0);
         assert!(pool.take_strings(1).is_empty());
+        // No strings wanted: what is kept stays.
+        pool.give(TensorData::String(vec![b"z".to_vec(); 3]));
+        assert!(pool.take_strings(0).is_empty());
+        assert_eq!(pool.take_strings(1).len(), 3);
         // Numbers never come back as strings, nor strings as numbers.
         pool.give(TensorData::Int32(vec![7; 8]));
         assert!(pool.take_strings(1).is_empty());
