@@ -560,17 +560,10 @@ impl SharedReceiver {
                 state.count(Offer::TooFarAhead);
                 waited = true;
             }
-            let left = match deadline {
-                None => None,
-                Some(deadline) => {
-                    let left = deadline.saturating_duration_since(now);
-                    if left.is_zero() {
-                        return Offer::TooFarAhead;
-                    }
-                    Some(left)
-                }
+            state = match wait(&self.not_full, &self.pushers_waiting, state, deadline, now) {
+                Some(state) => state,
+                None => return Offer::TooFarAhead,
             };
-            state = wait(&self.not_full, &self.pushers_waiting, state, left);
         }
     }
 
@@ -603,17 +596,7 @@ impl SharedReceiver {
                 }
                 return Some(step);
             }
-            let left = match deadline {
-                None => None,
-                Some(deadline) => {
-                    let left = deadline.saturating_duration_since(now);
-                    if left.is_zero() {
-                        return None;
-                    }
-                    Some(left)
-                }
-            };
-            state = wait(&self.ready, &self.poppers_waiting, state, left);
+            state = wait(&self.ready, &self.poppers_waiting, state, deadline, now)?;
         }
     }
 
@@ -638,14 +621,20 @@ impl SharedReceiver {
     }
 }
 
-/// Waits on `signal` for at most `left` (forever when `None`), counted in `waiters` for as
-/// long as the wait lasts (see [`SharedReceiver`]).
+/// Waits on `signal` until `deadline` (forever when `None`), counted in `waiters` for as long
+/// as the wait lasts (see [`SharedReceiver`]). None, without waiting, once the deadline has
+/// passed at `now`.
 fn wait<'a>(
     signal: &Condvar,
     waiters: &AtomicUsize,
     state: MutexGuard<'a, ReceiverState>,
-    left: Option<Duration>,
-) -> MutexGuard<'a, ReceiverState> {
+    deadline: Option<Instant>,
+    now: Instant,
+) -> Option<MutexGuard<'a, ReceiverState>> {
+    let left = deadline.map(|d| d.saturating_duration_since(now));
+    if left.is_some_and(|left| left.is_zero()) {
+        return None;
+    }
     waiters.fetch_add(1, Ordering::Relaxed);
     let state = match left {
         None => signal.wait(state).unwrap_or_else(PoisonError::into_inner),
@@ -657,7 +646,7 @@ fn wait<'a>(
         }
     };
     waiters.fetch_sub(1, Ordering::Relaxed);
-    state
+    Some(state)
 }
 
 #[cfg(test)]
