@@ -12,7 +12,7 @@ use anyhow::{bail, Context as _};
 use lode_dataworker::exec::source::RecordSource;
 use lode_dataworker::service::consumer::ConsumerConfig;
 use lode_dataworker::service::emulator::{emulate, ConsumeSummary, EmulatorConfig};
-use lode_dataworker::service::worker::{run_worker, WorkerConfig};
+use lode_dataworker::service::worker::{run_worker_rejoining, WorkerConfig};
 use lode_dispatcher::{plan_source, DispatcherConfig, DispatcherThread, JobId, RunSettings};
 use lode_dispatcher::{ServiceConfig, DEFAULT_MAX_LEASES};
 use lode_proto::plan::PlanDir;
@@ -209,11 +209,16 @@ pub fn run_worker_command(args: WorkerArgs, out: &mut dyn std::io::Write) -> any
         .build()
         .context("cannot start the async runtime")?;
     let summary = rt
-        .block_on(run_worker(config, stop_requested()))
+        .block_on(run_worker_rejoining(config, stop_requested()))
         .with_context(|| format!("worker of {}", args.dispatcher))?;
+    let rejoined = match summary.rejoined {
+        0 => String::new(),
+        1 => ", registered again once after being declared lost".to_owned(),
+        n => format!(", registered again {n} times after being declared lost"),
+    };
     writeln!(
         out,
-        "worker {} (stage {}): {} steps, {:?}",
+        "worker {} (stage {}): {} steps, {:?}{rejoined}",
         summary.worker_id, summary.stage, summary.steps, summary.end
     )?;
     Ok(())

@@ -157,6 +157,30 @@ fn watermark(addr: &str) -> u64 {
     status["watermark"]["step"].as_u64().expect("a watermark")
 }
 
+/// Sends `signal` (STOP, CONT) to a child process.
+fn signal(child: &Proc, signal: &str) {
+    let status = Command::new("sh")
+        .args(["-c", &format!("kill -{signal} {}", child.0.id())])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal}: {status}");
+}
+
+/// The ids of the workers `lode status` lists as active.
+fn active_workers(addr: &str) -> Vec<u64> {
+    let status = ok(&lode(&[
+        "status", addr, "--token", TOKEN, "--format", "json",
+    ]));
+    let status: Value = serde_json::from_str(&status).expect("status JSON");
+    status["workers"]
+        .as_array()
+        .expect("workers")
+        .iter()
+        .filter(|w| w["status"] == "active")
+        .filter_map(|w| w["id"].as_u64())
+        .collect()
+}
+
 /// Keeps the log's first `n` lines: what a training side restored from a checkpoint taken
 /// before step `n` has (it drops what it logged after).
 fn keep_log_lines(log: &Path, n: u64) {
@@ -309,21 +333,15 @@ fn exactly_once_while_workers_scale_and_are_killed_every_half_second() {
     // that the dispatcher's workers are exactly the live processes.
     let started = Instant::now();
     let active: Vec<u64> = loop {
-        let status = ok(&lode(&[
-            "status", &addr, "--token", TOKEN, "--format", "json",
-        ]));
-        let status: Value = serde_json::from_str(&status).expect("status JSON");
-        let active: Vec<u64> = status["workers"]
-            .as_array()
-            .expect("workers")
-            .iter()
-            .filter(|w| w["status"] == "active")
-            .filter_map(|w| w["id"].as_u64())
-            .collect();
+        let active = active_workers(&addr);
         if active.len() == workers.len() {
             break active;
         }
-        assert!(started.elapsed() < Duration::from_secs(30), "{status}");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "active {active:?}, {} processes",
+            workers.len()
+        );
         std::thread::sleep(Duration::from_millis(200));
     };
     assert!(
@@ -860,4 +878,62 @@ fn sigterm_stops_every_long_running_command_cleanly() {
         "every step once, in order, across the SIGTERM"
     );
     assert!(terminate(&mut d, limit).success(), "the dispatcher");
+}
+
+#[test]
+fn a_worker_paused_until_declared_lost_registers_again_and_nothing_is_lost_or_repeated() {
+    // A stopped process (SIGSTOP: as a long pause, an overloaded host or a partition would)
+    // misses its heartbeats; the dispatcher declares it lost and leases its steps again. When
+    // it goes on, it learns that the dispatcher no longer knows it, registers again and
+    // finishes the job, instead of failing.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rows = 64_000;
+    let steps = rows / 32;
+    let plan = big_sgd(tmp.path(), usize::try_from(rows).expect("small"));
+    let want = reference(&plan, tmp.path(), steps);
+    let log = tmp.path().join("paused.jsonl");
+    let (mut disp, addr) = dispatcher(&plan, &tmp.path().join("journal"), "127.0.0.1:0");
+    // Paced (1 ms a step, 2 s for the job) so that the job is still running when the pause
+    // ends, however fast the worker is.
+    let mut cons = consumer(&addr, &log, &["--step-time", "1ms"]);
+    let mut w = worker(&addr, "paused");
+    wait_for_lines(&log, 100, Duration::from_secs(120));
+    let first = active_workers(&addr);
+    assert_eq!(first.len(), 1, "one registered worker");
+    signal(&w, "STOP");
+    // Declared lost after 5 missed heartbeats (1 s apart).
+    let stopped = Instant::now();
+    while !active_workers(&addr).is_empty() {
+        assert!(
+            stopped.elapsed() < Duration::from_secs(30),
+            "the stopped worker was not declared lost"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let at_pause = lines(&log).len();
+    assert!(
+        at_pause < usize::try_from(steps).expect("small"),
+        "the job ended during the pause"
+    );
+    signal(&w, "CONT");
+    wait_ok(&mut cons, Duration::from_secs(240), "the consumer");
+    let start = Instant::now();
+    let end = loop {
+        if w.0.try_wait().expect("wait").is_some() {
+            break ending(&mut w).expect("the worker ends successfully");
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the worker did not end with its job"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        end.contains("EndOfData") && end.contains("registered again once"),
+        "{end}"
+    );
+    // The new registration is a new worker id.
+    assert!(!end.starts_with(&format!("worker {} ", first[0])), "{end}");
+    kill(&mut disp);
+    assert_exactly_once(&lines(&log), &want, rows);
 }

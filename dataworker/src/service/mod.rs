@@ -89,17 +89,79 @@ pub enum ServiceError {
     /// step is void (the worker loop ends on it, it never leaves the worker).
     #[error("the job's data ended")]
     JobEnded,
+    /// The dispatcher no longer knows this worker: it declared it lost after it was silent for
+    /// longer than the dispatcher waits (a paused or overloaded process, a partition), and
+    /// leased its steps again. The worker may register again under a new id
+    /// ([`worker::run_worker_rejoining`] does).
+    #[error(
+        "the dispatcher no longer knows worker {worker_id} ({rpc}: {reason}): it was declared \
+         lost, silent for longer than the dispatcher waits for a heartbeat"
+    )]
+    Lost {
+        worker_id: u64,
+        rpc: &'static str,
+        reason: String,
+    },
 }
 
 impl ServiceError {
     pub(crate) fn rpc(rpc: &'static str) -> impl FnOnce(tonic::Status) -> ServiceError {
         move |status| ServiceError::Rpc(lode_proto::service::RpcError { rpc, status })
     }
+
+    /// [`ServiceError::Lost`] for an RPC the dispatcher refused because it does not know
+    /// `worker_id` (`NOT_FOUND`: only an unknown worker is answered so); anything else as it
+    /// is.
+    pub(crate) fn lost_if_unknown(self, worker_id: u64) -> ServiceError {
+        match self {
+            ServiceError::Rpc(e) if e.status.code() == tonic::Code::NotFound => {
+                ServiceError::Lost {
+                    worker_id,
+                    rpc: e.rpc,
+                    reason: e.status.message().to_owned(),
+                }
+            }
+            other => other,
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::ServiceError;
+
+    /// Only the dispatcher's NOT_FOUND (it answers an unknown worker so, nothing else) makes
+    /// an RPC's refusal the worker's loss; the message names the worker, the RPC and the
+    /// dispatcher's words.
+    #[test]
+    fn not_found_from_the_dispatcher_is_the_workers_loss_and_nothing_else_is() {
+        let refused = |code| {
+            ServiceError::rpc("Lease")(tonic::Status::new(code, "worker-3 is not registered"))
+        };
+        let lost = refused(tonic::Code::NotFound).lost_if_unknown(3);
+        assert!(
+            matches!(&lost, ServiceError::Lost { worker_id: 3, rpc: "Lease", reason }
+                if reason == "worker-3 is not registered"),
+            "{lost:?}"
+        );
+        assert_eq!(
+            lost.to_string(),
+            "the dispatcher no longer knows worker 3 (Lease: worker-3 is not registered): it \
+             was declared lost, silent for longer than the dispatcher waits for a heartbeat"
+        );
+        for code in [
+            tonic::Code::FailedPrecondition,
+            tonic::Code::Unavailable,
+            tonic::Code::InvalidArgument,
+        ] {
+            let other = refused(code).lost_if_unknown(3);
+            assert!(matches!(other, ServiceError::Rpc(_)), "{code:?}: {other:?}");
+        }
+        assert!(matches!(
+            ServiceError::JobEnded.lost_if_unknown(3),
+            ServiceError::JobEnded
+        ));
+    }
     use crate::exec::{ExecError, Failure};
     use crate::kernels::KernelError;
 

@@ -15,6 +15,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -71,10 +72,24 @@ pub enum WorkerEnd {
 /// What a worker did.
 #[derive(Debug, Clone)]
 pub struct WorkerSummary {
+    /// The id of its last registration.
     pub worker_id: u64,
     pub stage: u32,
+    /// Steps delivered and reported, over every registration.
     pub steps: u64,
     pub end: WorkerEnd,
+    /// How often it registered again after the dispatcher declared it lost
+    /// ([`run_worker_rejoining`]).
+    pub rejoined: u32,
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 fn bad(what: &'static str, reason: impl std::fmt::Display) -> ServiceError {
@@ -96,6 +111,9 @@ struct Shared {
     generation: u64,
     /// When the dispatcher last answered (registration or heartbeat).
     heard: std::time::Instant,
+    /// The heartbeat's refusal once the dispatcher no longer knows this worker (it was
+    /// declared lost): the loop ends on it with [`ServiceError::Lost`].
+    lost: Option<String>,
 }
 
 /// The receiver address the dispatcher last named (empty until a consumer registered), or an
@@ -148,6 +166,54 @@ fn still_trying(
 pub async fn run_worker(
     config: WorkerConfig,
     shutdown: impl Future<Output = ()> + Send,
+) -> Result<WorkerSummary, ServiceError> {
+    run_registration(config, shutdown, &AtomicU64::new(0)).await
+}
+
+/// [`run_worker`], registering again whenever the dispatcher declares the worker lost
+/// ([`ServiceError::Lost`]: it was silent for longer than the dispatcher waits, e.g. paused,
+/// and its steps went to others) after it had delivered steps. Its leases are void by then,
+/// so the new registration starts empty; what the old one still pushes the receiver drops
+/// as duplicates, and its reports are refused. A registration lost before it delivered
+/// anything ends the worker with the error: the worker cannot keep its heartbeat going.
+pub async fn run_worker_rejoining(
+    config: WorkerConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<WorkerSummary, ServiceError> {
+    tokio::pin!(shutdown);
+    let (mut earlier, mut rejoined) = (0u64, 0u32);
+    loop {
+        let reported = AtomicU64::new(0);
+        match run_registration(config.clone(), shutdown.as_mut(), &reported).await {
+            Ok(mut summary) => {
+                summary.steps += earlier;
+                summary.rejoined = rejoined;
+                return Ok(summary);
+            }
+            Err(ServiceError::Lost {
+                worker_id,
+                rpc,
+                reason,
+            }) if reported.load(Ordering::Relaxed) > 0 => {
+                tracing::warn!(
+                    worker_id,
+                    rpc,
+                    %reason,
+                    "the dispatcher declared this worker lost; registering again"
+                );
+                earlier += reported.load(Ordering::Relaxed);
+                rejoined += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// One registration's run: [`run_worker`], counting the steps it reported in `reported`.
+async fn run_registration(
+    config: WorkerConfig,
+    shutdown: impl Future<Output = ()> + Send,
+    reported: &AtomicU64,
 ) -> Result<WorkerSummary, ServiceError> {
     let tls = config.tls.as_ref();
     let mut dispatcher = connect(&config.dispatcher, &config.token, tls).await?;
@@ -227,6 +293,7 @@ pub async fn run_worker(
         end_of_data: false,
         generation: 0,
         heard: std::time::Instant::now(),
+        lost: None,
     }));
     let heartbeat = {
         let mut client = dispatcher.clone();
@@ -256,11 +323,19 @@ pub async fn run_worker(
                             }
                         }
                     }
+                    Err(status) if status.code() == tonic::Code::NotFound => {
+                        if let Ok(mut s) = shared.lock() {
+                            s.lost = Some(status.message().to_owned());
+                        }
+                    }
                     Err(status) => tracing::warn!(%status, "heartbeat failed"),
                 }
             }
         })
     };
+    // Also on the error paths: a worker that registers again must not leave the old
+    // registration's heartbeat running.
+    let _heartbeat_guard = AbortOnDrop(heartbeat.abort_handle());
 
     let mut out = Outbox {
         encoder: StepEncoder::new(CodecConfig {
@@ -286,7 +361,6 @@ pub async fn run_worker(
     };
     // gRPC for `Fetch`; the data plane (in `out`) for pushes.
     let mut receiver: Option<(String, ReceiverClient)> = None;
-    let mut steps = 0u64;
     let steps_per_epoch =
         lode_proto::step::steps_per_epoch(reg.steps_per_epoch).map_err(|e| bad("register", e))?;
     let mut state = WorkerState::new(reg.max_leases);
@@ -296,10 +370,17 @@ pub async fn run_worker(
     tokio::pin!(shutdown);
     let end = loop {
         let now = Instant::now();
-        let (draining, ended, generation) = shared
+        let (draining, ended, generation, lost) = shared
             .lock()
-            .map(|s| (s.draining, s.end_of_data, s.generation))
-            .unwrap_or((false, false, 0));
+            .map(|s| (s.draining, s.end_of_data, s.generation, s.lost.clone()))
+            .unwrap_or((false, false, 0, None));
+        if let Some(reason) = lost {
+            return Err(ServiceError::Lost {
+                worker_id,
+                rpc: "Heartbeat",
+                reason,
+            });
+        }
         state.set_draining(draining);
         state.void_before(generation);
         if ended {
@@ -328,7 +409,7 @@ pub async fn run_worker(
         let next = state.next_step(now);
         // The delivered steps ride with the lease request as its report (one RPC, not two).
         if let Some((max, report)) = state.next_lease_carrying(now) {
-            steps += report.len() as u64;
+            reported.fetch_add(report.len() as u64, Ordering::Relaxed);
             let carried = !report.is_empty();
             let (client, tx, job) = (dispatcher.clone(), answers_tx.clone(), config.job);
             let shared = shared.clone();
@@ -346,7 +427,8 @@ pub async fn run_worker(
                     let request = request.clone();
                     async move { d.lease(request).await }
                 })
-                .await;
+                .await
+                .map_err(|e| e.lost_if_unknown(worker_id));
                 // Said at once, for a step waiting on a receiver that is gone with the job
                 // (the dispatcher may exit right after this answer).
                 if let Ok(LeaseResponse {
@@ -364,7 +446,7 @@ pub async fn run_worker(
             });
         }
         if let Some(report) = state.next_report(now) {
-            steps += report.len() as u64;
+            reported.fetch_add(report.len() as u64, Ordering::Relaxed);
             let (client, tx, job) = (dispatcher.clone(), answers_tx.clone(), config.job);
             tokio::spawn(async move {
                 let request = complete_request(job, worker_id, stage_index, &report);
@@ -373,7 +455,8 @@ pub async fn run_worker(
                     let request = request.clone();
                     async move { d.complete(request).await }
                 })
-                .await;
+                .await
+                .map_err(|e| e.lost_if_unknown(worker_id));
                 let _ = tx.send(Answer::Report(answer)).await;
             });
         }
@@ -447,7 +530,7 @@ pub async fn run_worker(
             let Some(report) = state.take_report() else {
                 break;
             };
-            steps += report.len() as u64;
+            reported.fetch_add(report.len() as u64, Ordering::Relaxed);
             let request = complete_request(config.job, worker_id, stage_index, &report);
             if let Err(status) = dispatcher.clone().complete(request).await {
                 tracing::debug!(%status, "last complete refused");
@@ -457,6 +540,7 @@ pub async fn run_worker(
     })
     .await;
     heartbeat.abort();
+    let steps = reported.load(Ordering::Relaxed);
     tracing::info!(
         worker_id,
         steps,
@@ -469,6 +553,7 @@ pub async fn run_worker(
         stage: stage_index,
         steps,
         end,
+        rejoined: 0,
     })
 }
 
@@ -592,6 +677,7 @@ fn absorb(
                     );
                 }
                 Ok(_) => {}
+                Err(lost @ ServiceError::Lost { .. }) => return Err(lost),
                 Err(status) => tracing::warn!(%status, "complete failed"),
             }
         }
