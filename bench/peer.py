@@ -13,6 +13,8 @@ small job:
                  measuring each (samples/s, CPU of every process over the window)
     lode-sample  measure a running Lode job from its consumer's log
     exec-cpu     `lode exec --threads 1`: samples per CPU-second
+    worker-eff   one worker's samples per CPU-second against `lode exec --threads 1`'s, in
+                 alternating windows on one running job (the job stopped while exec runs)
     table        results.jsonl -> the markdown tables (medians over rounds)
 
 The tf.data pipeline is the fixture's own (fixtures/gen/generate.py: the reader, batch(32,
@@ -620,6 +622,145 @@ def cmd_exec_cpu(args):
     emit(args.out, row)
 
 
+def cmd_worker_eff(args):
+    """One worker's samples per CPU-second against `lode exec --threads 1`'s, measured in
+    alternation on one running job: a window of the worker (dispatcher, one worker and
+    `lode consume --step-time 0`), then the job is stopped (SIGSTOP) while `lode exec` runs,
+    then it goes on (SIGCONT) and settles before the next window. Both sides are CPU totals
+    over runs of about the same length, taken seconds apart, so that a host whose speed
+    drifts over minutes weighs on both alike. exec's start-up is taken out as the median CPU
+    of its 1-step runs (one per round)."""
+    import signal
+    import tempfile
+
+    work = tempfile.mkdtemp(prefix="lode-eff-")
+    procs = []
+
+    def spawn(name, cmd):
+        err = open(os.path.join(work, f"{name}.err"), "wb")
+        procs.append((name, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)))
+        return procs[-1][1]
+
+    def check_alive():
+        for name, p in procs:
+            if p.poll() is not None:
+                with open(os.path.join(work, f"{name}.err"), "rb") as f:
+                    tail = f.read()[-2000:].decode(errors="replace")
+                die(f"worker-eff {args.plan}: the {name} exited ({p.returncode}): {tail}")
+
+    def exec_run(steps):
+        cmd = [args.lode, "exec", args.plan, "--stage", str(args.stage), "--steps", str(steps),
+               "--threads", "1", "--format", "json"]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = p.communicate()
+        if p.returncode != 0:
+            die(f"{' '.join(cmd)} failed ({p.returncode}): {err.decode()[-2000:]}")
+        # The child's own CPU: communicate() reaped it, so RUSAGE_CHILDREN moved by its usage.
+        return json.loads(out.decode().strip().splitlines()[-1])["samples"]
+
+    def child_cpu():
+        r = __import__("resource").getrusage(__import__("resource").RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
+    log = os.path.join(work, "consumer.jsonl")
+    addr_file = os.path.join(work, "dispatcher.addr")
+    rows = []
+    try:
+        spawn("dispatcher", [args.lode, "dispatcher", "--plan", args.plan, "--journal",
+                             os.path.join(work, "journal"), "--token", "eff", "--addr-file",
+                             addr_file, "-q"])
+        deadline = time.monotonic() + 60
+        while not (os.path.exists(addr_file) and os.path.getsize(addr_file) > 0):
+            check_alive()
+            if time.monotonic() > deadline:
+                die(f"worker-eff {args.plan}: the dispatcher wrote no address in 60 s")
+            time.sleep(0.02)
+        with open(addr_file) as f:
+            addr = f.read().strip()
+        worker = spawn("worker", [args.lode, "worker", "--dispatcher", addr, "--token", "eff",
+                                  "--name", "eff", "-q"])
+        spawn("consumer", [args.lode, "consume", "--dispatcher", addr, "--token", "eff",
+                           "--log", log, "--step-time", "0", "-q"])
+        job = [p for _, p in procs]
+
+        def steps_logged():
+            try:
+                with open(log, "rb") as f:
+                    return f.read().count(b"\n")
+            except FileNotFoundError:
+                return 0
+
+        deadline = time.monotonic() + 60
+        while steps_logged() == 0:
+            check_alive()
+            if time.monotonic() > deadline:
+                die(f"worker-eff {args.plan}: no step delivered in 60 s")
+            time.sleep(0.02)
+        time.sleep(args.warmup)
+        startups = []
+        for r in range(1, args.rounds + 1):
+            check_alive()
+            s0, c0, t0 = steps_logged(), cpu_ticks(worker.pid), time.monotonic()
+            time.sleep(args.window)
+            s1, c1, t1 = steps_logged(), cpu_ticks(worker.pid), time.monotonic()
+            for p in job:
+                p.send_signal(signal.SIGSTOP)
+            try:
+                # As many steps as the worker delivered in its window: exec, the faster,
+                # runs no longer than the window, and the job's pause stays well under the
+                # dispatcher's patience (5 missed heartbeats).
+                steps = max(args.min_exec_steps, s1 - s0)
+                a = child_cpu()
+                exec_run(1)
+                b = child_cpu()
+                samples = exec_run(steps)
+                c = child_cpu()
+            finally:
+                for p in job:
+                    p.send_signal(signal.SIGCONT)
+            startups.append(b - a)
+            rows.append({"round": r, "worker_samples": (s1 - s0) * BATCH,
+                         "worker_cpu_s": (c1 - c0) / TICK, "window_s": t1 - t0,
+                         "exec_steps": steps, "exec_samples": samples, "exec_cpu_s": c - b})
+            time.sleep(args.settle)
+        check_alive()
+    finally:
+        for _, p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        subprocess.run(["rm", "-rf", work], check=False)
+    startup = statistics.median(startups)
+    for row in rows:
+        if row["worker_samples"] <= 0 or row["worker_cpu_s"] <= 0:
+            die(f"worker-eff {args.plan}: round {row['round']}: the worker delivered nothing")
+        exec_cpu = row["exec_cpu_s"] - startup
+        if exec_cpu <= 0:
+            die(f"worker-eff {args.plan}: round {row['round']}: lode exec --steps "
+                f"{row['exec_steps']} took no more CPU than its start-up: raise --window")
+        row["worker_rate"] = row["worker_samples"] / row["worker_cpu_s"]
+        row["exec_rate"] = row["exec_samples"] / exec_cpu
+        row["ratio"] = row["worker_rate"] / row["exec_rate"]
+    pooled = (sum(r["worker_samples"] for r in rows) / sum(r["worker_cpu_s"] for r in rows)) / (
+        sum(r["exec_samples"] for r in rows)
+        / sum(r["exec_cpu_s"] - startup for r in rows))
+    summary = {"model": args.model, "cut": args.cut, "rounds": len(rows),
+               "window_s": args.window,
+               "exec_startup_cpu_s": round(startup, 3),
+               "worker_samples_per_cpu_sec": statistics.median(r["worker_rate"] for r in rows),
+               "exec_samples_per_cpu_sec": statistics.median(r["exec_rate"] for r in rows),
+               "ratio_median": statistics.median(r["ratio"] for r in rows),
+               "ratio_min": min(r["ratio"] for r in rows),
+               "ratio_max": max(r["ratio"] for r in rows),
+               "ratio_pooled": pooled, "rounds_detail": rows}
+    with open(args.out, "a") as f:
+        f.write(json.dumps(summary) + "\n")
+    print(f"{args.model} {args.cut}: worker {summary['worker_samples_per_cpu_sec']:,.0f} / "
+          f"exec {summary['exec_samples_per_cpu_sec']:,.0f} samples per CPU-s; ratio median "
+          f"{summary['ratio_median']:.2f} (rounds {summary['ratio_min']:.2f}-"
+          f"{summary['ratio_max']:.2f}), pooled {pooled:.2f}, {len(rows)} rounds")
+
+
 # --------------------------------------------------------------------------- the table
 
 
@@ -768,12 +909,26 @@ def main():
     p.add_argument("--cut", required=True)
     p.add_argument("--round", type=int, default=1)
     p.add_argument("--out", required=True)
+    p = sub.add_parser("worker-eff")
+    p.add_argument("--lode", required=True)
+    p.add_argument("--plan", required=True)
+    p.add_argument("--stage", type=int, default=0)
+    p.add_argument("--model", required=True)
+    p.add_argument("--cut", required=True)
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--warmup", type=float, default=2.0, help="seconds before the first window")
+    p.add_argument("--window", type=float, default=2.0, help="seconds of each worker window")
+    p.add_argument("--settle", type=float, default=0.5,
+                   help="seconds after the job goes on before the next window")
+    p.add_argument("--min-exec-steps", type=int, default=100,
+                   help="the fewest steps of a round's exec run (else: the window's steps)")
+    p.add_argument("--out", required=True, help="results.jsonl (appended)")
     p = sub.add_parser("table")
     p.add_argument("results")
     args = ap.parse_args()
     {"prepare": cmd_prepare, "check": cmd_check, "tf-dispatcher": cmd_tf_dispatcher,
      "tf-worker": cmd_tf_worker, "tf-consume": cmd_tf_consume, "lode-sample": cmd_lode_sample,
-     "exec-cpu": cmd_exec_cpu, "table": cmd_table}[args.cmd](args)
+     "exec-cpu": cmd_exec_cpu, "worker-eff": cmd_worker_eff, "table": cmd_table}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,11 @@
 # (issue 17 item 4). See bench/README.md, "Peer benchmark".
 #
 #   bench/peer.sh [--rounds R] [--records N] [--models "wide_deep deepfm"] [--workers "1 2"]
-#                 [--warmup S] [--window S] [--engines "tf lode exec"] [--short]
+#                 [--warmup S] [--window S] [--engines "tf lode exec eff"] [--short]
 #
+# Engines: tf (tf.data service), lode (Lode's cuts), exec (`lode exec --threads 1`, run after
+# each one-worker Lode run), eff (one worker against `lode exec` in alternating windows on one
+# running job, `peer.py worker-eff`: R rounds per cut after the other rounds).
 # --short (what CI runs): 1 round, wide_deep, 1 worker, 4096 records, a 0.5 s window; it
 # fails when a configuration fails or delivers nothing, and asserts no speed.
 # Environment: LODE (the lode binary, default target/release/lode), LODE_TF_PYTHON (default
@@ -21,9 +24,9 @@ WARMUP=1
 WINDOW=2
 SHORT=0
 TIMEOUT=120
-ENGINES="tf lode exec"
+ENGINES="tf lode exec eff"
 
-usage() { sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --rounds) ROUNDS="$2"; shift 2 ;;
@@ -44,7 +47,7 @@ die() { echo "peer.sh: $*" >&2; exit 2; }
 [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || die "--rounds must be a positive integer (got '$ROUNDS')"
 [[ "$RECORDS" =~ ^[1-9][0-9]*$ ]] || die "--records must be a positive integer (got '$RECORDS')"
 for m in $MODELS; do [[ "$m" == wide_deep || "$m" == deepfm ]] || die "--models: '$m' is not wide_deep or deepfm"; done
-for e in $ENGINES; do [[ "$e" =~ ^(tf|lode|exec)$ ]] || die "--engines: '$e' is not tf, lode or exec"; done
+for e in $ENGINES; do [[ "$e" =~ ^(tf|lode|exec|eff)$ ]] || die "--engines: '$e' is not tf, lode, exec or eff"; done
 for n in $WORKERS; do [[ "$n" =~ ^[1-9][0-9]?$ ]] || die "--workers: '$n' is not a worker count"; done
 
 TF_PY="${LODE_TF_PYTHON:-$HOME/.cache/lode/tf-2.18.1/bin/python}"
@@ -171,6 +174,13 @@ run_exec() { # round model cut
         || fail "lode exec, $2 $3 cut, round $1" "$OUT/exec-r$1-$2-$3.err"
 }
 
+run_eff() { # model cut
+    echo "worker efficiency: $1 $2 cut, $ROUNDS round(s) of worker and exec windows" >&2
+    "${PEER[@]}" worker-eff --lode "$LODE" --plan "$DATA/$1/plan-$2" --model "$1" --cut "$2" \
+        --rounds "$ROUNDS" --warmup "$WARMUP" --window "$WINDOW" --out "$OUT/eff.jsonl" \
+        >>"$OUT/eff.txt" 2>"$OUT/eff-$1-$2.err" || fail "worker efficiency, $1 $2 cut" "$OUT/eff-$1-$2.err"
+}
+
 # --- rounds: every configuration once per round, tf.data service and Lode alternating first ---
 {
     echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
@@ -201,6 +211,9 @@ for ((r = 1; r <= ROUNDS; r++)); do
     tf_round() { [[ " $ENGINES " != *" tf "* ]] || for n in $WORKERS; do run_tf "$r" "$n"; done; }
     if ((r % 2)); then tf_round; lode_round; else lode_round; tf_round; fi
 done
+if [[ " $ENGINES " == *" eff "* ]]; then
+    for m in $MODELS; do for cut in simple full; do run_eff "$m" "$cut"; done; done
+fi
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/meta.txt"
 
 # --- the table -----------------------------------------------------------------------------
@@ -208,6 +221,13 @@ echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/meta.txt"
     cat "$OUT/meta.txt"
     echo
     "${PEER[@]}" table "$RESULTS"
+    if [[ -s "$OUT/eff.txt" ]]; then
+        echo
+        echo "worker efficiency in alternating windows (peer.py worker-eff; the ratio of each round's"
+        echo "worker samples per CPU-s to its exec run's, target >= 0.90):"
+        echo
+        sed 's/^/    /' "$OUT/eff.txt"
+    fi
 } > "$OUT/table.md" || die "no table: $RESULTS"
 echo
 cat "$OUT/table.md"
