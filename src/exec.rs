@@ -53,27 +53,27 @@ pub fn run_exec(args: ExecArgs, out: &mut dyn std::io::Write) -> anyhow::Result<
     }
     let (epoch_len, drop_remainder) = (records.epoch_len(), first.drop_remainder());
     let wanted = args.start_step..args.start_step.saturating_add(args.steps);
-    let steps = if source.order.is_empty() {
+    // The steps are computed as the run takes them: a run of any length holds a few
+    // thousand record lists at a time.
+    let steps: Box<dyn Iterator<Item = (u64, Vec<u64>)> + Send + '_> = if source.order.is_empty() {
         // A plan written before plan.json described the chain: sequential order.
-        wanted
-            .map_while(|s| {
-                sequential_records(source, epoch_len, per_step as u64, drop_remainder, s)
-                    .map(|r| (s, r))
-            })
-            .collect()
+        Box::new(wanted.map_while(|s| {
+            sequential_records(source, epoch_len, per_step as u64, drop_remainder, s)
+                .map(|r| (s, r))
+        }))
     } else {
         DispatcherConfig::program_steps(source, epoch_len, wanted)
             .with_context(|| format!("{name}: the order"))?
     };
-    if (steps.len() as u64) < args.steps {
-        let available = steps.len();
+    let report =
+        run_steps(&stages, steps, &pool, args.dump.as_deref()).with_context(|| name.clone())?;
+    if report.steps < args.steps {
+        let available = report.steps;
         tracing::warn!(
             available,
             "the pipeline ends before the requested steps (finite repeat)"
         );
     }
-    let report =
-        run_steps(&stages, &steps, &pool, args.dump.as_deref()).with_context(|| name.clone())?;
     match args.format {
         OutputFormat::Json => writeln!(out, "{}", serde_json::to_string(&report)?)?,
         OutputFormat::Text => out.write_all(report.text(args.dump.as_deref()).as_bytes())?,

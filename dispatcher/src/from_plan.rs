@@ -117,16 +117,21 @@ impl DispatcherConfig {
     }
 }
 
+/// `(global step, records)` pairs, computed as they are taken (see
+/// [`DispatcherConfig::program_steps`]).
+pub type ProgramSteps = Box<dyn Iterator<Item = (u64, Vec<u64>)> + Send>;
+
 impl DispatcherConfig {
     /// The records of global steps `wanted`, in the order a job over `records` records of
     /// `source` leases them (TensorFlow's chain, epoch after epoch), as `(global step,
-    /// records)`; the list ends early where a finite pipeline does. Runs the order without a
-    /// job: what `lode exec` computes. An unseeded shuffle takes a seed picked here (logged).
+    /// records)`, computed as they are taken; they end early where a finite pipeline does.
+    /// Runs the order without a job: what `lode exec` computes. An unseeded shuffle takes a
+    /// seed picked here (logged).
     pub fn program_steps(
         source: &Source,
         records: u64,
         wanted: std::ops::Range<u64>,
-    ) -> Result<Vec<(u64, Vec<u64>)>, Error> {
+    ) -> Result<ProgramSteps, Error> {
         let (mut chain, epochs) = IndexChain::from_program(&source.order, None);
         if let Some(picked) = chain.pick_seed(None) {
             tracing::warn!(
@@ -140,7 +145,7 @@ impl DispatcherConfig {
             DispatcherConfig::for_chain(records, chain, epochs, Duration::from_secs(1), 1, 1)?;
         // An empty epoch has no step to walk.
         let Ok(per_epoch) = lode_proto::step::steps_per_epoch(config.steps_per_epoch()) else {
-            return Ok(Vec::new());
+            return Ok(Box::new(std::iter::empty()));
         };
         let Some(mut order) = config.step_order() else {
             return Err(Error::InvalidConfig {
@@ -148,12 +153,10 @@ impl DispatcherConfig {
                 reason: "the chain gives no order".into(),
             });
         };
-        Ok(wanted
-            .map_while(|s| {
-                let step = lode_proto::step::StepRef::from_global(s, per_epoch);
-                order.batch(step.epoch, step.in_epoch).map(|r| (s, r))
-            })
-            .collect())
+        Ok(Box::new(wanted.map_while(move |s| {
+            let step = lode_proto::step::StepRef::from_global(s, per_epoch);
+            order.batch(step.epoch, step.in_epoch).map(|r| (s, r))
+        })))
     }
 }
 

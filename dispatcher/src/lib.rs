@@ -98,7 +98,7 @@ mod tests;
 
 pub use batch::index_batch;
 pub use config::{DispatcherConfig, Shuffle, DEFAULT_MAX_LEASES};
-pub use from_plan::{plan_source, PlanConfigError, RunSettings};
+pub use from_plan::{plan_source, PlanConfigError, ProgramSteps, RunSettings};
 pub use ids::{Epoch, JobId, StageId, Step, StepId, Time, WorkerId};
 pub use journal::{pick_seed, Journal, JournalError};
 pub use order::{IndexChain, PickedSeed, StepOrder};

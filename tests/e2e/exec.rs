@@ -115,6 +115,27 @@ fn sgd_ref_steps_are_the_csv_rows_in_order_and_wrap_at_the_epoch() {
     }
 }
 
+/// The steps are computed and run a chunk (4,096 steps) at a time, so that a long run's memory
+/// does not grow with its length: a run over several chunks (sgd_ref has 8 steps an epoch)
+/// still counts every step and every sample once.
+#[test]
+fn a_run_of_several_chunks_counts_every_step_once() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let plan = tmp.path().join("plan");
+    partition(&fixtures().join("sgd_ref"), &plan);
+    for threads in ["1", "2"] {
+        let out = exec(
+            &plan,
+            &["--steps", "5000", "--threads", threads, "--format", "json"],
+        );
+        ok(&out);
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+        assert_eq!(report["steps"], 5_000, "{threads} thread(s): {report}");
+        assert_eq!(report["samples"], 160_000, "{threads} thread(s): {report}");
+        assert_eq!(report["skipped_steps"], 0, "{report}");
+    }
+}
+
 #[test]
 fn thread_counts_give_identical_tensors() {
     let tmp = tempfile::tempdir().expect("tempdir");

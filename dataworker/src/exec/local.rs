@@ -91,12 +91,24 @@ fn run_step(stages: &[Stage], records: &[u64], keep: bool) -> Result<StepResult,
     })
 }
 
+/// Steps run at once between two looks at the step iterator: enough to keep every thread
+/// busy, few enough that their record lists stay small (a run of any length holds this many).
+const STEPS_PER_CHUNK: usize = 4096;
+
+/// Steps per thread run at once when their tensors are kept to be dumped.
+const DUMPED_STEPS_PER_THREAD: usize = 4;
+
 /// Runs `steps` (global step, its records) through `stages` on `pool`; with `dump`, writes the
 /// last stage's send tensors of step `s` to `dump/step_s/k.pb` (TensorProto). The dump
 /// directory must be missing or empty: nothing already there is overwritten.
+///
+/// The steps are taken from the iterator a chunk at a time ([`STEPS_PER_CHUNK`], or a few per
+/// thread when dumping) and each chunk runs in parallel, so memory does not grow with the
+/// number of steps. `seconds` counts the chunks' runs, not the iterator's work between them.
+/// The first failing step (in step order within its chunk) ends the run with its error.
 pub fn run_steps(
     stages: &[Stage],
-    steps: &[(u64, Vec<u64>)],
+    mut steps: impl Iterator<Item = (u64, Vec<u64>)>,
     pool: &rayon::ThreadPool,
     dump: Option<&Path>,
 ) -> Result<LocalReport, LocalRunError> {
@@ -111,62 +123,70 @@ pub fn run_steps(
             });
         }
     }
-    let started = Instant::now();
-    let results: Vec<Result<(u64, StepResult), LocalRunError>> = pool.install(|| {
-        steps
-            .par_iter()
-            .map(|(s, records)| {
-                run_step(stages, records, dump.is_some())
-                    .map(|r| (*s, r))
-                    .map_err(|source| LocalRunError::Step { step: *s, source })
-            })
-            .collect()
-    });
-    let seconds = started.elapsed().as_secs_f64();
+    let chunk_len = if dump.is_some() {
+        pool.current_num_threads().max(1) * DUMPED_STEPS_PER_THREAD
+    } else {
+        STEPS_PER_CHUNK
+    };
     let mut report = LocalReport {
         stage: stages.len().saturating_sub(1),
-        seconds,
         threads: pool.current_num_threads(),
         ..LocalReport::default()
     };
-    let mut done = Vec::with_capacity(results.len());
-    for r in results {
-        let (s, result) = r?;
-        report.steps += 1;
-        report.samples += result.samples;
-        report.skipped_records += result.skipped;
-        if !result.produced {
-            report.skipped_steps += 1;
+    loop {
+        let chunk: Vec<(u64, Vec<u64>)> = steps.by_ref().take(chunk_len).collect();
+        if chunk.is_empty() {
+            break;
         }
-        done.push((s, result));
-    }
-    if seconds > 0.0 {
-        report.samples_per_sec = report.samples as f64 / seconds;
-        report.steps_per_sec = report.steps as f64 / seconds;
-    }
-    if let Some(dir) = dump {
-        for (s, result) in &done {
-            let Some(tensors) = &result.tensors else {
-                continue;
-            };
-            let step_dir = dir.join(format!("step_{s}"));
-            std::fs::create_dir_all(&step_dir).map_err(|e| LocalRunError::Dump {
-                path: step_dir.clone(),
-                source: Box::new(e),
-            })?;
-            for (k, t) in tensors.iter().enumerate() {
-                let path = step_dir.join(format!("{k}.pb"));
-                let dump_error =
-                    |e: Box<dyn std::error::Error + Send + Sync>| LocalRunError::Dump {
-                        path: path.clone(),
-                        source: e,
-                    };
-                let bytes = encode_tensor(t).map_err(|e| dump_error(Box::new(e)))?;
-                lode_proto::io::write_atomic(&path, &bytes).map_err(|e| dump_error(Box::new(e)))?;
+        let started = Instant::now();
+        let results: Vec<Result<(u64, StepResult), LocalRunError>> = pool.install(|| {
+            chunk
+                .par_iter()
+                .map(|(s, records)| {
+                    run_step(stages, records, dump.is_some())
+                        .map(|r| (*s, r))
+                        .map_err(|source| LocalRunError::Step { step: *s, source })
+                })
+                .collect()
+        });
+        report.seconds += started.elapsed().as_secs_f64();
+        for r in results {
+            let (s, result) = r?;
+            report.steps += 1;
+            report.samples += result.samples;
+            report.skipped_records += result.skipped;
+            if !result.produced {
+                report.skipped_steps += 1;
+            }
+            if let (Some(dir), Some(tensors)) = (dump, &result.tensors) {
+                write_dump(dir, s, tensors)?;
             }
         }
     }
+    if report.seconds > 0.0 {
+        report.samples_per_sec = report.samples as f64 / report.seconds;
+        report.steps_per_sec = report.steps as f64 / report.seconds;
+    }
     Ok(report)
+}
+
+/// Writes step `s`'s tensors to `dir/step_s/k.pb`.
+fn write_dump(dir: &Path, s: u64, tensors: &[Arc<Tensor>]) -> Result<(), LocalRunError> {
+    let step_dir = dir.join(format!("step_{s}"));
+    std::fs::create_dir_all(&step_dir).map_err(|e| LocalRunError::Dump {
+        path: step_dir.clone(),
+        source: Box::new(e),
+    })?;
+    for (k, t) in tensors.iter().enumerate() {
+        let path = step_dir.join(format!("{k}.pb"));
+        let dump_error = |e: Box<dyn std::error::Error + Send + Sync>| LocalRunError::Dump {
+            path: path.clone(),
+            source: e,
+        };
+        let bytes = encode_tensor(t).map_err(|e| dump_error(Box::new(e)))?;
+        lode_proto::io::write_atomic(&path, &bytes).map_err(|e| dump_error(Box::new(e)))?;
+    }
+    Ok(())
 }
 
 impl LocalReport {
