@@ -630,6 +630,8 @@ def cmd_worker_eff(args):
     over runs of about the same length, taken seconds apart, so that a host whose speed
     drifts over minutes weighs on both alike. exec's start-up is taken out as the median CPU
     of its 1-step runs (one per round)."""
+    import resource
+    import shutil
     import signal
     import tempfile
 
@@ -659,7 +661,7 @@ def cmd_worker_eff(args):
         return json.loads(out.decode().strip().splitlines()[-1])["samples"]
 
     def child_cpu():
-        r = __import__("resource").getrusage(__import__("resource").RUSAGE_CHILDREN)
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
         return r.ru_utime + r.ru_stime
 
     log = os.path.join(work, "consumer.jsonl")
@@ -729,7 +731,7 @@ def cmd_worker_eff(args):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        subprocess.run(["rm", "-rf", work], check=False)
+        shutil.rmtree(work, ignore_errors=True)
     startup = statistics.median(startups)
     for row in rows:
         if row["worker_samples"] <= 0 or row["worker_cpu_s"] <= 0:

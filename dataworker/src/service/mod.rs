@@ -129,6 +129,8 @@ impl ServiceError {
 #[cfg(test)]
 mod tests {
     use super::ServiceError;
+    use crate::exec::{ExecError, Failure};
+    use crate::kernels::KernelError;
 
     /// Only the dispatcher's NOT_FOUND (it answers an unknown worker so, nothing else) makes
     /// an RPC's refusal the worker's loss; the message names the worker, the RPC and the
@@ -162,8 +164,6 @@ mod tests {
             ServiceError::JobEnded
         ));
     }
-    use crate::exec::{ExecError, Failure};
-    use crate::kernels::KernelError;
 
     /// A worker's failed step names the stage, the step and its epoch, then the node and op,
     /// then the kernel's message (TensorFlow's own for an out-of-range index).

@@ -333,9 +333,9 @@ async fn run_registration(
             }
         })
     };
-    // Also on the error paths: a worker that registers again must not leave the old
-    // registration's heartbeat running.
-    let _heartbeat_guard = AbortOnDrop(heartbeat.abort_handle());
+    // Stopped when the worker stops, also on the error paths: a worker that registers again
+    // must not leave the old registration's heartbeat running.
+    let heartbeat_guard = AbortOnDrop(heartbeat.abort_handle());
 
     let mut out = Outbox {
         encoder: StepEncoder::new(CodecConfig {
@@ -539,7 +539,7 @@ async fn run_registration(
         }
     })
     .await;
-    heartbeat.abort();
+    drop(heartbeat_guard);
     let steps = reported.load(Ordering::Relaxed);
     tracing::info!(
         worker_id,
