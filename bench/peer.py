@@ -548,25 +548,32 @@ def measure(chunk, pids, args, steps_per_chunk):
 # --------------------------------------------------------------------------- Lode
 
 
+class LogLines:
+    """Counts the complete lines of a growing log, reading only what was added since the last
+    count (a consumer's log has a line per step)."""
+
+    def __init__(self, path):
+        self.path, self.count, self.offset = path, 0, 0
+
+    def __call__(self):
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return self.count
+        cut = data.rfind(b"\n") + 1
+        self.count += data.count(b"\n", 0, cut)
+        self.offset += cut
+        return self.count
+
+
 def cmd_lode_sample(args):
     """Measures a running Lode job: progress is the consumer's log (one line per step)."""
     pids = parse_pids(args.pids)
     deadline = time.monotonic() + args.timeout
-    count, offset, first, started = 0, 0, None, None
-
-    def lines():
-        nonlocal count, offset
-        try:
-            with open(args.log, "rb") as f:
-                f.seek(offset)
-                data = f.read()
-        except FileNotFoundError:
-            return count
-        cut = data.rfind(b"\n") + 1
-        count += data.count(b"\n", 0, cut)
-        offset += cut
-        return count
-
+    first, started = None, None
+    lines = LogLines(args.log)
     last = -1
     while True:
         n = lines()
@@ -593,23 +600,29 @@ def cmd_lode_sample(args):
     emit(args.out, result(args.label, first, second, BATCH, extra))
 
 
+def exec_once(args, steps):
+    """One `lode exec --threads 1` run of `steps` steps of args.plan's stage args.stage: its
+    JSON report and its CPU seconds (user + system)."""
+    cmd = [args.lode, "exec", args.plan, "--stage", str(args.stage), "--steps", str(steps),
+           "--threads", "1", "--format", "json"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = p.stdout.read()
+    err = p.stderr.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        die(f"{' '.join(cmd)} failed ({p.returncode}): {err.decode()[-2000:]}")
+    report = json.loads(out.decode().strip().splitlines()[-1])
+    return report, usage.ru_utime + usage.ru_stime
+
+
 def cmd_exec_cpu(args):
     """`lode exec --threads 1`: samples per CPU-second, its start-up taken out (a run of K
     steps minus a run of 1 step). Each run is taken three times and its least CPU kept: what
     disturbs a run (page cache, another process) only ever adds CPU, and the start-up's
     spread (0.02 to 0.1 s here) is as large as a cheap cut's whole compute."""
     def run(steps):
-        cmd = [args.lode, "exec", args.plan, "--stage", str(args.stage), "--steps", str(steps),
-               "--threads", "1", "--format", "json"]
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        out = p.stdout.read()
-        err = p.stderr.read()
-        _, status, usage = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
-        if p.returncode != 0:
-            die(f"{' '.join(cmd)} failed ({p.returncode}): {err.decode()[-2000:]}")
-        report = json.loads(out.decode().strip().splitlines()[-1])
-        return report, usage.ru_utime + usage.ru_stime
+        return exec_once(args, steps)
 
     small, cpu1 = min((run(1) for _ in range(3)), key=lambda r: r[1])
     report, cpu = min((run(args.steps) for _ in range(3)), key=lambda r: r[1])
@@ -630,7 +643,6 @@ def cmd_worker_eff(args):
     over runs of about the same length, taken seconds apart, so that a host whose speed
     drifts over minutes weighs on both alike. exec's start-up is taken out as the median CPU
     of its 1-step runs (one per round)."""
-    import resource
     import shutil
     import signal
     import tempfile
@@ -649,20 +661,6 @@ def cmd_worker_eff(args):
                 with open(os.path.join(work, f"{name}.err"), "rb") as f:
                     tail = f.read()[-2000:].decode(errors="replace")
                 die(f"worker-eff {args.plan}: the {name} exited ({p.returncode}): {tail}")
-
-    def exec_run(steps):
-        cmd = [args.lode, "exec", args.plan, "--stage", str(args.stage), "--steps", str(steps),
-               "--threads", "1", "--format", "json"]
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        out, err = p.communicate()
-        if p.returncode != 0:
-            die(f"{' '.join(cmd)} failed ({p.returncode}): {err.decode()[-2000:]}")
-        # The child's own CPU: communicate() reaped it, so RUSAGE_CHILDREN moved by its usage.
-        return json.loads(out.decode().strip().splitlines()[-1])["samples"]
-
-    def child_cpu():
-        r = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return r.ru_utime + r.ru_stime
 
     log = os.path.join(work, "consumer.jsonl")
     addr_file = os.path.join(work, "dispatcher.addr")
@@ -685,13 +683,7 @@ def cmd_worker_eff(args):
                            "--log", log, "--step-time", "0", "-q"])
         job = [p for _, p in procs]
 
-        def steps_logged():
-            try:
-                with open(log, "rb") as f:
-                    return f.read().count(b"\n")
-            except FileNotFoundError:
-                return 0
-
+        steps_logged = LogLines(log)
         deadline = time.monotonic() + 60
         while steps_logged() == 0:
             check_alive()
@@ -712,18 +704,16 @@ def cmd_worker_eff(args):
                 # runs no longer than the window, and the job's pause stays well under the
                 # dispatcher's patience (5 missed heartbeats).
                 steps = max(args.min_exec_steps, s1 - s0)
-                a = child_cpu()
-                exec_run(1)
-                b = child_cpu()
-                samples = exec_run(steps)
-                c = child_cpu()
+                _, startup_cpu = exec_once(args, 1)
+                report, exec_cpu = exec_once(args, steps)
             finally:
                 for p in job:
                     p.send_signal(signal.SIGCONT)
-            startups.append(b - a)
+            startups.append(startup_cpu)
             rows.append({"round": r, "worker_samples": (s1 - s0) * BATCH,
                          "worker_cpu_s": (c1 - c0) / TICK, "window_s": t1 - t0,
-                         "exec_steps": steps, "exec_samples": samples, "exec_cpu_s": c - b})
+                         "exec_steps": steps, "exec_samples": report["samples"],
+                         "exec_cpu_s": exec_cpu})
             time.sleep(args.settle)
         check_alive()
     finally:
