@@ -642,18 +642,33 @@ def cmd_worker_eff(args):
     then it goes on (SIGCONT) and settles before the next window. Both sides are CPU totals
     over runs of about the same length, taken seconds apart, so that a host whose speed
     drifts over minutes weighs on both alike. exec's start-up is taken out as the median CPU
-    of its 1-step runs (one per round)."""
+    of its 1-step runs (one per round).
+
+    The worker's metrics endpoint splits its side: the stage's own time per step (as its
+    metrics count it) and the rest of its CPU per step (the overhead: transport, RPCs,
+    bookkeeping). exec's time per step over the stage's in the worker is the ratio the worker
+    would reach with no overhead at all: below 1 when the stage itself runs slower in the
+    running job (its neighbours on the other core, the transport's cache traffic) than in
+    exec alone."""
     import shutil
+    import urllib.request
     import signal
     import tempfile
 
     work = tempfile.mkdtemp(prefix="lode-eff-")
     procs = []
 
-    def spawn(name, cmd):
+    def spawn(name, cmd, stdout=subprocess.DEVNULL):
         err = open(os.path.join(work, f"{name}.err"), "wb")
-        procs.append((name, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)))
+        procs.append((name, subprocess.Popen(cmd, stdout=stdout, stderr=err)))
         return procs[-1][1]
+
+    def metrics(url):
+        """The worker's counters (name -> value) from its metrics endpoint."""
+        with urllib.request.urlopen(url, timeout=10) as page:
+            text = page.read().decode()
+        return {line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines() if line and not line.startswith("#")}
 
     def check_alive():
         for name, p in procs:
@@ -677,8 +692,10 @@ def cmd_worker_eff(args):
             time.sleep(0.02)
         with open(addr_file) as f:
             addr = f.read().strip()
+        worker_out = os.path.join(work, "worker.out")
         worker = spawn("worker", [args.lode, "worker", "--dispatcher", addr, "--token", "eff",
-                                  "--name", "eff", "-q"])
+                                  "--name", "eff", "--metrics", "127.0.0.1:0"],
+                       stdout=open(worker_out, "wb"))
         spawn("consumer", [args.lode, "consume", "--dispatcher", addr, "--token", "eff",
                            "--log", log, "--step-time", "0", "-q"])
         job = [p for _, p in procs]
@@ -690,13 +707,19 @@ def cmd_worker_eff(args):
             if time.monotonic() > deadline:
                 die(f"worker-eff {args.plan}: no step delivered in 60 s")
             time.sleep(0.02)
+        with open(worker_out) as f:
+            url = next((w for w in f.read().split() if w.startswith("http://")), None)
+        if url is None:
+            die(f"worker-eff {args.plan}: the worker printed no metrics address")
         time.sleep(args.warmup)
         startups = []
         for r in range(1, args.rounds + 1):
             check_alive()
+            m0 = metrics(url)
             s0, c0, t0 = steps_logged(), cpu_ticks(worker.pid), time.monotonic()
             time.sleep(args.window)
             s1, c1, t1 = steps_logged(), cpu_ticks(worker.pid), time.monotonic()
+            m1 = metrics(url)
             for p in job:
                 p.send_signal(signal.SIGSTOP)
             try:
@@ -710,8 +733,12 @@ def cmd_worker_eff(args):
                 for p in job:
                     p.send_signal(signal.SIGCONT)
             startups.append(startup_cpu)
+            computed = m1["lode_worker_steps_computed_total"] - m0["lode_worker_steps_computed_total"]
+            compute = (m1["lode_worker_compute_seconds_total"]
+                       - m0["lode_worker_compute_seconds_total"])
             rows.append({"round": r, "worker_samples": (s1 - s0) * BATCH,
                          "worker_cpu_s": (c1 - c0) / TICK, "window_s": t1 - t0,
+                         "worker_steps_computed": computed, "worker_compute_s": compute,
                          "exec_steps": steps, "exec_samples": report["samples"],
                          "exec_cpu_s": exec_cpu})
             time.sleep(args.settle)
@@ -733,6 +760,15 @@ def cmd_worker_eff(args):
         row["worker_rate"] = row["worker_samples"] / row["worker_cpu_s"]
         row["exec_rate"] = row["exec_samples"] / exec_cpu
         row["ratio"] = row["worker_rate"] / row["exec_rate"]
+        if row["worker_steps_computed"] <= 0:
+            die(f"worker-eff {args.plan}: round {row['round']}: the worker computed nothing")
+        # Per step: exec's CPU; the worker's stage time and its CPU (both over the steps it
+        # computed in the window); the difference is the worker's overhead.
+        row["exec_us_per_step"] = exec_cpu / row["exec_steps"] * 1e6
+        row["compute_us_per_step"] = row["worker_compute_s"] / row["worker_steps_computed"] * 1e6
+        row["worker_us_per_step"] = row["worker_cpu_s"] / row["worker_steps_computed"] * 1e6
+        row["overhead_us_per_step"] = row["worker_us_per_step"] - row["compute_us_per_step"]
+        row["stage_ratio"] = row["exec_us_per_step"] / row["compute_us_per_step"]
     pooled = (sum(r["worker_samples"] for r in rows) / sum(r["worker_cpu_s"] for r in rows)) / (
         sum(r["exec_samples"] for r in rows)
         / sum(r["exec_cpu_s"] - startup for r in rows))
@@ -744,13 +780,23 @@ def cmd_worker_eff(args):
                "ratio_median": statistics.median(r["ratio"] for r in rows),
                "ratio_min": min(r["ratio"] for r in rows),
                "ratio_max": max(r["ratio"] for r in rows),
-               "ratio_pooled": pooled, "rounds_detail": rows}
+               "ratio_pooled": pooled,
+               "exec_us_per_step": statistics.median(r["exec_us_per_step"] for r in rows),
+               "compute_us_per_step": statistics.median(r["compute_us_per_step"] for r in rows),
+               "overhead_us_per_step": statistics.median(r["overhead_us_per_step"]
+                                                         for r in rows),
+               "stage_ratio_median": statistics.median(r["stage_ratio"] for r in rows),
+               "rounds_detail": rows}
     with open(args.out, "a") as f:
         f.write(json.dumps(summary) + "\n")
     print(f"{args.model} {args.cut}: worker {summary['worker_samples_per_cpu_sec']:,.0f} / "
           f"exec {summary['exec_samples_per_cpu_sec']:,.0f} samples per CPU-s; ratio median "
           f"{summary['ratio_median']:.2f} (rounds {summary['ratio_min']:.2f}-"
-          f"{summary['ratio_max']:.2f}), pooled {pooled:.2f}, {len(rows)} rounds")
+          f"{summary['ratio_max']:.2f}), pooled {pooled:.2f}, {len(rows)} rounds; per step: "
+          f"exec {summary['exec_us_per_step']:.1f} us, the worker's stage "
+          f"{summary['compute_us_per_step']:.1f} us (stage ratio "
+          f"{summary['stage_ratio_median']:.2f}) + overhead "
+          f"{summary['overhead_us_per_step']:.1f} us")
 
 
 # --------------------------------------------------------------------------- the table

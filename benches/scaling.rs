@@ -157,6 +157,7 @@ async fn run_case(n: usize, latency: Duration, window: Duration) -> anyhow::Resu
             stage: None,
             ignore_errors: false,
             tls: None,
+            stats: Arc::default(),
         };
         workers.push(tokio::spawn(run_worker(
             config,

@@ -330,6 +330,10 @@ pub struct WorkerArgs {
     /// Skip and count corrupt records instead of failing.
     #[arg(long)]
     pub ignore_errors: bool,
+    /// Serve the worker's Prometheus metrics (GET /metrics) on this address: steps, the
+    /// stage's time, frames and bytes sent, RPCs, and the process's CPU time.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
     #[command(flatten)]
     pub tls: ClientTlsArgs,
 }

@@ -201,6 +201,7 @@ pub fn run_worker_command(args: WorkerArgs, out: &mut dyn std::io::Write) -> any
         stage: args.stage,
         ignore_errors: args.ignore_errors,
         tls: client_tls(args.tls.tls_ca.as_deref())?,
+        stats: Arc::default(),
     };
     // One thread for the worker's network side: its CPU work runs on rayon, and a second
     // runtime thread only adds cross-thread wake-ups to every step (measured: README).
@@ -208,6 +209,24 @@ pub fn run_worker_command(args: WorkerArgs, out: &mut dyn std::io::Write) -> any
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
+    if let Some(metrics_addr) = &args.metrics {
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind(metrics_addr))
+            .with_context(|| format!("cannot serve metrics on {metrics_addr}"))?;
+        writeln!(out, "metrics on http://{}/metrics", listener.local_addr()?)?;
+        out.flush()?;
+        let (job, stats) = (args.job, config.stats.clone());
+        // Served on the worker's one runtime thread between its steps (a scrape is rare and
+        // short); it stops with the runtime.
+        rt.spawn(lode_proto::metrics::serve_metrics(
+            listener,
+            move || {
+                let text = lode_dataworker::service::metrics::render_worker(job, &stats);
+                async move { text }
+            },
+            std::future::pending(),
+        ));
+    }
     let summary = rt
         .block_on(run_worker_rejoining(config, stop_requested()))
         .with_context(|| format!("worker of {}", args.dispatcher))?;

@@ -42,6 +42,7 @@ use lode_dataworker::transfer::{
     CodecConfig, Compression, ReceiverConfig, SharedReceiver, StepEncoder, StepMessage,
 };
 use lode_dataworker::{Tensor, TensorData};
+use lode_proto::metrics::process_cpu;
 use lode_proto::service::v1::receiver_client::ReceiverClient;
 use lode_proto::service::v1::receiver_server::ReceiverServer;
 use lode_proto::service::v1::{PushRequest, PushStatus};
@@ -448,18 +449,6 @@ async fn tcp_transfer(steps: u64, pushers: u64, frame_len: usize) -> Duration {
     let elapsed = start.elapsed();
     assert_eq!(got, steps);
     elapsed
-}
-
-/// This process's CPU time so far (user and system, from `/proc/self/stat` in USER_HZ ticks,
-/// which Linux fixes at 100 per second), or None where that file is not to be read.
-fn process_cpu() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // The command name (field 2) may hold spaces: fields are counted after its ')'.
-    let rest = stat.get(stat.rfind(')')? + 1..)?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the name.
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(Duration::from_millis(ticks * 10))
 }
 
 /// CPU microseconds per MiB of payload, over every measured run of a transport.

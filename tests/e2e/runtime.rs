@@ -937,3 +937,109 @@ fn a_worker_paused_until_declared_lost_registers_again_and_nothing_is_lost_or_re
     kill(&mut disp);
     assert_exactly_once(&lines(&log), &want, rows);
 }
+
+/// The samples of a Prometheus text page at `url` (`http://host:port/metrics`), by name.
+fn scrape(url: &str) -> std::collections::HashMap<String, f64> {
+    use std::io::{Read as _, Write as _};
+    let rest = url.strip_prefix("http://").expect("an http URL");
+    let (host, path) = rest.split_once('/').expect("a path");
+    let mut stream = std::net::TcpStream::connect(host).expect("connect to the metrics");
+    write!(
+        stream,
+        "GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut page = String::new();
+    stream.read_to_string(&mut page).expect("answer");
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    let body = page.split_once("\r\n\r\n").expect("a body").1;
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (name, value) = l.rsplit_once(' ').expect("name and value");
+            let name = name.split('{').next().expect("a name").to_owned();
+            (name, value.parse().expect("a number"))
+        })
+        .collect()
+}
+
+#[test]
+fn a_worker_serves_its_counters_and_the_stages_time_while_it_runs() {
+    // Steps of 2 ms each: the stage's time per step must show them, and every step the
+    // consumer logged was computed and sent by this one worker.
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (log, mut d, addr) = long_job(tmp.path());
+    let mut c = consumer(&addr, &log, &[]);
+    let mut w = Proc(
+        bin()
+            .args(["worker", "--dispatcher", &addr, "--token", TOKEN])
+            .args(["--metrics", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start a worker"),
+    );
+    let mut line = String::new();
+    BufReader::new(w.0.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("the worker prints its metrics address");
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no metrics address in {line:?}"))
+        .to_owned();
+    wait_for_lines(&log, 40, Duration::from_secs(60));
+    // Read before the scrape: every step logged by then was sent before it.
+    let logged = lines(&log).len() as f64;
+    let first = scrape(&url);
+    let get = |m: &std::collections::HashMap<String, f64>, name: &str| {
+        *m.get(name).unwrap_or_else(|| panic!("no {name} in {m:?}"))
+    };
+    assert_eq!(get(&first, "lode_worker_registrations_total"), 1.0);
+    let computed = get(&first, "lode_worker_steps_computed_total");
+    assert!(computed >= 40.0, "{first:?}");
+    assert!(
+        get(&first, "lode_worker_frames_sent_total") >= 40.0,
+        "{first:?}"
+    );
+    assert!(
+        get(&first, "lode_worker_bursts_sent_total") >= 1.0,
+        "{first:?}"
+    );
+    assert!(
+        get(&first, "lode_worker_sent_bytes_total") > 0.0,
+        "{first:?}"
+    );
+    assert!(
+        get(&first, "lode_worker_lease_requests_total") >= 1.0,
+        "{first:?}"
+    );
+    assert!(get(&first, "lode_worker_lease_batch") >= 1.0, "{first:?}");
+    // Steps are reported only once delivered; the consumer logged only what was sent.
+    let reported = get(&first, "lode_worker_steps_reported_total");
+    assert!(reported <= computed, "{first:?}");
+    assert!(
+        logged <= get(&first, "lode_worker_frames_sent_total"),
+        "{first:?}"
+    );
+    let per_step = get(&first, "lode_worker_compute_seconds_total") / computed;
+    assert!(
+        (0.0019..0.5).contains(&per_step),
+        "{per_step} s per 2 ms step"
+    );
+    assert!(
+        get(&first, "lode_worker_step_seconds") >= 0.0019,
+        "{first:?}"
+    );
+    if cfg!(target_os = "linux") {
+        assert!(get(&first, "process_cpu_seconds_total") > 0.0, "{first:?}");
+    }
+    wait_for_lines(&log, lines(&log).len() + 20, Duration::from_secs(60));
+    let second = scrape(&url);
+    for name in first.keys().filter(|n| n.ends_with("_total")) {
+        assert!(get(&second, name) >= get(&first, name), "{name} went back");
+    }
+    assert!(get(&second, "lode_worker_steps_computed_total") > computed);
+    kill(&mut w);
+    kill(&mut c);
+    kill(&mut d);
+}

@@ -1,7 +1,11 @@
-//! The receiver's Prometheus exposition (served by `lode_proto::metrics::serve_metrics`).
+//! The receiver's and the worker's Prometheus expositions (served by
+//! `lode_proto::metrics::serve_metrics`).
 
-use lode_proto::metrics::write_metric;
+use std::sync::atomic::Ordering;
 
+use lode_proto::metrics::{process_cpu, write_metric};
+
+use super::worker::WorkerStats;
 use crate::transfer::ReceiverMetrics;
 
 /// A count as a sample value (exact below 2^53, which step counts stay under).
@@ -105,6 +109,96 @@ pub fn render_prometheus(job: u64, m: &ReceiverMetrics) -> String {
     out
 }
 
+/// A worker's counters and its process's CPU time (where Linux gives it): the stage's
+/// seconds against the process's split what the worker spends into compute and the rest.
+pub fn render_worker(job: u64, stats: &WorkerStats) -> String {
+    let get = |c: &std::sync::atomic::AtomicU64| count(c.load(Ordering::Relaxed));
+    let seconds = |c: &std::sync::atomic::AtomicU64| get(c) / 1e9;
+    let mut out = String::new();
+    let rows: [(&str, &str, &str, f64); 11] = [
+        (
+            "lode_worker_registrations_total",
+            "counter",
+            "Registrations with the dispatcher (more than one after being declared lost).",
+            get(&stats.registrations),
+        ),
+        (
+            "lode_worker_steps_computed_total",
+            "counter",
+            "Steps the stage computed.",
+            get(&stats.steps_computed),
+        ),
+        (
+            "lode_worker_compute_seconds_total",
+            "counter",
+            "The stage's time over the steps computed.",
+            seconds(&stats.compute_ns),
+        ),
+        (
+            "lode_worker_frames_sent_total",
+            "counter",
+            "Frames written to the receiver.",
+            get(&stats.frames_sent),
+        ),
+        (
+            "lode_worker_bursts_sent_total",
+            "counter",
+            "Vectored writes of frames to the receiver.",
+            get(&stats.bursts_sent),
+        ),
+        (
+            "lode_worker_sent_bytes_total",
+            "counter",
+            "Bytes of the frames written to the receiver.",
+            get(&stats.bytes_sent),
+        ),
+        (
+            "lode_worker_lease_requests_total",
+            "counter",
+            "Lease requests to the dispatcher (each may carry a report).",
+            get(&stats.lease_requests),
+        ),
+        (
+            "lode_worker_report_requests_total",
+            "counter",
+            "Complete requests to the dispatcher (reports sent alone).",
+            get(&stats.report_requests),
+        ),
+        (
+            "lode_worker_steps_reported_total",
+            "counter",
+            "Steps reported delivered to the dispatcher.",
+            get(&stats.steps_reported),
+        ),
+        (
+            "lode_worker_step_seconds",
+            "gauge",
+            "The stage's moving-average step time (0 before the first step).",
+            seconds(&stats.step_time_ns),
+        ),
+        (
+            "lode_worker_lease_batch",
+            "gauge",
+            "Steps asked for per lease request now.",
+            get(&stats.lease_batch),
+        ),
+    ];
+    for (name, kind, help, value) in rows {
+        write_metric(&mut out, name, kind, help, job, value);
+    }
+    if let Some(cpu) = process_cpu() {
+        write_metric(
+            &mut out,
+            "process_cpu_seconds_total",
+            "counter",
+            "The worker process's CPU time, user and system (10 ms resolution).",
+            job,
+            cpu.as_secs_f64(),
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,5 +218,30 @@ mod tests {
             "{text}"
         );
         assert_eq!(text.lines().filter(|l| !l.starts_with('#')).count(), 14);
+    }
+
+    #[test]
+    fn every_worker_counter_is_a_labelled_sample_with_its_value() {
+        let stats = WorkerStats::default();
+        stats.steps_computed.store(40, Ordering::Relaxed);
+        stats.compute_ns.store(2_500_000_000, Ordering::Relaxed);
+        stats.lease_batch.store(32, Ordering::Relaxed);
+        let text = render_worker(7, &stats);
+        assert!(
+            text.contains("# TYPE lode_worker_steps_computed_total counter\nlode_worker_steps_computed_total{job=\"7\"} 40\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("lode_worker_compute_seconds_total{job=\"7\"} 2.5\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("lode_worker_lease_batch{job=\"7\"} 32\n"),
+            "{text}"
+        );
+        let samples = text.lines().filter(|l| !l.starts_with('#')).count();
+        let cpu = usize::from(process_cpu().is_some());
+        assert_eq!(samples, 11 + cpu, "{text}");
+        assert_eq!(text.contains("process_cpu_seconds_total"), cpu == 1);
     }
 }

@@ -37,7 +37,9 @@ use super::worker_state::{Delivered, End, HeldStep, PushAnswer, PushNext, Worker
 use super::ServiceError;
 use crate::exec::{ExecOptions, Stage, StepInput};
 use crate::tensor::Tensor;
-use crate::transfer::{CodecConfig, Compression, StepDecoder, StepEncoder, StepMessage};
+use crate::transfer::{
+    CodecConfig, Compression, FrameParts, StepDecoder, StepEncoder, StepMessage,
+};
 
 /// How a worker runs.
 #[derive(Debug, Clone)]
@@ -59,6 +61,51 @@ pub struct WorkerConfig {
     /// A fixed stage, or None to let the dispatcher choose.
     pub stage: Option<u32>,
     pub ignore_errors: bool,
+    /// Where the worker counts what it does (shared with its metrics endpoint, if any).
+    pub stats: Arc<WorkerStats>,
+}
+
+/// What a worker has done since it started, over every registration: counters the loop
+/// adds to as it goes (relaxed atomics: each is read on its own, by a metrics scrape), and two
+/// gauges of its adaptive state. `compute` over `steps_computed` against the process's CPU
+/// per step splits the worker's cost into the stage and everything else.
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    /// Registrations with the dispatcher (more than one after being declared lost).
+    pub registrations: AtomicU64,
+    /// Steps the stage computed (a step recomputed after its lease expired counts again).
+    pub steps_computed: AtomicU64,
+    /// The stage's time over those steps (wall time of each step's run), in nanoseconds.
+    pub compute_ns: AtomicU64,
+    /// Frames written to the receiver's data plane (a frame sent again counts again).
+    pub frames_sent: AtomicU64,
+    /// Vectored writes of frames (bursts): `frames_sent` over this is the mean burst.
+    pub bursts_sent: AtomicU64,
+    /// The frames' bytes.
+    pub bytes_sent: AtomicU64,
+    /// Lease requests to the dispatcher (each may carry a report).
+    pub lease_requests: AtomicU64,
+    /// Complete requests (reports that went alone).
+    pub report_requests: AtomicU64,
+    /// Steps reported delivered to the dispatcher.
+    pub steps_reported: AtomicU64,
+    /// Gauge: the stage's moving-average step time, in nanoseconds (0 before the first).
+    pub step_time_ns: AtomicU64,
+    /// Gauge: steps asked for per lease request now.
+    pub lease_batch: AtomicU64,
+}
+
+impl WorkerStats {
+    fn add(counter: &AtomicU64, n: usize) {
+        counter.fetch_add(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    fn add_duration(counter: &AtomicU64, d: Duration) {
+        counter.fetch_add(
+            u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
 }
 
 /// Why the loop ended.
@@ -167,7 +214,7 @@ pub async fn run_worker(
     config: WorkerConfig,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<WorkerSummary, ServiceError> {
-    run_registration(config, shutdown, &AtomicU64::new(0)).await
+    run_registration(config, shutdown).await
 }
 
 /// [`run_worker`], registering again whenever the dispatcher declares the worker lost
@@ -183,8 +230,15 @@ pub async fn run_worker_rejoining(
     tokio::pin!(shutdown);
     let (mut earlier, mut rejoined) = (0u64, 0u32);
     loop {
-        let reported = AtomicU64::new(0);
-        match run_registration(config.clone(), shutdown.as_mut(), &reported).await {
+        let before = config.stats.steps_reported.load(Ordering::Relaxed);
+        let reported = || {
+            config
+                .stats
+                .steps_reported
+                .load(Ordering::Relaxed)
+                .saturating_sub(before)
+        };
+        match run_registration(config.clone(), shutdown.as_mut()).await {
             Ok(mut summary) => {
                 summary.steps += earlier;
                 summary.rejoined = rejoined;
@@ -194,14 +248,14 @@ pub async fn run_worker_rejoining(
                 worker_id,
                 rpc,
                 reason,
-            }) if reported.load(Ordering::Relaxed) > 0 => {
+            }) if reported() > 0 => {
                 tracing::warn!(
                     worker_id,
                     rpc,
                     %reason,
                     "the dispatcher declared this worker lost; registering again"
                 );
-                earlier += reported.load(Ordering::Relaxed);
+                earlier += reported();
                 rejoined += 1;
             }
             Err(e) => return Err(e),
@@ -209,12 +263,13 @@ pub async fn run_worker_rejoining(
     }
 }
 
-/// One registration's run: [`run_worker`], counting the steps it reported in `reported`.
+/// One registration's run: [`run_worker`] (its summary counts this registration's steps).
 async fn run_registration(
     config: WorkerConfig,
     shutdown: impl Future<Output = ()> + Send,
-    reported: &AtomicU64,
 ) -> Result<WorkerSummary, ServiceError> {
+    let stats = config.stats.clone();
+    let reported_before = stats.steps_reported.load(Ordering::Relaxed);
     let tls = config.tls.as_ref();
     let mut dispatcher = connect(&config.dispatcher, &config.token, tls).await?;
     let reg = dispatcher
@@ -232,6 +287,7 @@ async fn run_registration(
         .into_inner();
     let worker_id = reg.worker_id;
     let stage_index = reg.stage;
+    WorkerStats::add(&stats.registrations, 1);
     tracing::info!(worker_id, stage = stage_index, "registered");
     let plan: Plan = serde_json::from_str(&reg.plan_json).map_err(|e| bad("plan", e))?;
     let graph: GraphDef =
@@ -358,6 +414,7 @@ async fn run_registration(
         single_thread: threads == 1,
         send_names,
         shared: shared.clone(),
+        stats: stats.clone(),
     };
     // gRPC for `Fetch`; the data plane (in `out`) for pushes.
     let mut receiver: Option<(String, ReceiverClient)> = None;
@@ -409,7 +466,11 @@ async fn run_registration(
         let next = state.next_step(now);
         // The delivered steps ride with the lease request as its report (one RPC, not two).
         if let Some((max, report)) = state.next_lease_carrying(now) {
-            reported.fetch_add(report.len() as u64, Ordering::Relaxed);
+            WorkerStats::add(&stats.steps_reported, report.len());
+            WorkerStats::add(&stats.lease_requests, 1);
+            stats
+                .lease_batch
+                .store(u64::from(state.batch_size()), Ordering::Relaxed);
             let carried = !report.is_empty();
             let (client, tx, job) = (dispatcher.clone(), answers_tx.clone(), config.job);
             let shared = shared.clone();
@@ -446,7 +507,8 @@ async fn run_registration(
             });
         }
         if let Some(report) = state.next_report(now) {
-            reported.fetch_add(report.len() as u64, Ordering::Relaxed);
+            WorkerStats::add(&stats.steps_reported, report.len());
+            WorkerStats::add(&stats.report_requests, 1);
             let (client, tx, job) = (dispatcher.clone(), answers_tx.clone(), config.job);
             tokio::spawn(async move {
                 let request = complete_request(job, worker_id, stage_index, &report);
@@ -530,7 +592,8 @@ async fn run_registration(
             let Some(report) = state.take_report() else {
                 break;
             };
-            reported.fetch_add(report.len() as u64, Ordering::Relaxed);
+            WorkerStats::add(&stats.steps_reported, report.len());
+            WorkerStats::add(&stats.report_requests, 1);
             let request = complete_request(config.job, worker_id, stage_index, &report);
             if let Err(status) = dispatcher.clone().complete(request).await {
                 tracing::debug!(%status, "last complete refused");
@@ -540,7 +603,10 @@ async fn run_registration(
     })
     .await;
     drop(heartbeat_guard);
-    let steps = reported.load(Ordering::Relaxed);
+    let steps = stats
+        .steps_reported
+        .load(Ordering::Relaxed)
+        .saturating_sub(reported_before);
     tracing::info!(
         worker_id,
         steps,
@@ -697,6 +763,7 @@ struct StepContext {
     single_thread: bool,
     send_names: HashMap<u32, Vec<String>>,
     shared: Arc<Mutex<Shared>>,
+    stats: Arc<WorkerStats>,
 }
 
 /// A step measured shorter than this is short. A short step runs in line on the worker's
@@ -872,6 +939,14 @@ async fn compute_step(
         source,
     })?;
     state.computed(compute);
+    WorkerStats::add(&ctx.stats.steps_computed, 1);
+    WorkerStats::add_duration(&ctx.stats.compute_ns, compute);
+    if let Some(t) = state.step_time() {
+        ctx.stats.step_time_ns.store(
+            u64::try_from(t.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
     let tensors: Vec<Tensor> = output
         .tensors
         .unwrap_or_default()
@@ -920,6 +995,12 @@ async fn send_flight(
         .collect::<Result<Vec<_>, _>>()?;
     match client.send_frames(&frames).await {
         Ok(()) => {
+            WorkerStats::add(&ctx.stats.bursts_sent, 1);
+            WorkerStats::add(&ctx.stats.frames_sent, frames.len());
+            WorkerStats::add(
+                &ctx.stats.bytes_sent,
+                frames.iter().map(FrameParts::len).sum(),
+            );
             out.flight_sent = true;
             Ok(Ok(()))
         }
