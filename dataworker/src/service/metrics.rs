@@ -179,7 +179,7 @@ pub fn render_worker(job: u64, stats: &WorkerStats) -> String {
         (
             "lode_worker_lease_batch",
             "gauge",
-            "Steps asked for per lease request now.",
+            "The lease batch k at the last request (steps asked for, room permitting).",
             get(&stats.lease_batch),
         ),
     ];

@@ -67,8 +67,8 @@ pub struct WorkerConfig {
 
 /// What a worker has done since it started, over every registration: counters the loop
 /// adds to as it goes (relaxed atomics: each is read on its own, by a metrics scrape), and two
-/// gauges of its adaptive state. `compute` over `steps_computed` against the process's CPU
-/// per step splits the worker's cost into the stage and everything else.
+/// gauges of its adaptive state. `compute_ns` over `steps_computed`, against the process's
+/// CPU per step, splits the worker's cost into the stage and everything else.
 #[derive(Debug, Default)]
 pub struct WorkerStats {
     /// Registrations with the dispatcher (more than one after being declared lost).
@@ -91,7 +91,8 @@ pub struct WorkerStats {
     pub steps_reported: AtomicU64,
     /// Gauge: the stage's moving-average step time, in nanoseconds (0 before the first).
     pub step_time_ns: AtomicU64,
-    /// Gauge: steps asked for per lease request now.
+    /// Gauge: the lease batch k at the last request (what a request asks for when the lease
+    /// limit leaves room).
     pub lease_batch: AtomicU64,
 }
 
