@@ -10,7 +10,8 @@
 //!
 //! Transports: `lode off` / `lode lz4` push through the receiver's data plane (what a worker
 //! uses: the frame written from the tensors' memory with vectored writes, one answer per
-//! frame); `grpc off` / `grpc lz4` through gRPC `Push` as before the data plane; `wide off`
+//! frame; over loopback an uncompressed frame goes without its checksum, as a worker's does);
+//! `lode off summed` is `lode off` with the checksum kept (what a remote receiver gets); `grpc off` / `grpc lz4` through gRPC `Push` as before the data plane; `wide off`
 //! through gRPC on a server and channels with large HTTP/2 flow-control windows.
 //!
 //! The baseline is N tokio `TcpStream`s over loopback, each sending its share of the same number
@@ -122,8 +123,9 @@ fn mib_per_s(bytes: u64, elapsed: Duration) -> f64 {
 /// How the pushers reach the receiver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Transport {
-    /// The data plane on the receiver's port: what a worker uses.
-    DataPlane,
+    /// The data plane on the receiver's port: what a worker uses; `sum_local` keeps the
+    /// frame checksum over loopback.
+    DataPlane { sum_local: bool },
     /// gRPC `Push`, with the given HTTP/2 settings.
     Grpc(Windows),
 }
@@ -145,7 +147,9 @@ impl Pusher {
     ) -> (u64, PushStatus, u64, String) {
         match self {
             Pusher::DataPlane(client) => {
-                let frame = encoder.encode_parts(msg).expect("encodes");
+                let frame = encoder
+                    .encode_parts_for(msg, client.is_loopback())
+                    .expect("encodes");
                 let len = u64::try_from(frame.len()).expect("fits");
                 let a = client.push_parts(&frame).await.expect("push");
                 (len, a.status, a.retry_after_ms, a.reason)
@@ -211,7 +215,7 @@ async fn service_transfer(
 ) -> (Duration, u64, u64) {
     let windows = match transport {
         Transport::Grpc(w) => w,
-        Transport::DataPlane => Windows::Default,
+        Transport::DataPlane { .. } => Windows::Default,
     };
     let buffer = Arc::new(
         SharedReceiver::new(ReceiverConfig::new(JOB, [0u32], 0, WINDOW)).expect("receiver"),
@@ -246,7 +250,7 @@ async fn service_transfer(
     let mut clients = Vec::new();
     for _ in 0..pushers {
         clients.push(match transport {
-            Transport::DataPlane => Pusher::DataPlane(
+            Transport::DataPlane { .. } => Pusher::DataPlane(
                 DataPlaneClient::connect(&addr, JOB, TOKEN, None)
                     .await
                     .expect("connect"),
@@ -307,6 +311,7 @@ async fn service_transfer(
                     compression,
                     max_message_bytes: u64::try_from(MAX_MESSAGE_BYTES).expect("fits"),
                 });
+                encoder.sum_local(transport == Transport::DataPlane { sum_local: true });
                 let mut wire = 0u64;
                 let mut retries = 0u64;
                 // The frame sent and not yet answered: its step and length.
@@ -321,7 +326,9 @@ async fn service_transfer(
                     };
                     // As a worker does: the next frame goes out before the answer to the one
                     // before it is read (one frame in flight).
-                    let frame = encoder.encode_parts(&msg).expect("encodes");
+                    let frame = encoder
+                        .encode_parts_for(&msg, plane.is_loopback())
+                        .expect("encodes");
                     plane.send_parts(&frame).await.expect("send");
                     let sent = (step, u64::try_from(frame.len()).expect("fits"));
                     let Some((earlier, len)) = unanswered.replace(sent) else {
@@ -511,8 +518,21 @@ fn main() {
         PAYLOAD_BYTES / 1024
     );
     let transports: Vec<(&str, Compression, Transport)> = [
-        ("lode off", Compression::Off, Transport::DataPlane),
-        ("lode lz4", Compression::Lz4, Transport::DataPlane),
+        (
+            "lode off",
+            Compression::Off,
+            Transport::DataPlane { sum_local: false },
+        ),
+        (
+            "lode off summed",
+            Compression::Off,
+            Transport::DataPlane { sum_local: true },
+        ),
+        (
+            "lode lz4",
+            Compression::Lz4,
+            Transport::DataPlane { sum_local: false },
+        ),
         (
             "grpc off",
             Compression::Off,

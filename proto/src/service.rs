@@ -46,8 +46,10 @@ pub use prost::bytes::Bytes;
 /// Bump it with any change a worker must understand (or that a worker relies on the dispatcher
 /// understanding). 2: a lease request carries the worker's report (`LeaseRequest.completed`),
 /// which a version-1 dispatcher would drop unread. 3: step frames are of format version 2 (an
-/// XXH3-64 checksum instead of a CRC32C, see `lode_dataworker::transfer::codec`).
-pub const PROTOCOL_VERSION: u32 = 3;
+/// XXH3-64 checksum instead of a CRC32C, see `lode_dataworker::transfer::codec`). 4: a worker
+/// on its receiver's machine sends uncompressed frames unsummed (compression byte 2), which a
+/// version-3 receiver would refuse frame by frame.
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// The largest message either end encodes or decodes. Sized for `Register`'s answer, which
 /// carries the plan and a stage graph.

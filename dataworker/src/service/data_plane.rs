@@ -452,13 +452,15 @@ async fn read_hello(
 /// arrives, its values read into the tensors' memory ([`stream::read_raw_frame`]); any other
 /// is read into `frame` (cleared first; it grows with the bytes that actually arrive, by at
 /// most [`READ_CHUNK`] ahead of them, whatever the prefix said), summed as the bytes arrive,
-/// and decoded by `decoder`.
+/// and decoded by `decoder`. An unsummed frame is taken only when `unsummed_from` is None (the
+/// peer is on this machine).
 async fn read_and_offer(
     incoming: &mut Incoming<impl AsyncRead + Unpin>,
     len: u32,
     frame: &mut Vec<u8>,
     decoder: &mut StepDecoder,
     service: &ReceiverService,
+    unsummed_from: Option<&str>,
 ) -> std::io::Result<Option<Verdict>> {
     let len = usize::try_from(len).map_err(|_| std::io::ErrorKind::InvalidData)?;
     frame.clear();
@@ -476,6 +478,7 @@ async fn read_and_offer(
                     len_u64(len),
                     limit,
                     service.pool(),
+                    unsummed_from,
                 )
                 .await;
                 return match decoded {
@@ -493,6 +496,16 @@ async fn read_and_offer(
         .read_summed(rest, frame, READ_CHUNK, &mut sum)
         .await?;
     Ok(service.offer_frame(decoder, frame, Some(&sum)))
+}
+
+/// None when `peer` is on this machine (a loopback address, also IPv4 in IPv6), which may
+/// leave the frame checksum out (see the codec's docs); else how to name it in a refusal.
+fn unsummed_from(peer: Option<SocketAddr>) -> Option<String> {
+    match peer {
+        Some(p) if p.ip().to_canonical().is_loopback() => None,
+        Some(p) => Some(p.to_string()),
+        None => Some("a peer of unknown address".to_owned()),
+    }
 }
 
 fn len_u64(n: usize) -> u64 {
@@ -527,6 +540,7 @@ pub(crate) async fn serve_connection(
     }
     let mut decoder = StepDecoder::new(max_frame_bytes());
     let mut frame = Vec::new();
+    let unsummed_from = unsummed_from(peer);
     let mut incoming = Incoming::new(stream);
     // Answers not yet written: while the next frame's bytes are already here (a worker's
     // burst), its answer joins them, so that a burst is answered with one write.
@@ -549,8 +563,15 @@ pub(crate) async fn serve_connection(
             let _ = send(incoming.get_mut(), &owed).await;
             return;
         }
-        let answer = match read_and_offer(&mut incoming, len, &mut frame, &mut decoder, &service)
-            .await
+        let answer = match read_and_offer(
+            &mut incoming,
+            len,
+            &mut frame,
+            &mut decoder,
+            &service,
+            unsummed_from.as_deref(),
+        )
+        .await
         {
             Ok(answer) => answer,
             Err(e) => {

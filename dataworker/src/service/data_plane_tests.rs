@@ -514,3 +514,32 @@ async fn a_rejected_frame_in_a_burst_is_answered_after_the_ones_before_and_nothi
     );
     served.shutdown().await;
 }
+
+#[test]
+fn only_a_peer_on_this_machine_may_send_unsummed_frames() {
+    for local in [
+        "127.0.0.1:4000",
+        "127.8.9.10:1",
+        "[::1]:4000",
+        "[::ffff:127.0.0.1]:4000",
+    ] {
+        let peer: SocketAddr = local.parse().expect("an address");
+        assert_eq!(unsummed_from(Some(peer)), None, "{local}");
+    }
+    for remote in [
+        "10.0.0.2:5000",
+        "[2001:db8::1]:5000",
+        "[::ffff:10.0.0.2]:5000",
+    ] {
+        let peer: SocketAddr = remote.parse().expect("an address");
+        assert_eq!(
+            unsummed_from(Some(peer)),
+            Some(peer.to_string()),
+            "{remote}"
+        );
+    }
+    assert!(
+        unsummed_from(None).is_some(),
+        "an unknown peer is not trusted"
+    );
+}

@@ -5,7 +5,8 @@
 //! offset size  field
 //!      0    4  magic "LODE"
 //!      4    1  format version (FORMAT_VERSION = 2)
-//!      5    1  compression: 0 = none, 1 = LZ4 block (lz4_flex, no size prefix)
+//!      5    1  compression: 0 = none, 1 = LZ4 block (lz4_flex, no size prefix),
+//!              2 = none and unsummed (the checksum field is zero and not checked)
 //!      6    8  uncompressed payload length, u64 little-endian
 //!     14    8  checksum: XXH3-64 (seed 0, default secret) of bytes 0..14 followed by the
 //!              payload as sent, u64 little-endian
@@ -13,7 +14,13 @@
 //!              the frame, decompressing to exactly `length` bytes
 //! ```
 //! The checksum is over the bytes as sent, so damage is caught before anything is
-//! decompressed. Format version 1 carried a CRC32C in bytes 14..18; version 2 carries XXH3-64
+//! decompressed. A sender on the receiver's own machine (a loopback connection) leaves it out
+//! of uncompressed frames (flag 2): the bytes never leave the machine's memory, where the
+//! kernel's own copy does not sum them either, and the two XXH3 passes over every byte were
+//! a fifth of the transfer's CPU (see the README's goodput figures). A receiver takes an
+//! unsummed frame only on its data plane and only from a loopback peer
+//! ([`TransferError::Unsummed`] otherwise); `StepEncoder::sum_local` keeps the checksum on
+//! loopback too. The decoder still checks every length, count and the frame's end. Format version 1 carried a CRC32C in bytes 14..18; version 2 carries XXH3-64
 //! because a frame's checksum is computed over every byte on both sides, and where the `crc32`
 //! instruction sums 20 GB/s, XXH3 (AVX2, chosen at run time by `twox-hash`) sums 33 (Zen 3
 //! EPYC, 256 KiB in cache, 2026-11-27); damage goes undetected with probability 2^-64 per
@@ -75,6 +82,13 @@ pub const MAGIC: [u8; 4] = *b"LODE";
 
 /// The frame format this build writes and reads.
 pub const FORMAT_VERSION: u8 = 2;
+
+/// The compression byte of an uncompressed frame sent without its checksum (see the module
+/// docs).
+const UNSUMMED_FLAG: u8 = 2;
+
+/// Where an unsummed frame is said to come from when it is refused for being decoded whole.
+pub(crate) const DECODED_WHOLE: &str = "a frame decoded whole";
 
 /// Bytes before the payload: magic, version, compression flag, length, checksum.
 pub const HEADER_LEN: usize = 22;
@@ -251,6 +265,9 @@ pub struct StepEncoder {
     last_probe: Option<AutoProbe>,
     /// What automatic compression chose at the end of the latest probe.
     auto_choice: Option<FrameCompression>,
+    /// Whether frames for a receiver on this machine keep their checksum (see the module
+    /// docs); false unless [`StepEncoder::sum_local`] says so.
+    sum_local: bool,
 }
 
 impl StepEncoder {
@@ -262,7 +279,14 @@ impl StepEncoder {
             probe: AutoProbe::default(),
             last_probe: None,
             auto_choice: None,
+            sum_local: false,
         }
+    }
+
+    /// Keeps the frame checksum in frames for a receiver on this machine too (by default
+    /// [`StepEncoder::encode_parts_for`] leaves it out of uncompressed local frames).
+    pub fn sum_local(&mut self, yes: bool) {
+        self.sum_local = yes;
     }
 
     pub fn config(&self) -> &CodecConfig {
@@ -356,7 +380,9 @@ impl StepEncoder {
 
     /// [`StepEncoder::encode_parts`] for a receiver on this machine when `local`: then
     /// [`Compression::Auto`] sends the frame raw without probing (over loopback, compression
-    /// costs CPU and saves no bandwidth that matters); `off` and `lz4` are kept as configured.
+    /// costs CPU and saves no bandwidth that matters); `off` and `lz4` are kept as configured;
+    /// and an uncompressed frame goes unsummed (flag 2, no checksum: see the module docs)
+    /// unless [`StepEncoder::sum_local`] was set.
     pub fn encode_parts_for<'m>(
         &mut self,
         msg: &'m StepMessage,
@@ -389,18 +415,26 @@ impl StepEncoder {
         write_payload(msg, &mut parts);
         let payload_len = parts.len() - HEADER_LEN;
         check_payload_len(payload_len, limit)?;
+        let unsummed = local && !self.sum_local;
         let header = &mut parts.owned[..HEADER_LEN];
         header[..4].copy_from_slice(&MAGIC);
         header[4] = FORMAT_VERSION;
-        header[5] = FrameCompression::None.flag();
+        header[5] = if unsummed {
+            UNSUMMED_FLAG
+        } else {
+            FrameCompression::None.flag()
+        };
         header[6..14].copy_from_slice(&len_u64(payload_len).to_le_bytes());
+        self.encoded += 1;
+        if unsummed {
+            return Ok(parts);
+        }
         // The frame's pieces in order, summed as a receiver sums them (the field is skipped).
         let mut sum = FrameChecksum::default();
         for piece in parts.slices() {
             sum.update(piece);
         }
         parts.owned[CHECKSUM_AT].copy_from_slice(&sum.value().to_le_bytes());
-        self.encoded += 1;
         Ok(parts)
     }
 
@@ -704,6 +738,12 @@ impl StepDecoder {
         checksum: Option<u64>,
     ) -> Result<StepMessage, TransferError> {
         let header = FrameHeader::parse(frame, self.max_message_bytes)?;
+        // Only the data plane's streamed reader takes unsummed frames (from loopback peers).
+        if !header.summed {
+            return Err(TransferError::Unsummed {
+                from: DECODED_WHOLE.to_owned(),
+            });
+        }
         let body = &frame[HEADER_LEN..];
         let body_len = len_u64(body.len());
         match header.compression {
@@ -839,6 +879,8 @@ pub struct FrameHeader {
     /// The uncompressed payload's length.
     pub payload_len: u64,
     pub checksum: u64,
+    /// False for an unsummed frame (flag 2): `checksum` is zero and means nothing.
+    pub summed: bool,
 }
 
 impl FrameHeader {
@@ -863,7 +905,10 @@ impl FrameHeader {
                 supported: FORMAT_VERSION,
             });
         }
-        let compression = FrameCompression::from_flag(header[5])?;
+        let (compression, summed) = match header[5] {
+            UNSUMMED_FLAG => (FrameCompression::None, false),
+            flag => (FrameCompression::from_flag(flag)?, true),
+        };
         let mut len = [0u8; 8];
         len.copy_from_slice(&header[6..14]);
         let payload_len = u64::from_le_bytes(len);
@@ -880,6 +925,7 @@ impl FrameHeader {
             compression,
             payload_len,
             checksum: u64::from_le_bytes(sum),
+            summed,
         })
     }
 }

@@ -181,7 +181,9 @@ pub fn streams(header: &FrameHeader) -> bool {
 
 /// Reads the payload of a frame whose `header` (already read: `head` holds its bytes) says it
 /// is uncompressed, `len` bytes long in all (the connection's length prefix), and decodes it
-/// as it arrives, within `limit` (the decoder's `max_message_bytes`). On success, or on a
+/// as it arrives, within `limit` (the decoder's `max_message_bytes`). An unsummed frame (no
+/// checksum: see the codec's docs) is taken only when `unsummed_from` is None (the peer is on
+/// this machine); else it is refused as coming from there. On success, or on a
 /// [`StreamFault::Refused`], exactly the frame's bytes were read.
 pub async fn read_raw_frame<S: AsyncRead + Unpin>(
     incoming: &mut Incoming<S>,
@@ -190,6 +192,7 @@ pub async fn read_raw_frame<S: AsyncRead + Unpin>(
     len: u64,
     limit: u64,
     pool: &TensorPool,
+    unsummed_from: Option<&str>,
 ) -> Result<StepMessage, StreamFault> {
     let body = len.saturating_sub(len_u64(HEADER_LEN));
     let mut reader = Payload {
@@ -197,6 +200,7 @@ pub async fn read_raw_frame<S: AsyncRead + Unpin>(
         pool,
         left: body,
         sum: FrameChecksum::default(),
+        summing: header.summed,
         unsummed: 0,
         ctx: DecodeCtx {
             limit,
@@ -207,7 +211,11 @@ pub async fn read_raw_frame<S: AsyncRead + Unpin>(
     reader.sum.update(head);
     // A length that disagrees with the header is refused before the checksum, as
     // `StepDecoder` refuses it.
-    let length = if body < header.payload_len {
+    let length = if let (false, Some(from)) = (header.summed, unsummed_from) {
+        Some(TransferError::Unsummed {
+            from: from.to_owned(),
+        })
+    } else if body < header.payload_len {
         Some(TransferError::Truncated {
             needed: header.payload_len + len_u64(HEADER_LEN),
             actual: len,
@@ -229,7 +237,7 @@ pub async fn read_raw_frame<S: AsyncRead + Unpin>(
     let trailing = reader.left;
     reader.drain().await?;
     let actual = reader.checksum();
-    if actual != header.checksum {
+    if header.summed && actual != header.checksum {
         return Err(StreamFault::Refused(TransferError::ChecksumMismatch {
             expected: header.checksum,
             actual,
@@ -257,6 +265,8 @@ struct Payload<'a, S> {
     pool: &'a TensorPool,
     left: u64,
     sum: FrameChecksum,
+    /// False for an unsummed frame: nothing is summed.
+    summing: bool,
     /// Bytes taken from the buffer and not yet summed: the buffer's last taken ones.
     unsummed: usize,
     ctx: DecodeCtx,
@@ -287,7 +297,9 @@ impl<S: AsyncRead + Unpin> Payload<'_, S> {
 
     /// Sums the bytes taken from the buffer and not yet summed.
     fn sum_taken(&mut self) {
-        if self.unsummed > 0 {
+        if !self.summing {
+            self.unsummed = 0;
+        } else if self.unsummed > 0 {
             self.sum.update(self.incoming.taken_tail(self.unsummed));
             self.unsummed = 0;
         }
@@ -378,9 +390,13 @@ impl<S: AsyncRead + Unpin> Payload<'_, S> {
             return Ok(Ok(()));
         }
         self.sum_taken();
-        for piece in dst.chunks_mut(SUM_CHUNK) {
-            self.incoming.read_exact_into(piece).await?;
-            self.sum.update(piece);
+        if self.summing {
+            for piece in dst.chunks_mut(SUM_CHUNK) {
+                self.incoming.read_exact_into(piece).await?;
+                self.sum.update(piece);
+            }
+        } else {
+            self.incoming.read_exact_into(dst).await?;
         }
         self.left -= needed;
         Ok(Ok(()))

@@ -217,10 +217,16 @@ fn auto_sends_raw_to_a_local_receiver_and_other_settings_stay() {
         .encode_parts_for(&zeros, true)
         .expect("encodes")
         .to_vec();
-    assert_eq!(local[5], 0, "raw to a local receiver, even while probing");
-    assert!(decode_frame(&local, DEFAULT_MAX_MESSAGE_BYTES)
-        .expect("decodes")
-        .bitwise_eq(&zeros));
+    assert_eq!(
+        local[5], UNSUMMED_FLAG,
+        "raw (and unsummed) to a local receiver, even while probing"
+    );
+    assert!(
+        stream_decode_from(&local, DEFAULT_MAX_MESSAGE_BYTES, 1 << 20, None)
+            .expect("streams")
+            .expect("decodes")
+            .bitwise_eq(&zeros)
+    );
     let remote = auto
         .encode_parts_for(&zeros, false)
         .expect("encodes")
@@ -1043,6 +1049,17 @@ fn stream_decode(
     limit: u64,
     chunk: usize,
 ) -> Option<Result<StepMessage, TransferError>> {
+    // As the slice decoder, which refuses every unsummed frame.
+    stream_decode_from(frame, limit, chunk, Some(DECODED_WHOLE))
+}
+
+/// [`stream_decode`] on a connection whose peer is `unsummed_from` (None: this machine).
+fn stream_decode_from(
+    frame: &[u8],
+    limit: u64,
+    chunk: usize,
+    unsummed_from: Option<&str>,
+) -> Option<Result<StepMessage, TransferError>> {
     let head: [u8; HEADER_LEN] = *frame.first_chunk()?;
     let header = FrameHeader::parse(&head, limit).ok()?;
     if !stream::streams(&header) {
@@ -1060,12 +1077,21 @@ fn stream_decode(
         assert_eq!(read, head);
         let len = len_u64(frame.len());
         let pool = junk_pool();
-        let result =
-            match stream::read_raw_frame(&mut incoming, &head, &header, len, limit, &pool).await {
-                Ok(msg) => Ok(msg),
-                Err(stream::StreamFault::Refused(e)) => Err(e),
-                Err(stream::StreamFault::Io(e)) => panic!("a whole frame broke off: {e}"),
-            };
+        let result = match stream::read_raw_frame(
+            &mut incoming,
+            &head,
+            &header,
+            len,
+            limit,
+            &pool,
+            unsummed_from,
+        )
+        .await
+        {
+            Ok(msg) => Ok(msg),
+            Err(stream::StreamFault::Refused(e)) => Err(e),
+            Err(stream::StreamFault::Io(e)) => panic!("a whole frame broke off: {e}"),
+        };
         let mut next = [0u8; 4];
         incoming.read_exact_into(&mut next).await.expect("next");
         assert_eq!(
@@ -1088,6 +1114,78 @@ fn assert_agree(frame: &[u8], limit: u64, chunk: usize) -> Result<(), TestCaseEr
         (a, b) => prop_assert!(false, "stream {:?}, slice {:?}", a, b),
     }
     Ok(())
+}
+
+#[test]
+fn an_unsummed_frame_is_taken_from_this_machine_only() {
+    for msg in [
+        message(every_dtype()),
+        message(vec![noise(100_000), compressible()]),
+    ] {
+        let mut enc = encoder(Compression::Auto);
+        let local = enc.encode_parts_for(&msg, true).expect("encodes").to_vec();
+        assert_eq!(local[5], 2, "a local uncompressed frame is unsummed");
+        assert_eq!(
+            &local[CHECKSUM_AT], &[0u8; 8],
+            "and its checksum field is zero"
+        );
+        let header = FrameHeader::parse(&local, DEFAULT_MAX_MESSAGE_BYTES).expect("parses");
+        assert!(!header.summed);
+        // Its payload is the summed frame's, byte for byte.
+        let summed = encoder(Compression::Off).encode(&msg).expect("encodes");
+        assert_eq!(&local[HEADER_LEN..], &summed[HEADER_LEN..]);
+        for chunk in [1, 7, 1 << 20] {
+            let back = stream_decode_from(&local, DEFAULT_MAX_MESSAGE_BYTES, chunk, None)
+                .expect("streams")
+                .expect("a peer on this machine may send it");
+            assert!(back.bitwise_eq(&msg), "chunk {chunk}");
+            let refused = stream_decode_from(
+                &local,
+                DEFAULT_MAX_MESSAGE_BYTES,
+                chunk,
+                Some("10.0.0.2:5000"),
+            )
+            .expect("streams")
+            .expect_err("a remote peer may not");
+            assert!(
+                matches!(&refused, TransferError::Unsummed { from } if from == "10.0.0.2:5000"),
+                "{refused}"
+            );
+        }
+        let whole = decode_frame(&local, DEFAULT_MAX_MESSAGE_BYTES).expect_err("decoded whole");
+        assert!(matches!(whole, TransferError::Unsummed { .. }), "{whole}");
+        // Asked to, the encoder sums local frames too: the same bytes as any summed frame.
+        enc.sum_local(true);
+        assert_eq!(
+            enc.encode_parts_for(&msg, true).expect("encodes").to_vec(),
+            summed
+        );
+        // A remote frame is always summed.
+        let mut remote = encoder(Compression::Off);
+        assert_eq!(
+            remote
+                .encode_parts_for(&msg, false)
+                .expect("encodes")
+                .to_vec(),
+            summed
+        );
+    }
+    // Unsummed is the uncompressed form only: LZ4 frames keep their checksum.
+    let mut lz4 = encoder(Compression::Lz4);
+    let msg = message(vec![compressible()]);
+    let frame = lz4.encode_parts_for(&msg, true).expect("encodes").to_vec();
+    assert_eq!(frame[5], 1);
+    assert!(decode_frame(&frame, DEFAULT_MAX_MESSAGE_BYTES).is_ok());
+    // Flag 3 is no flag at all.
+    let mut bad = encoder(Compression::Off)
+        .encode_parts_for(&msg, true)
+        .expect("x")
+        .to_vec();
+    bad[5] = 3;
+    assert!(matches!(
+        FrameHeader::parse(&bad, DEFAULT_MAX_MESSAGE_BYTES),
+        Err(TransferError::UnknownCompression { flag: 3 })
+    ));
 }
 
 #[test]

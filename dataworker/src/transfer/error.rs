@@ -13,9 +13,14 @@ pub enum TransferError {
     #[error("step frame format version {version} is not supported (this build reads {supported})")]
     UnsupportedVersion { version: u8, supported: u8 },
 
-    /// The compression flag byte is neither 0 (none) nor 1 (LZ4 block).
-    #[error("unknown compression flag {flag} in a step frame (expected 0 or 1)")]
+    /// The compression flag byte is neither 0 (none), 1 (LZ4 block) nor 2 (none, unsummed).
+    #[error("unknown compression flag {flag} in a step frame (expected 0, 1 or 2)")]
     UnknownCompression { flag: u8 },
+
+    /// An unsummed frame (flag 2) where only summed ones are taken: from a peer that is not
+    /// on the receiver's machine, or outside the data plane.
+    #[error("an unsummed step frame (flag 2) from {from}: only a sender on this machine, over loopback, may leave out the frame checksum")]
+    Unsummed { from: String },
 
     /// The frame ends before its header, or before the payload its header declares.
     #[error("truncated step frame: needed {needed} bytes, found {actual}")]
