@@ -86,6 +86,11 @@ const READ_CHUNK: usize = 1 << 20;
 
 const WELCOME: u8 = 0;
 const REFUSED: u8 = 1;
+/// A welcome to a peer the receiver sees on its own machine: it may send unsummed frames
+/// (see the codec's docs). Both ends must see a loopback peer for a connection to be local:
+/// behind a port forward on one host (a container's published port) the worker dials
+/// loopback while the receiver sees a bridge address, and would refuse unsummed frames.
+const WELCOME_LOCAL: u8 = 2;
 
 /// Errors of the data plane's client.
 #[derive(Debug, thiserror::Error)]
@@ -139,7 +144,8 @@ pub struct PushAnswer {
 pub struct DataPlaneClient {
     addr: String,
     stream: ClientStream,
-    /// The receiver is on this machine (the connection's peer is a loopback address).
+    /// The receiver is on this machine as both ends see it: the connection's peer is a
+    /// loopback address, and the receiver welcomed it as local.
     loopback: bool,
     /// Answer bytes read and not yet parsed: one read takes every answer that has arrived
     /// (a burst's answers come together), not one read per answer.
@@ -150,8 +156,9 @@ pub struct DataPlaneClient {
 const ANSWER_READ: usize = 4096;
 
 impl DataPlaneClient {
-    /// Whether the receiver is reached over loopback (on this machine), where compressing a
-    /// frame costs CPU and saves no bandwidth that matters.
+    /// Whether the receiver is reached over loopback (on this machine, as both ends see it),
+    /// where compressing a frame costs CPU and saves no bandwidth that matters, and an
+    /// uncompressed frame may go without its checksum.
     pub fn is_loopback(&self) -> bool {
         self.loopback
     }
@@ -184,12 +191,13 @@ impl DataPlaneClient {
         send(&mut stream, &hello).await.map_err(io)?;
         let verdict = stream.read_u8().await.map_err(io)?;
         match verdict {
-            WELCOME => Ok(DataPlaneClient {
+            WELCOME | WELCOME_LOCAL => Ok(DataPlaneClient {
                 addr: host.to_owned(),
-                loopback: stream
-                    .tcp()
-                    .peer_addr()
-                    .is_ok_and(|peer| peer.ip().is_loopback()),
+                loopback: verdict == WELCOME_LOCAL
+                    && stream
+                        .tcp()
+                        .peer_addr()
+                        .is_ok_and(|peer| peer.ip().to_canonical().is_loopback()),
                 stream,
                 answers: Vec::new(),
             }),
@@ -535,12 +543,17 @@ pub(crate) async fn serve_connection(
         let _ = send(&mut stream, &out).await;
         return;
     }
-    if send(&mut stream, &[WELCOME]).await.is_err() {
+    let unsummed_from = unsummed_from(peer);
+    let welcome = if unsummed_from.is_none() {
+        WELCOME_LOCAL
+    } else {
+        WELCOME
+    };
+    if send(&mut stream, &[welcome]).await.is_err() {
         return;
     }
     let mut decoder = StepDecoder::new(max_frame_bytes());
     let mut frame = Vec::new();
-    let unsummed_from = unsummed_from(peer);
     let mut incoming = Incoming::new(stream);
     // Answers not yet written: while the next frame's bytes are already here (a worker's
     // burst), its answer joins them, so that a burst is answered with one write.

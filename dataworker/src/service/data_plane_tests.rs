@@ -78,7 +78,7 @@ fn hello(version: u32, job: u64, token: &[u8]) -> Vec<u8> {
 /// Reads a refusal (verdict, reason) or a welcome (verdict, "") from the server.
 async fn verdict(stream: &mut TcpStream) -> (u8, String) {
     let v = stream.read_u8().await.expect("a verdict");
-    if v == WELCOME {
+    if v == WELCOME || v == WELCOME_LOCAL {
         return (v, String::new());
     }
     (v, read_reason(stream).await.expect("a reason"))
@@ -101,7 +101,11 @@ async fn welcomed(served: &Served) -> TcpStream {
     s.write_all(&hello(PROTOCOL_VERSION, JOB, TOKEN.as_bytes()))
         .await
         .expect("write");
-    assert_eq!(verdict(&mut s).await.0, WELCOME);
+    assert_eq!(
+        verdict(&mut s).await.0,
+        WELCOME_LOCAL,
+        "a peer on this machine is welcomed as local"
+    );
     s
 }
 
@@ -542,4 +546,26 @@ fn only_a_peer_on_this_machine_may_send_unsummed_frames() {
         unsummed_from(None).is_some(),
         "an unknown peer is not trusted"
     );
+}
+
+#[tokio::test]
+async fn a_connection_is_local_only_when_the_receiver_welcomes_it_as_local() {
+    // A receiver behind a port forward sees a bridge address, not loopback: it says WELCOME,
+    // and the worker, though it dialled 127.0.0.1, must then send summed frames.
+    for (answer, local) in [(WELCOME, false), (WELCOME_LOCAL, true)] {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.expect("accept");
+            let mut hello = vec![0u8; 18 + TOKEN.len()];
+            s.read_exact(&mut hello).await.expect("hello");
+            s.write_all(&[answer]).await.expect("verdict");
+            s
+        });
+        let client = DataPlaneClient::connect(&addr, JOB, TOKEN, None)
+            .await
+            .expect("welcomed");
+        assert_eq!(client.is_loopback(), local, "verdict {answer}");
+        drop(server.await.expect("server"));
+    }
 }

@@ -19,9 +19,11 @@
 //! kernel's own copy does not sum them either, and the two XXH3 passes over every byte were
 //! a fifth of the transfer's CPU (see the README's goodput figures). A receiver takes an
 //! unsummed frame only on its data plane and only from a loopback peer
-//! ([`TransferError::Unsummed`] otherwise); `StepEncoder::sum_local` keeps the checksum on
-//! loopback too. The decoder still checks every length, count and the frame's end. Format version 1 carried a CRC32C in bytes 14..18; version 2 carries XXH3-64
-//! because a frame's checksum is computed over every byte on both sides, and where the `crc32`
+//! ([`TransferError::Unsummed`] otherwise), and says so in its welcome: a sender leaves the
+//! checksum out only when both ends see loopback (`DataPlaneClient::is_loopback`); `StepEncoder::sum_local` keeps the checksum on
+//! loopback too. The decoder still checks every length, count and the frame's end.
+//!
+//! Format version 1 carried a CRC32C in bytes 14..18; version 2 carries XXH3-64 because a frame's checksum is computed over every byte on both sides, and where the `crc32`
 //! instruction sums 20 GB/s, XXH3 (AVX2, chosen at run time by `twox-hash`) sums 33 (Zen 3
 //! EPYC, 256 KiB in cache, 2026-11-27); damage goes undetected with probability 2^-64 per
 //! frame, as for any 64-bit hash of good dispersion, where a CRC32C's is 2^-32 (it also
