@@ -102,7 +102,7 @@ const DUMPED_STEPS_PER_THREAD: usize = 4;
 /// last stage's send tensors of step `s` to `dump/step_s/k.pb` (TensorProto). The dump
 /// directory must be missing or empty: nothing already there is overwritten.
 ///
-/// The steps are taken from the iterator a chunk at a time ([`STEPS_PER_CHUNK`], or a few per
+/// The steps are taken from the iterator a chunk at a time (`STEPS_PER_CHUNK`, or a few per
 /// thread when dumping) and each chunk runs in parallel, so memory does not grow with the
 /// number of steps. `seconds` counts the chunks' runs, not the iterator's work between them.
 /// The first failing step (in step order within its chunk) ends the run with its error.

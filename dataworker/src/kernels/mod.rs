@@ -8,7 +8,7 @@
 //! - [`strings`]: hashing, case, strip, join, `ReduceJoin`, substr (bytes or UTF-8 characters),
 //!   split, number ↔ string, `RegexReplace` (RE2).
 //! - [`lookup`]: `HashTableV2` and the ops that fill and read it.
-//! - [`array`]: shape and copy ops (`Reshape`, `ConcatV2`, `Pack`, `Range` …).
+//! - [`mod@array`]: shape and copy ops (`Reshape`, `ConcatV2`, `Pack`, `Range` …).
 //! - [`cast`]: `Cast`, including what TensorFlow's x86-64 kernel does out of range.
 //! - [`parsing`]: `DecodeCSV`, `ParseExampleV2`, `ParseSingleExample`, `DeserializeSparse`
 //!   (errors name the record or example and the field or key).

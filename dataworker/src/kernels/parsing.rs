@@ -8,14 +8,14 @@
 //! - `DecodeCSV` (`decode_csv_op.cc`): quotes only open a field at its first byte, `""`
 //!   escapes a quote inside a quoted field, a quoted field must end with a quote followed by
 //!   the delimiter or the end of the record, CR and LF are skipped at the start of a field and
-//!   refused inside an unquoted one, and numbers go through `safe_strto*` ([`super::number`]).
+//!   refused inside an unquoted one, and numbers go through `safe_strto*` (`super::number`).
 //! - `ParseExampleV2` / `ParseSingleExample` (`example_proto_fast_parsing.cc`): TensorFlow does
 //!   not run a protobuf parser but its own fast decoder, which is more lenient in places (a
 //!   length that runs past the end of its message is cut to the end, bytes after a list are
 //!   ignored, only the first packed run of a list is read, a packed float run whose length is
 //!   not a multiple of 4 drops the remainder) and stricter in others (a `Features` message may
 //!   hold nothing but map entries, a map entry exactly one key and one value, groups are
-//!   refused). [`Input`] mirrors protobuf's `CodedInputStream` limits so that the same bytes
+//!   refused). `Input` mirrors protobuf's `CodedInputStream` limits so that the same bytes
 //!   give the same answer. When a key occurs more than once in a `Features` map the last
 //!   occurrence wins. If any key is listed twice in the op's configuration (say as a sparse
 //!   and a dense key), no key matches any feature: TensorFlow's `FastParseExample` fails to

@@ -1,6 +1,6 @@
 //! String kernels: `StringToHashBucketFast`, `StringToHashBucketStrong`, `StringLower`,
 //! `StringUpper`, `StringStrip`, `StringJoin`, `Substr`, `StringToNumber`, `AsString`,
-//! `StringSplitV2`, `RegexReplace` (RE2 semantics on the `regex` crate, see [`super::re2`]).
+//! `StringSplitV2`, `RegexReplace` (RE2 semantics on the `regex` crate, see `super::re2`).
 
 use std::num::NonZeroU64;
 

@@ -426,7 +426,7 @@ impl Consumer {
     }
 
     /// Blocks until the next step is complete, the job's data ends, or `cancelled()` says
-    /// to stop (checked every [`POLL`]).
+    /// to stop (checked every `POLL`).
     pub fn next(&self, cancelled: &dyn Fn() -> bool) -> Result<Next, ConsumerError> {
         loop {
             if cancelled() {
@@ -683,7 +683,7 @@ async fn report(
 
 /// The address workers dial for a receiver bound to `bound`: `advertise` (`HOST` or
 /// `HOST:PORT`, the port defaulting to the bound one) when given, else the bound address, which
-/// must then name one interface: an address bound to every interface (0.0.0.0, [::]) is not
+/// must then name one interface: an address bound to every interface (`0.0.0.0`, `[::]`) is not
 /// one a worker on another machine can dial.
 pub fn receiver_url(
     bound: SocketAddr,

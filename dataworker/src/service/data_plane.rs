@@ -37,7 +37,7 @@
 //! from the socket into the tensor's own memory, so the bytes cross user space once; a
 //! tensor's memory is allocated (zeroed, so untouched pages cost nothing) for at most what the
 //! rest of the frame could fill. Any other frame is read into a buffer that grows with the
-//! bytes that arrive (at most [`READ_CHUNK`] ahead of them) and is decoded whole. Either way
+//! bytes that arrive (at most `READ_CHUNK` ahead of them) and is decoded whole. Either way
 //! the frame's checksum is summed piece by piece as it arrives, while the bytes are in cache,
 //! and a frame is refused exactly as `StepDecoder` refuses it. A frame the
 //! codec refuses is answered `REJECTED` with the reason, and the connection is closed (a sender

@@ -4,7 +4,7 @@
 //! worker pushes again later) rather than blocking a server thread.
 //!
 //! [`serve_receiver`] serves gRPC and the data plane ([`super::data_plane`]) on one port; both
-//! offer frames through [`ReceiverService::offer_frame`], so they answer alike. With TLS every
+//! offer frames through `ReceiverService::offer_frame`, so they answer alike. With TLS every
 //! connection is TLS: the handshake comes first, then the same sniffing inside it; a peer that
 //! does not complete a handshake (a plaintext client) is logged and closed, untouched.
 //! Connections come through `lode_proto::accept` (the one accept loop), at most
