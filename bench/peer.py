@@ -651,9 +651,9 @@ def cmd_worker_eff(args):
     running job (its neighbours on the other core, the transport's cache traffic) than in
     exec alone."""
     import shutil
-    import urllib.request
     import signal
     import tempfile
+    import urllib.request
 
     work = tempfile.mkdtemp(prefix="lode-eff-")
     procs = []
