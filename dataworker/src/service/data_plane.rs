@@ -197,7 +197,7 @@ impl DataPlaneClient {
                     && stream
                         .tcp()
                         .peer_addr()
-                        .is_ok_and(|peer| peer.ip().to_canonical().is_loopback()),
+                        .is_ok_and(|peer| on_this_machine(peer.ip())),
                 stream,
                 answers: Vec::new(),
             }),
@@ -506,11 +506,16 @@ async fn read_and_offer(
     Ok(service.offer_frame(decoder, frame, Some(&sum)))
 }
 
+/// Whether `ip` is a loopback address (also IPv4 in IPv6): a peer on this machine.
+fn on_this_machine(ip: std::net::IpAddr) -> bool {
+    ip.to_canonical().is_loopback()
+}
+
 /// None when `peer` is on this machine (a loopback address, also IPv4 in IPv6), which may
 /// leave the frame checksum out (see the codec's docs); else how to name it in a refusal.
 fn unsummed_from(peer: Option<SocketAddr>) -> Option<String> {
     match peer {
-        Some(p) if p.ip().to_canonical().is_loopback() => None,
+        Some(p) if on_this_machine(p.ip()) => None,
         Some(p) => Some(p.to_string()),
         None => Some("a peer of unknown address".to_owned()),
     }

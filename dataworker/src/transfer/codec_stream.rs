@@ -209,9 +209,9 @@ pub async fn read_raw_frame<S: AsyncRead + Unpin>(
         },
     };
     reader.sum.update(head);
-    // A length that disagrees with the header is refused before the checksum, as
-    // `StepDecoder` refuses it.
-    let length = if let (false, Some(from)) = (header.summed, unsummed_from) {
+    // An unsummed frame from elsewhere, or a length that disagrees with the header, is
+    // refused before anything is decoded or summed, as `StepDecoder` refuses it.
+    let refused = if let (false, Some(from)) = (header.summed, unsummed_from) {
         Some(TransferError::Unsummed {
             from: from.to_owned(),
         })
@@ -228,7 +228,7 @@ pub async fn read_raw_frame<S: AsyncRead + Unpin>(
     } else {
         None
     };
-    if let Some(refused) = length {
+    if let Some(refused) = refused {
         reader.drain().await?;
         return Err(StreamFault::Refused(refused));
     }
