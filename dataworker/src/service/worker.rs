@@ -400,7 +400,7 @@ async fn run_registration(
             max_message_bytes: MAX_MESSAGE_BYTES as u64,
         }),
         plane: None,
-        burst: Vec::new(),
+        burst: Burst::default(),
         flight: VecDeque::new(),
         flight_sent: false,
         parked: HashMap::new(),
@@ -803,9 +803,7 @@ async fn run_step(
         },
     };
     out.burst.push(msg);
-    if state.burst_due(Instant::now())
-        || out.burst.iter().map(value_bytes).sum::<usize>() >= BURST_BYTES
-    {
+    if state.burst_due(Instant::now()) || out.burst.bytes >= BURST_BYTES {
         return flush(ctx, state, out, shutdown).await;
     }
     Ok(true)
@@ -840,18 +838,19 @@ async fn flush(
         out.burst.clear();
         return Ok(true);
     }
+    let mut frames = out.burst.take();
     // Steps the receiver would refuse now wait with the parked ones, unsent.
     for global in state.hold_back(Instant::now()) {
-        if let Some(at) = out.burst.iter().position(|m| m.step == global) {
-            out.parked.insert(global, out.burst.remove(at));
+        if let Some(at) = frames.iter().position(|m| m.step == global) {
+            out.parked.insert(global, frames.remove(at));
         }
     }
     let live: Vec<u64> = state.burst().collect();
-    out.burst.retain(|m| live.contains(&m.step));
-    if out.burst.is_empty() {
+    frames.retain(|m| live.contains(&m.step));
+    if frames.is_empty() {
         return Ok(true);
     }
-    out.flight = out.burst.drain(..).collect();
+    out.flight = frames.into();
     out.flight_sent = false;
     // An unsent burst is sent again, after a reconnection, by `settle`.
     if let Err(e) = send_flight(ctx, out).await? {
@@ -971,12 +970,47 @@ async fn compute_step(
 struct Outbox {
     encoder: StepEncoder,
     plane: Option<(String, DataPlaneClient)>,
-    burst: Vec<StepMessage>,
+    burst: Burst,
     /// Kept until each one's answer is read: they are encoded again to resend them.
     flight: VecDeque<StepMessage>,
     /// Whether `flight` went out on the current connection (false after a lost one).
     flight_sent: bool,
     parked: HashMap<u64, StepMessage>,
+}
+
+/// The burst's frames, in the order computed, and their tensors' bytes ([`value_bytes`]),
+/// counted as they join (not summed again at every step).
+#[derive(Default)]
+struct Burst {
+    frames: Vec<StepMessage>,
+    bytes: usize,
+}
+
+impl Burst {
+    fn push(&mut self, msg: StepMessage) {
+        self.bytes += value_bytes(&msg);
+        self.frames.push(msg);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    fn clear(&mut self) {
+        self.frames.clear();
+        self.bytes = 0;
+    }
+
+    /// The frames, leaving the burst empty (with room for as many).
+    fn take(&mut self) -> Vec<StepMessage> {
+        self.bytes = 0;
+        let room = Vec::with_capacity(self.frames.capacity());
+        std::mem::replace(&mut self.frames, room)
+    }
 }
 
 /// Sends the frames in flight in one vectored write, connecting first. An unreachable

@@ -406,8 +406,9 @@ impl StepEncoder {
                 borrowed_len: 0,
             });
         }
-        let limit = self.checked_limit(msg)?;
-        let mut owned = Vec::with_capacity(HEADER_LEN + size_hint(msg, BORROW_MIN_BYTES));
+        let (decoded, hint) = sizes(msg, BORROW_MIN_BYTES);
+        let limit = self.limit_for(decoded)?;
+        let mut owned = Vec::with_capacity(HEADER_LEN + hint);
         owned.resize(HEADER_LEN, 0);
         let mut parts = FrameParts {
             owned,
@@ -442,8 +443,13 @@ impl StepEncoder {
 
     /// The message limit, once `msg` is known to fit it decoded.
     fn checked_limit(&self, msg: &StepMessage) -> Result<u64, TransferError> {
+        self.limit_for(decoded_size(msg))
+    }
+
+    /// The message limit, once a message of `decoded` bytes (see [`decoded_size`]) is known to
+    /// fit it.
+    fn limit_for(&self, decoded: u64) -> Result<u64, TransferError> {
         let limit = self.config.max_message_bytes;
-        let decoded = decoded_size(msg);
         if decoded > limit {
             return Err(TransferError::MessageTooLarge {
                 bytes: decoded,
@@ -936,20 +942,7 @@ impl FrameHeader {
 /// [`STRING_OVERHEAD_BYTES`] per string element, and [`TENSOR_OVERHEAD_BYTES`] plus 8 bytes
 /// per dimension for each tensor. Independent of the machine, so sender and receiver agree.
 pub fn decoded_size(msg: &StepMessage) -> u64 {
-    let records = len_u64(msg.records.len()).saturating_mul(8);
-    msg.tensors.iter().fold(records, |acc, t| {
-        let values = match t.data() {
-            TensorData::String(v) => v.iter().fold(0u64, |a, s| {
-                a.saturating_add(STRING_OVERHEAD_BYTES + len_u64(s.len()))
-            }),
-            data => {
-                let width = t.dtype().byte_width().unwrap_or(1);
-                len_u64(data.len()).saturating_mul(len_u64(width))
-            }
-        };
-        acc.saturating_add(tensor_overhead(t.shape().len()))
-            .saturating_add(values)
-    })
+    sizes(msg, usize::MAX).0
 }
 
 /// The stable wire tag of each dtype. Tags are never reused; new dtypes get new numbers.
@@ -996,21 +989,39 @@ fn check_payload_len(len: usize, limit: u64) -> Result<(), TransferError> {
 /// A close upper bound of the payload's size, to reserve once, leaving out numeric values of
 /// `borrowed_from` bytes or more (a frame in parts borrows them; `usize::MAX` counts all).
 fn size_hint(msg: &StepMessage, borrowed_from: usize) -> usize {
-    let head = 48 + 9 * msg.records.len();
-    msg.tensors.iter().fold(head, |acc: usize, t| {
-        let values = match t.data() {
-            TensorData::String(v) => v.iter().map(|s| s.len() + 9).sum(),
+    sizes(msg, borrowed_from).1
+}
+
+/// [`decoded_size`] and [`size_hint`] of `msg` together, in one pass over its strings (a
+/// frame's encoder needs both, and a cut's string columns hold hundreds of them a step).
+fn sizes(msg: &StepMessage, borrowed_from: usize) -> (u64, usize) {
+    let records = msg.records.len();
+    let mut decoded = len_u64(records).saturating_mul(8);
+    let mut hint = 48 + 9 * records;
+    for t in &msg.tensors {
+        let (decoded_values, hint_values) = match t.data() {
+            TensorData::String(v) => {
+                let bytes: usize = v.iter().map(Vec::len).sum();
+                (
+                    len_u64(v.len())
+                        .saturating_mul(STRING_OVERHEAD_BYTES)
+                        .saturating_add(len_u64(bytes)),
+                    bytes.saturating_add(9 * v.len()),
+                )
+            }
             data => {
-                let bytes = data.len() * t.dtype().byte_width().unwrap_or(1);
-                if bytes >= borrowed_from {
-                    0
-                } else {
-                    bytes
-                }
+                let width = t.dtype().byte_width().unwrap_or(1);
+                let bytes = data.len().saturating_mul(width);
+                let hinted = if bytes >= borrowed_from { 0 } else { bytes };
+                (len_u64(data.len()).saturating_mul(len_u64(width)), hinted)
             }
         };
-        acc.saturating_add(1 + 9 * (t.shape().len() + 2) + values)
-    })
+        decoded = decoded
+            .saturating_add(tensor_overhead(t.shape().len()))
+            .saturating_add(decoded_values);
+        hint = hint.saturating_add(1 + 9 * (t.shape().len() + 2) + hint_values);
+    }
+    (decoded, hint)
 }
 
 /// Fills in the header of `out`, whose payload (as sent) starts at [`HEADER_LEN`].

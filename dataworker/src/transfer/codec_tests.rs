@@ -690,6 +690,37 @@ fn huge_declared_counts_cost_nothing() {
 }
 
 #[test]
+fn a_frames_sizes_are_the_documented_memory_and_a_bound_of_its_payload() {
+    let strings = tensor(
+        vec![3],
+        TensorData::String(vec![b"ab".to_vec(), Vec::new(), vec![7; 300]]),
+    );
+    let small = tensor(vec![2, 2], TensorData::Int64(vec![1, -2, 3, -4]));
+    let large = tensor(vec![1024], TensorData::Float32(vec![0.5; 1024]));
+    let mut msg = message(vec![strings, small, large]);
+    msg.records = vec![3, 1 << 40, 0];
+    // 8 per record; per tensor 64 plus 8 per dimension; 24 per string plus its bytes.
+    let expected = 8 * msg.records.len() as u64
+        + (64 + 8)
+        + 3 * 24
+        + 302
+        + (64 + 16)
+        + 4 * 8
+        + (64 + 8)
+        + 1024 * 4;
+    assert_eq!(decoded_size(&msg), expected);
+    assert_eq!(sizes(&msg, usize::MAX).0, expected);
+    // The reserve covers the payload, and leaves out only the values a frame borrows.
+    let mut whole = Vec::new();
+    write_payload(&msg, &mut whole);
+    let all = size_hint(&msg, usize::MAX);
+    assert!(all >= whole.len(), "{all} < {}", whole.len());
+    let borrowing = size_hint(&msg, BORROW_MIN_BYTES);
+    assert_eq!(all - borrowing, 1024 * 4);
+    assert_eq!(sizes(&msg, BORROW_MIN_BYTES), (expected, borrowing));
+}
+
+#[test]
 fn decoded_memory_is_bounded_like_the_encoder_bounds_it() {
     // 2,000 empty strings: a payload of about 2 KB, but 48 KB of Vec<u8>s in memory.
     let strings = tensor(vec![2000], TensorData::String(vec![Vec::new(); 2000]));
