@@ -6,7 +6,7 @@
 //!      0    4  magic "LODE"
 //!      4    1  format version (FORMAT_VERSION = 2)
 //!      5    1  compression: 0 = none, 1 = LZ4 block (lz4_flex, no size prefix),
-//!              2 = none and unsummed (the checksum field is zero and not checked)
+//!              2 = none and unsummed (the checksum field must be zero; nothing is summed)
 //!      6    8  uncompressed payload length, u64 little-endian
 //!     14    8  checksum: XXH3-64 (seed 0, default secret) of bytes 0..14 followed by the
 //!              payload as sent, u64 little-endian
@@ -928,11 +928,15 @@ impl FrameHeader {
         }
         let mut sum = [0u8; 8];
         sum.copy_from_slice(&header[CHECKSUM_AT]);
+        let checksum = u64::from_le_bytes(sum);
+        if !summed && checksum != 0 {
+            return Err(TransferError::UnsummedChecksum { checksum });
+        }
         Ok(FrameHeader {
             version,
             compression,
             payload_len,
-            checksum: u64::from_le_bytes(sum),
+            checksum,
             summed,
         })
     }

@@ -1185,6 +1185,15 @@ fn an_unsummed_frame_is_taken_from_this_machine_only() {
         }
         let whole = decode_frame(&local, DEFAULT_MAX_MESSAGE_BYTES).expect_err("decoded whole");
         assert!(matches!(whole, TransferError::Unsummed { .. }), "{whole}");
+        // An unsummed frame's checksum field is zero, or its header is damaged.
+        let mut marked = local.clone();
+        marked[CHECKSUM_AT.start] = 1;
+        let damaged = FrameHeader::parse(&marked, DEFAULT_MAX_MESSAGE_BYTES)
+            .expect_err("a checksum field in an unsummed frame");
+        assert!(
+            matches!(damaged, TransferError::UnsummedChecksum { checksum: 1 }),
+            "{damaged}"
+        );
         // Asked to, the encoder sums local frames too: the same bytes as any summed frame.
         enc.sum_local(true);
         assert_eq!(

@@ -22,6 +22,13 @@ pub enum TransferError {
     #[error("an unsummed step frame (flag 2) from {from}: only a sender on this machine, over loopback, may leave out the frame checksum")]
     Unsummed { from: String },
 
+    /// An unsummed frame (flag 2) whose checksum field is not zero: a sender that leaves the
+    /// checksum out writes zero there, so anything else is a damaged header.
+    #[error(
+        "an unsummed step frame (flag 2) carries checksum field {checksum:#018x}: it must be zero"
+    )]
+    UnsummedChecksum { checksum: u64 },
+
     /// The frame ends before its header, or before the payload its header declares.
     #[error("truncated step frame: needed {needed} bytes, found {actual}")]
     Truncated { needed: u64, actual: u64 },
