@@ -11,7 +11,8 @@
 //! Transports: `lode off` / `lode lz4` push through the receiver's data plane (what a worker
 //! uses: the frame written from the tensors' memory with vectored writes, one answer per
 //! frame; over loopback an uncompressed frame goes without its checksum, as a worker's does);
-//! `lode off summed` is `lode off` with the checksum kept (what a remote receiver gets); `grpc off` / `grpc lz4` through gRPC `Push` as before the data plane; `wide off`
+//! `lode off summed` is `lode off` with the checksum kept (what a remote receiver gets);
+//! `grpc off` / `grpc lz4` through gRPC `Push` as before the data plane; `wide off`
 //! through gRPC on a server and channels with large HTTP/2 flow-control windows.
 //!
 //! The baseline is N tokio `TcpStream`s over loopback, each sending its share of the same number

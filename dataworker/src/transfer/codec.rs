@@ -20,10 +20,12 @@
 //! a fifth of the transfer's CPU (see the README's goodput figures). A receiver takes an
 //! unsummed frame only on its data plane and only from a loopback peer
 //! ([`TransferError::Unsummed`] otherwise), and says so in its welcome: a sender leaves the
-//! checksum out only when both ends see loopback (`DataPlaneClient::is_loopback`); `StepEncoder::sum_local` keeps the checksum on
-//! loopback too. The decoder still checks every length, count and the frame's end.
+//! checksum out only when both ends see loopback (`DataPlaneClient::is_loopback`);
+//! `StepEncoder::sum_local` keeps the checksum on loopback too. The decoder still checks every
+//! length, count and the frame's end.
 //!
-//! Format version 1 carried a CRC32C in bytes 14..18; version 2 carries XXH3-64 because a frame's checksum is computed over every byte on both sides, and where the `crc32`
+//! Format version 1 carried a CRC32C in bytes 14..18; version 2 carries XXH3-64 because a
+//! frame's checksum is computed over every byte on both sides, and where the `crc32`
 //! instruction sums 20 GB/s, XXH3 (AVX2, chosen at run time by `twox-hash`) sums 33 (Zen 3
 //! EPYC, 256 KiB in cache, 2026-11-27); damage goes undetected with probability 2^-64 per
 //! frame, as for any 64-bit hash of good dispersion, where a CRC32C's is 2^-32 (it also
@@ -325,7 +327,7 @@ impl StepEncoder {
         msg: &StepMessage,
         out: &mut Vec<u8>,
     ) -> Result<FrameCompression, TransferError> {
-        let limit = self.checked_limit(msg)?;
+        let limit = self.limit_for(decoded_size(msg))?;
         let probing = self.probing();
         let compress = match self.config.compression {
             Compression::Off => false,
@@ -439,11 +441,6 @@ impl StepEncoder {
         }
         parts.owned[CHECKSUM_AT].copy_from_slice(&sum.value().to_le_bytes());
         Ok(parts)
-    }
-
-    /// The message limit, once `msg` is known to fit it decoded.
-    fn checked_limit(&self, msg: &StepMessage) -> Result<u64, TransferError> {
-        self.limit_for(decoded_size(msg))
     }
 
     /// The message limit, once a message of `decoded` bytes (see [`decoded_size`]) is known to
