@@ -251,6 +251,7 @@ pub fn emulator_config(args: &ConsumeArgs) -> anyhow::Result<EmulatorConfig> {
     consumer.server_tls = server_tls(&args.tls)?;
     consumer.client_tls = client_tls(args.tls_client.tls_ca.as_deref())?;
     consumer.capacity = args.capacity;
+    consumer.capacity_bytes = args.capacity_bytes;
     consumer.resume_from = args.rewind_to;
     Ok(EmulatorConfig {
         consumer,
@@ -381,7 +382,7 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
         job.spawn_worker(&command)?;
     }
     let mut consumer = ConsumerConfig::new(&job.url, &job.token, 1);
-    (consumer.server_tls, consumer.client_tls, consumer.capacity) = (tls, client, 64);
+    (consumer.server_tls, consumer.client_tls) = (tls, client);
     let emulator = EmulatorConfig {
         consumer,
         log: log.clone(),

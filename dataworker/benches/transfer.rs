@@ -7,6 +7,9 @@
 //! - `float_1mib`: one float32 tensor of 1 MiB (262,144 values in [0, 1): poorly compressible).
 //! - `strings`: 32 examples × 10 string fields (CSV-like numbers and words, 3 to 20 bytes).
 //!
+//! `encode_local` is the frame a worker sends a receiver on this machine
+//! (`encode_parts_for`: uncompressed, large values borrowed, no checksum).
+//!
 //! Run with `cargo bench -p lode-dataworker --bench transfer` (`-- --quick` for a fast pass).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -142,6 +145,11 @@ fn bench_codec(c: &mut Criterion) {
                 });
             });
         }
+        // What a worker does for a receiver on this machine: values borrowed, no checksum.
+        let mut enc = encoder(Compression::Auto);
+        group.bench_function("encode_local", |b| {
+            b.iter(|| enc.encode_parts_for(msg, true).expect("encodes").len());
+        });
         group.finish();
     }
 }

@@ -274,6 +274,7 @@ async fn consumer(
                             step: last % per_epoch,
                             busy_us: 0,
                             end_job: false,
+                            window: 0,
                         })
                         .await
                         .expect("consumed");

@@ -56,10 +56,14 @@ pub struct DispatcherConfig {
 /// are delivered, so that a lease round trip and the journal's write overlap the work. 64, not
 /// 32: with a burst being computed, one in flight and a report of delivered steps on its way,
 /// 32 often left no room for the next batch, and a worker's short steps went out in bursts of
-/// 2 or 3 (wide_deep `--simple`, one worker: 48 against 41 µs of worker CPU per step). The
-/// receivers' window (`capacity`, 64 steps by default) matches it, so a lone worker's leases
-/// are never too far ahead of the training side.
-pub const DEFAULT_MAX_LEASES: u32 = 64;
+/// 2 or 3 (wide_deep `--simple`, one worker: 48 against 41 µs of worker CPU per step).
+///
+/// In practice the receiver's window is the limit: a worker's share of it
+/// (`DispatcherState::lease_share`) within this. The window is bounded in bytes and so long
+/// for short steps (up to 1024 steps by default), where a lease of hundreds of steps makes
+/// its round trip, and the report riding on it, cheap per step; this default lets a lone
+/// worker have all of it.
+pub const DEFAULT_MAX_LEASES: u32 = 1024;
 
 impl DispatcherConfig {
     /// A config whose order is `chain` over `records` records, for `epochs` passes.

@@ -176,6 +176,7 @@ async fn consumed(client: &mut DispatcherClient, epoch: u64, step: u64) {
             step,
             busy_us: 500,
             end_job: false,
+            window: 0,
         })
         .await
         .expect("consumed");
@@ -307,6 +308,52 @@ async fn workers_share_the_receivers_window_as_leases() {
         register(&mut client, 0).await;
     }
     assert_eq!(register(&mut client, 0).await.max_leases, MIN_LEASE_SHARE);
+}
+
+/// The training side's reports say its window as it changes (a receiver bounded in bytes
+/// learns its steps' size): the workers' shares follow from their next answer.
+#[tokio::test]
+async fn the_window_a_consumed_report_says_sets_the_shares() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut roomy = config(1);
+    roomy.records = 3000;
+    roomy.max_leases_per_worker = 1024;
+    let server = Server::start(dir.path(), roomy).await;
+    let mut client = server.client().await;
+    let worker = register(&mut client, 0).await;
+    client
+        .register_consumer(v1::RegisterConsumerRequest {
+            job_id: JOB,
+            receiver_addr: "http://127.0.0.1:9".into(),
+            resume_from: None,
+            window: 64,
+        })
+        .await
+        .expect("consumer");
+    let lease = |max_steps| v1::LeaseRequest {
+        job_id: JOB,
+        worker_id: worker.worker_id,
+        max_steps,
+        ..Default::default()
+    };
+    let first = client.lease(lease(4)).await.expect("lease").into_inner();
+    assert_eq!(first.max_leases, 64, "the registered window");
+    let consumed = |window| v1::ConsumedRequest {
+        job_id: JOB,
+        epoch: 0,
+        step: 0,
+        busy_us: 0,
+        end_job: false,
+        window,
+    };
+    client.consumed(consumed(512)).await.expect("consumed");
+    let second = client.lease(lease(4)).await.expect("lease").into_inner();
+    assert_eq!(second.max_leases, 512, "the window reported");
+    client.consumed(consumed(0)).await.expect("consumed");
+    let third = client.lease(lease(4)).await.expect("lease").into_inner();
+    assert_eq!(third.max_leases, 512, "0: unchanged");
+    let other = register(&mut client, 0).await;
+    assert_eq!(other.max_leases, 256, "two share it");
 }
 
 /// A lease request may carry the worker's report: its steps are completed first, so they
@@ -577,6 +624,7 @@ async fn bad_credentials_and_other_jobs_are_rejected_without_touching_state() {
                         step: 0,
                         busy_us: 0,
                         end_job: false,
+                        window: 0,
                     })
                     .await
                     .map(drop),
@@ -1113,6 +1161,7 @@ async fn the_training_side_ends_the_job_and_the_dispatcher_stops_once_everyone_k
             step: 0,
             busy_us: 0,
             end_job: true,
+            window: 0,
         })
         .await
         .expect_err("the watermark is at step 1");
@@ -1124,6 +1173,7 @@ async fn the_training_side_ends_the_job_and_the_dispatcher_stops_once_everyone_k
             step: 1,
             busy_us: 0,
             end_job: true,
+            window: 0,
         })
         .await
         .expect("end the job")

@@ -48,12 +48,20 @@ pub use prost::bytes::Bytes;
 /// which a version-1 dispatcher would drop unread. 3: step frames are of format version 2 (an
 /// XXH3-64 checksum instead of a CRC32C, see `lode_dataworker::transfer::codec`). 4: a worker
 /// on its receiver's machine sends uncompressed frames unsummed (compression byte 2), which a
-/// version-3 receiver would refuse frame by frame.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// version-3 receiver would refuse frame by frame. 5: a request may carry up to 1024 steps
+/// ([`MAX_STEPS_PER_REQUEST`], was 256), which a version-4 dispatcher refuses.
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// The largest message either end encodes or decodes. Sized for `Register`'s answer, which
 /// carries the plan and a stage graph.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// The most steps one `Lease` grants or one `Complete` (or a lease's `completed`) reports:
+/// bounds an answer and the work one request does under the dispatcher's lock. A worker's
+/// batch of short steps is up to 256 (its lease limit is its share of a receiver window of up
+/// to 1024 steps by default), and a report riding on a lease carries a batch and the last
+/// burst before it, so the limit leaves room for several batches.
+pub const MAX_STEPS_PER_REQUEST: u32 = 1024;
 
 /// The metadata key that carries the job's token, as `Bearer <token>`.
 pub const AUTHORIZATION: &str = "authorization";

@@ -40,6 +40,7 @@ use lode_proto::tls::{ClientTls, ServerTls};
 use tokio::sync::{oneshot, watch};
 
 use crate::service::receiver::{serve_receiver, ReceiverService};
+use crate::transfer::receiver::{initial_window, DEFAULT_CAPACITY, DEFAULT_CAPACITY_BYTES};
 use crate::transfer::{ReceiverConfig, ReceiverMetrics, SharedReceiver, Step, TransferError};
 
 /// How long one wait for the next step lasts before the dispatcher is asked for the end of data.
@@ -67,8 +68,11 @@ pub struct ConsumerConfig {
     pub server_tls: Option<ServerTls>,
     /// Trust for an `https://` dispatcher.
     pub client_tls: Option<ClientTls>,
-    /// Steps buffered ahead of the one being consumed.
+    /// Steps buffered ahead of the one being consumed, at most (see `capacity_bytes`).
     pub capacity: u64,
+    /// About the most bytes of steps buffered: the receiver's window is this over its mean
+    /// step's size, within `capacity` steps (see [`crate::transfer::receiver`]).
+    pub capacity_bytes: u64,
     /// The first global step to receive, when restarting from a checkpoint.
     pub resume_from: Option<u64>,
     /// How long an unreachable dispatcher is retried before a call fails.
@@ -76,8 +80,8 @@ pub struct ConsumerConfig {
 }
 
 impl ConsumerConfig {
-    /// Plaintext on a loopback port, 64 steps buffered (the dispatcher's default lease limit
-    /// per worker), 30 s of patience.
+    /// Plaintext on a loopback port, a window of at most [`DEFAULT_CAPACITY`] steps and
+    /// about [`DEFAULT_CAPACITY_BYTES`], 30 s of patience.
     pub fn new(dispatcher: impl Into<String>, token: impl Into<String>, job: u64) -> Self {
         ConsumerConfig {
             dispatcher: dispatcher.into(),
@@ -87,7 +91,8 @@ impl ConsumerConfig {
             advertise: None,
             server_tls: None,
             client_tls: None,
-            capacity: 64,
+            capacity: DEFAULT_CAPACITY,
+            capacity_bytes: DEFAULT_CAPACITY_BYTES,
             resume_from: None,
             patience: Duration::from_secs(30),
         }
@@ -160,6 +165,8 @@ struct Watermark {
     /// Time spent between deliveries since the receiver was served (the training side's busy
     /// time), cumulative: a report sends what was not sent before.
     busy_us: u64,
+    /// The receiver's window when the step was consumed (0: not known yet).
+    window: u64,
 }
 
 /// The training side of one job (see the module documentation).
@@ -252,8 +259,9 @@ impl Consumer {
             )
             .map_err(ConsumerError::Address)?,
             resume_from: resume.map(|g| StepRef::from_global(g, self.per_epoch).to_wire()),
-            // The workers share it as leases, so that they are not too far ahead together.
-            window: config.capacity,
+            // The workers share it as leases, so that they are not too far ahead together. It
+            // grows (or shrinks) as the receiver learns its steps' size: each report says it.
+            window: initial_window(config.capacity),
         };
         let reg = self.call("RegisterConsumer", |mut d| {
             let request = request.clone();
@@ -285,12 +293,15 @@ impl Consumer {
         listener: tokio::net::TcpListener,
         first_global: u64,
     ) -> Result<(), ConsumerError> {
-        let buffer = Arc::new(SharedReceiver::new(ReceiverConfig::new(
-            self.config.job,
-            self.stages.iter().copied(),
-            first_global,
-            self.config.capacity,
-        ))?);
+        let buffer = Arc::new(SharedReceiver::new(ReceiverConfig {
+            capacity_bytes: self.config.capacity_bytes,
+            ..ReceiverConfig::new(
+                self.config.job,
+                self.stages.iter().copied(),
+                first_global,
+                self.config.capacity,
+            )
+        })?);
         let service = ReceiverService::new(self.config.job, &self.config.token, buffer.clone());
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let tls = self.config.server_tls.clone();
@@ -319,6 +330,7 @@ impl Consumer {
         self.watermark.send_replace(Watermark {
             consumed: first_global.checked_sub(1),
             busy_us: 0,
+            window: 0,
         });
         Ok(())
     }
@@ -493,10 +505,12 @@ impl Consumer {
     /// the background reporter tells the dispatcher.
     pub fn consumed_after(&self, global: u64, busy: Duration) {
         let busy = u64::try_from(busy.as_micros()).unwrap_or(u64::MAX);
+        let window = self.served.buffer.window();
         self.watermark.send_modify(|w| {
             if w.consumed.is_none_or(|c| c < global) {
                 w.consumed = Some(global);
                 w.busy_us = w.busy_us.saturating_add(busy);
+                w.window = window;
             }
         });
     }
@@ -545,10 +559,12 @@ impl Consumer {
             .map_or(0, |t| {
                 u64::try_from(now.duration_since(t).as_micros()).unwrap_or(u64::MAX)
             });
+        let window = self.served.buffer.window();
         self.watermark.send_modify(|w| {
             if w.consumed.is_none_or(|c| c < global) {
                 w.consumed = Some(global);
                 w.busy_us = w.busy_us.saturating_add(busy);
+                w.window = window;
             }
         });
     }
@@ -595,6 +611,7 @@ impl Consumer {
                 step: at.step,
                 busy_us: 0,
                 end_job: true,
+                window: 0,
             })
             .await
         })?;
@@ -669,6 +686,7 @@ async fn report(
                 step: at.step,
                 busy_us,
                 end_job: false,
+                window: mark.window,
             })
             .await
         }

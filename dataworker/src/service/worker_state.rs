@@ -14,15 +14,18 @@
 //!   time))`, measured as moving averages, within `1 ..= max(1, max_leases / 2)` (half, so that
 //!   the next batch is leased while the current one runs).
 //! - **Paced reports.** Delivered steps wait to be reported together, so that a report (an RPC
-//!   the dispatcher answers) is not paid per step: a report goes out once a lease batch's
-//!   worth (`k`) is delivered, once the oldest has waited [`REPORT_DELAY`], once the next batch
+//!   the dispatcher answers) is not paid per step: a report rides on the next lease request
+//!   (one per batch), or goes out on its own once two batches' worth (`2k`) is delivered,
+//!   once the oldest has waited the report delay ([`WorkerState::report_delay`]: two batches'
+//!   time, within [`REPORT_DELAY`] and [`MAX_REPORT_DELAY`]), once the next batch
 //!   is due to be leased and the room left under the lease limit is less than a batch (steps
 //!   waiting for company would keep it from being leased, and the worker would run dry), or at once when the
 //!   worker has nothing queued or running, is draining, or the dispatcher said the end.
 //!   [`WorkerState::wakeup`] names the delay's end. Held steps still count against the limit,
-//!   so at worst a lease waits [`REPORT_DELAY`] for room.
+//!   so at worst a lease waits the report delay for room.
 //! - **Bursts.** Steps shorter than [`BURST_TIME`] are computed back to back, up to
-//!   `floor(BURST_TIME / step time)` of them (at most [`MAX_BURST`]), and their frames go out
+//!   `floor(BURST_TIME / step time)` of them (at most [`MAX_BURST`], and at most a quarter of
+//!   the lease limit, so that a burst fits the receiver's window), and their frames go out
 //!   together in one vectored write: a push (a system call, and waking the receiver) then costs
 //!   a burst once instead of every step. A burst goes out early when nothing more may join it
 //!   now (nothing queued, no parked step ready), so a burst never waits for a lease. Its
@@ -62,19 +65,27 @@ use std::time::{Duration, Instant};
 /// round trip is at most this fraction of the time they take to compute.
 pub const ROUND_TRIP_SHARE: f64 = 0.05;
 
-/// The most steps asked for at once, whatever the measurements say.
-pub const MAX_BATCH: u32 = 64;
+/// The most steps asked for at once, whatever the measurements say. Short steps reach it: a lease, and the report riding on it, costs the worker
+/// about 100 µs of CPU (a gRPC round trip), which 256 steps of 40 µs make 1% of their work.
+pub const MAX_BATCH: u32 = 256;
 
 /// The most compute a burst holds back: short steps are computed back to back until this
 /// much (at most [`MAX_BURST`] steps) and sent together (see the module docs: "Bursts").
-pub const BURST_TIME: Duration = Duration::from_millis(1);
+pub const BURST_TIME: Duration = Duration::from_millis(2);
 
-/// The most steps in one burst. A quarter of the receiver's default window (64 steps ahead of
-/// the training side), so that two workers' bursts fit in their shares of it side by side.
-pub const MAX_BURST: usize = 16;
+/// The most steps in one burst (and at most a quarter of the worker's lease limit, its share
+/// of the receiver's window, so that bursts fit in it side by side).
+pub const MAX_BURST: usize = 32;
 
-/// The longest a delivered step waits for others to share its report (see the module docs).
+/// The most steps in one report: the dispatcher's limit per request.
+const MAX_REPORT: usize = lode_proto::service::MAX_STEPS_PER_REQUEST as usize;
+
+/// The shortest report delay: the longest a delivered step waits for others to share its
+/// report, when batches are short (see the module docs and [`WorkerState::report_delay`]).
 pub const REPORT_DELAY: Duration = Duration::from_millis(2);
+
+/// The longest report delay, however long a batch takes.
+pub const MAX_REPORT_DELAY: Duration = Duration::from_millis(50);
 
 /// Weight of a new sample in the moving averages of step time and round trip.
 const EWMA_WEIGHT: f64 = 0.2;
@@ -377,14 +388,15 @@ impl WorkerState {
         let Some(step) = self.step_time.filter(|t| *t > 0.0) else {
             return 1;
         };
+        let most = MAX_BURST.min(self.max_leases / 4).max(1);
         let fit = BURST_TIME.as_secs_f64() / step;
-        if !fit.is_finite() || fit >= MAX_BURST as f64 {
-            return MAX_BURST;
+        if !fit.is_finite() || fit >= most as f64 {
+            return most;
         }
-        // In [0, MAX_BURST): the conversion cannot truncate.
+        // In [0, most): the conversion cannot truncate.
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let n = fit.floor() as usize;
-        n.clamp(1, MAX_BURST)
+        n.clamp(1, most)
     }
 
     /// The next step to run, if the burst has room: the lowest of the queued steps and of the
@@ -589,7 +601,7 @@ impl WorkerState {
             return None;
         }
         let k = usize::try_from(self.batch_size()).unwrap_or(1);
-        let due = self.delivered.len() >= k
+        let due = self.delivered.len() >= k.saturating_mul(2).min(MAX_REPORT)
             || (self.queued.len() < k && self.max_leases.saturating_sub(self.outstanding()) < k)
             || self.report_due().is_some_and(|t| now >= t)
             || (self.queued.is_empty() && self.running.is_empty() && self.pushing.is_empty())
@@ -607,8 +619,14 @@ impl WorkerState {
         if self.reporting > 0 || self.delivered.is_empty() {
             return None;
         }
-        self.delivered_since = None;
-        let report = std::mem::take(&mut self.delivered);
+        let report = if self.delivered.len() > MAX_REPORT {
+            // The rest waits for the next report, due at once (its oldest waited as long).
+            let rest = self.delivered.split_off(MAX_REPORT);
+            std::mem::replace(&mut self.delivered, rest)
+        } else {
+            self.delivered_since = None;
+            std::mem::take(&mut self.delivered)
+        };
         self.reporting = report.len();
         Some(report)
     }
@@ -621,7 +639,19 @@ impl WorkerState {
 
     /// When the delivered steps' report is due at the latest, if any wait.
     fn report_due(&self) -> Option<Instant> {
-        self.delivered_since.map(|t| t + REPORT_DELAY)
+        self.delivered_since.map(|t| t + self.report_delay())
+    }
+
+    /// The longest a delivered step waits for company now: the time of two batches (so that
+    /// the next lease request, one per batch, carries it), within [`REPORT_DELAY`] and
+    /// [`MAX_REPORT_DELAY`].
+    pub fn report_delay(&self) -> Duration {
+        let batches = self
+            .step_time
+            .map_or(0.0, |t| 2.0 * f64::from(self.batch_size()) * t);
+        Duration::try_from_secs_f64(batches)
+            .unwrap_or(MAX_REPORT_DELAY)
+            .clamp(REPORT_DELAY, MAX_REPORT_DELAY)
     }
 
     /// Whether a report is in flight.
@@ -708,19 +738,26 @@ mod tests {
     }
 
     #[test]
-    fn the_burst_holds_a_millisecond_of_short_steps_and_one_long_one() {
-        let mut w = WorkerState::new(32);
+    fn the_burst_holds_two_milliseconds_of_short_steps_and_one_long_one() {
+        let mut w = WorkerState::new(1024);
         assert_eq!(w.burst_size(), 1, "no step measured yet");
         for (step_us, burst) in [
-            (300, 3),
-            (100, 10),
+            (300, 6),
+            (100, 20),
             (50, MAX_BURST),
             (1, MAX_BURST),
-            (999, 1),
+            (999, 2),
+            (1_999, 1),
             (5_000, 1),
         ] {
             w.step_time = Some(Duration::from_micros(step_us).as_secs_f64());
             assert_eq!(w.burst_size(), burst, "steps of {step_us} µs");
+        }
+        // A quarter of the lease limit at most: the worker's share of the receiver's window.
+        w.step_time = Some(Duration::from_micros(50).as_secs_f64());
+        for (limit, burst) in [(64, 16), (32, 8), (4, 1), (1, 1)] {
+            w.set_max_leases(limit);
+            assert_eq!(w.burst_size(), burst, "a limit of {limit}");
         }
     }
 
@@ -736,13 +773,13 @@ mod tests {
             Duration::from_millis(1),
         );
         let first = w.next_step(t0).expect("step 0");
-        w.computed(Duration::from_micros(250));
+        w.computed(Duration::from_micros(500));
         assert_eq!(first.global, 0);
-        assert_eq!(w.burst_size(), 4, "1 ms of 250 µs steps");
+        assert_eq!(w.burst_size(), 4, "2 ms of 500 µs steps");
         assert!(!w.burst_due(t0), "room left and steps queued");
         for g in 1..4 {
             assert_eq!(w.next_step(t0).map(|s| s.global), Some(g));
-            w.computed(Duration::from_micros(250));
+            w.computed(Duration::from_micros(500));
         }
         assert_eq!(w.next_step(t0), None, "the burst is full");
         assert!(w.burst_due(t0));
@@ -753,7 +790,7 @@ mod tests {
         // The next burst runs while the answers are awaited; with nothing more queued it is
         // due at once.
         assert_eq!(w.next_step(t0).map(|s| s.global), Some(4));
-        w.computed(Duration::from_micros(250));
+        w.computed(Duration::from_micros(500));
         assert!(w.burst_due(t0), "nothing more may join it now");
         w.sent();
         assert_eq!(
@@ -803,9 +840,13 @@ mod tests {
             None,
             "room for 16, but 32 queued is enough work"
         );
-        w.set_max_leases(128);
+        w.set_max_leases(1024);
         assert_eq!(w.batch_size(), MAX_BATCH);
-        assert_eq!(w.next_lease(t0), Some(MAX_BATCH), "batches of 64 again");
+        assert_eq!(
+            w.next_lease(t0),
+            Some(MAX_BATCH),
+            "the largest batches again"
+        );
     }
 
     /// Steps waiting for company in a report count against the lease limit: when they keep
@@ -1014,20 +1055,20 @@ mod tests {
             deliver(&mut w, t0);
         }
         assert_eq!(w.next_report(t0), None, "3 of 16, with work queued: wait");
-        assert_eq!(
-            w.wakeup(),
-            Some(t0 + REPORT_DELAY),
-            "the delay's end is a wakeup"
+        let delay = w.report_delay();
+        assert!(
+            delay > Duration::from_micros(3190) && delay < Duration::from_micros(3210),
+            "two batches' time, 2 × 16 × 100 µs: {delay:?}"
         );
-        let report = w
-            .next_report(t0 + REPORT_DELAY)
-            .expect("due after the delay");
+        assert_eq!(w.wakeup(), Some(t0 + delay), "the delay's end is a wakeup");
+        assert_eq!(w.next_report(t0 + delay / 2), None, "not due yet");
+        let report = w.next_report(t0 + delay).expect("due after the delay");
         assert_eq!(
             report.iter().map(|d| d.global).collect::<Vec<_>>(),
             [0, 1, 2]
         );
         w.reported();
-        let t1 = t0 + REPORT_DELAY;
+        let t1 = t0 + delay;
         for _ in 0..12 {
             deliver(&mut w, t1);
         }
@@ -1064,9 +1105,75 @@ mod tests {
         );
         deliver(&mut w, t1);
         assert_eq!(
-            w.next_report(t1).map(|r| r.len()),
-            Some(16),
-            "a batch's worth"
+            w.next_report(t1),
+            None,
+            "a batch's worth waits for the next lease request"
+        );
+        deliver(&mut w, t1);
+        let (max, report) = w
+            .next_lease_carrying(t1)
+            .expect("15 queued: the next batch is leased");
+        assert_eq!(
+            (max, report.len()),
+            (16, 17),
+            "the request carries the delivered steps"
+        );
+    }
+
+    #[test]
+    fn a_report_holds_at_most_the_dispatchers_limit_per_request() {
+        let t0 = Instant::now();
+        let far = t0 + Duration::from_secs(10);
+        let mut w = WorkerState::new(4096);
+        let n = MAX_REPORT + 10;
+        w.leased(
+            (0..u64::try_from(n).expect("small"))
+                .map(|g| step(g, far))
+                .collect(),
+            Duration::from_millis(1),
+        );
+        for _ in 0..n {
+            w.next_step(t0).expect("a queued step");
+            w.computed(Duration::from_micros(10));
+            w.sent();
+            assert_eq!(w.pushed(PushAnswer::Taken, t0), PushNext::Done);
+        }
+        let first = w.take_report().expect("a report");
+        assert_eq!(first.len(), MAX_REPORT);
+        assert_eq!(first[0].global, 0);
+        w.reported();
+        let rest = w.next_report(t0).expect("the rest, due at once");
+        assert_eq!(rest.len(), 10);
+        assert_eq!(rest[0].global, u64::try_from(MAX_REPORT).expect("small"));
+    }
+
+    #[test]
+    fn two_batches_worth_of_delivered_steps_go_out_without_waiting_for_a_lease() {
+        let t0 = Instant::now();
+        let far = t0 + Duration::from_secs(10);
+        let mut w = WorkerState::new(1024);
+        w.round_trip = Some(1.0);
+        w.step_time = Some(0.0001);
+        assert_eq!(w.batch_size(), MAX_BATCH);
+        let k = usize::try_from(MAX_BATCH).expect("small");
+        // More than two batches held, with room for another under the limit.
+        w.leased(
+            (0..600).map(|g| step(g, far)).collect(),
+            Duration::from_millis(1),
+        );
+        for delivered in 1..=2 * k {
+            w.next_step(t0).expect("a queued step");
+            w.computed(Duration::from_micros(100));
+            w.sent();
+            assert_eq!(w.pushed(PushAnswer::Taken, t0), PushNext::Done);
+            if delivered < 2 * k {
+                assert_eq!(w.next_report(t0), None, "{delivered} delivered");
+            }
+        }
+        assert_eq!(
+            w.next_report(t0).map(|r| r.len()),
+            Some(2 * k),
+            "two batches' worth, 88 steps still queued"
         );
     }
 

@@ -11,12 +11,20 @@
 //! so steps come out strictly in order, each exactly once.
 //!
 //! # Capacity
-//! The buffer holds steps `next .. next + capacity` (where `next` is the next step to deliver),
+//! The buffer holds steps `next .. next + window` (where `next` is the next step to deliver),
 //! partial or complete; a message for a later step is answered [`Offer::TooFarAhead`] and the
 //! sender retries later, after about the time the consumer takes to move the window up to the
 //! step ([`ReceiverState::retry_after`]). The next step itself is always inside the window,
 //! so whichever messages are missing for it can always be accepted: a full buffer never
-//! deadlocks. At most `capacity` steps, `capacity × stages` messages, are buffered.
+//! deadlocks.
+//!
+//! The window is bounded in steps and in bytes ([`ReceiverState::window`]): it is
+//! `capacity_bytes` over the mean step's size (the [`decoded_size`] of its messages, a moving
+//! average of those accepted), within [`MIN_WINDOW`] and `capacity` steps; before any message
+//! arrived it is [`initial_window`]. Short steps so get a long window (a worker leases, and
+//! reports, hundreds of them in one request), while large ones are held to about
+//! `capacity_bytes`. A window that shrinks keeps what it holds: only later offers are
+//! refused. At most `capacity` steps, `capacity × stages` messages, are buffered.
 //!
 //! # Metrics
 //! Rates are counted over a sliding window of `rate_window` (default [`DEFAULT_RATE_WINDOW`])
@@ -31,7 +39,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::codec::StepMessage;
+use super::codec::{decoded_size, StepMessage};
 use super::error::TransferError;
 use super::pool::{TensorPool, DEFAULT_POOL_BYTES};
 
@@ -48,6 +56,29 @@ pub const MIN_RETRY_AFTER: Duration = Duration::from_millis(1);
 /// the consumer's rate is known.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_millis(20);
 
+/// The receiver's default bound in steps ([`ReceiverConfig::capacity`]).
+pub const DEFAULT_CAPACITY: u64 = 1024;
+
+/// The receiver's default bound in bytes ([`ReceiverConfig::capacity_bytes`]): what 64 steps
+/// of 4 MiB hold, so that steps up to that size keep the 64-step window of old.
+pub const DEFAULT_CAPACITY_BYTES: u64 = 256 << 20;
+
+/// The window before any step's size is known (within `capacity`): what the dispatcher
+/// assumes of a receiver that said nothing, too.
+pub const INITIAL_WINDOW: u64 = 64;
+
+/// The shortest window, however large the steps (within `capacity`): room for the next
+/// steps of a few workers.
+pub const MIN_WINDOW: u64 = 8;
+
+/// Weight of a new message in the moving average of message sizes.
+const SIZE_WEIGHT: f64 = 1.0 / 16.0;
+
+/// The window of a receiver of `capacity` steps before it knows its steps' size.
+pub fn initial_window(capacity: u64) -> u64 {
+    capacity.min(INITIAL_WINDOW)
+}
+
 /// What a receiver accepts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReceiverConfig {
@@ -59,12 +90,14 @@ pub struct ReceiverConfig {
     pub first_step: u64,
     /// Steps buffered at most, counted from the next to deliver (see the module documentation).
     pub capacity: u64,
+    /// About the most step bytes the window holds (see the module documentation).
+    pub capacity_bytes: u64,
     /// The sliding window of the rate metrics.
     pub rate_window: Duration,
 }
 
 impl ReceiverConfig {
-    /// A configuration with the default rate window.
+    /// A configuration with the default rate window and [`DEFAULT_CAPACITY_BYTES`].
     pub fn new(
         job: u64,
         stages: impl IntoIterator<Item = u32>,
@@ -76,6 +109,7 @@ impl ReceiverConfig {
             stages: stages.into_iter().collect(),
             first_step,
             capacity,
+            capacity_bytes: DEFAULT_CAPACITY_BYTES,
             rate_window: DEFAULT_RATE_WINDOW,
         }
     }
@@ -136,6 +170,8 @@ pub struct ReceiverMetrics {
     pub next_step: u64,
     /// Steps buffered, partial or complete (at most `capacity`).
     pub depth: usize,
+    /// How many steps ahead of the next the receiver accepts now ([`ReceiverState::window`]).
+    pub window: u64,
     /// Complete steps buffered.
     pub ready: usize,
     pub buffered_messages: usize,
@@ -198,6 +234,8 @@ pub struct ReceiverState {
     pending: BTreeMap<u64, Pending>,
     ready: usize,
     buffered_messages: usize,
+    /// The moving average of accepted messages' [`decoded_size`], once one was accepted.
+    message_bytes: Option<f64>,
     counters: Counters,
     enqueued: RateMeter,
     dequeued: RateMeter,
@@ -223,6 +261,7 @@ impl ReceiverState {
             pending: BTreeMap::new(),
             ready: 0,
             buffered_messages: 0,
+            message_bytes: None,
             counters: Counters::default(),
             enqueued: meter.clone(),
             dequeued: meter,
@@ -244,6 +283,22 @@ impl ReceiverState {
     /// Steps buffered, partial or complete.
     pub fn depth(&self) -> usize {
         self.pending.len()
+    }
+
+    /// How many steps from the next one the receiver accepts now: `capacity_bytes` over the
+    /// mean step's bytes, within [`MIN_WINDOW`] and `capacity` ([`initial_window`] before any
+    /// message was accepted). See the module documentation.
+    pub fn window(&self) -> u64 {
+        let capacity = self.config.capacity;
+        let Some(message) = self.message_bytes else {
+            return initial_window(capacity);
+        };
+        let step = (message * self.stages.len() as f64).max(1.0);
+        let fits = (self.config.capacity_bytes as f64 / step).floor();
+        // Saturating: a float beyond u64 converts to u64::MAX, NaN to 0 (clamped below).
+        #[allow(clippy::cast_possible_truncation)]
+        let fits = fits as u64;
+        fits.clamp(MIN_WINDOW.min(capacity), capacity)
     }
 
     /// Whether [`ReceiverState::pop`] would deliver a step now.
@@ -272,7 +327,7 @@ impl ReceiverState {
         if self.exhausted || msg.step < self.next {
             return Offer::Stale;
         }
-        if msg.step - self.next >= self.config.capacity {
+        if msg.step - self.next >= self.window() {
             return Offer::TooFarAhead;
         }
         match self.pending.get(&msg.step) {
@@ -294,7 +349,7 @@ impl ReceiverState {
     /// (20 ms is hundreds of short steps, so the step comes back long after the window passed
     /// it and the consumer waits for it) and too short for a slow one.
     pub fn retry_after(&self, step: u64, now: Instant) -> Duration {
-        let window_end = self.next.saturating_add(self.config.capacity);
+        let window_end = self.next.saturating_add(self.window());
         let pops = step.saturating_sub(window_end).saturating_add(1);
         let rate = self.dequeued.rate(now);
         if rate.is_nan() || rate <= 0.0 {
@@ -345,6 +400,11 @@ impl ReceiverState {
             parts: (0..stages).map(|_| None).collect(),
             present: 0,
             completed_at: None,
+        });
+        let bytes = decoded_size(&msg) as f64;
+        self.message_bytes = Some(match self.message_bytes {
+            Some(mean) => mean + SIZE_WEIGHT * (bytes - mean),
+            None => bytes,
         });
         pending.parts[slot] = Some(msg);
         pending.present += 1;
@@ -400,6 +460,7 @@ impl ReceiverState {
         ReceiverMetrics {
             next_step: self.next,
             depth: self.pending.len(),
+            window: self.window(),
             ready: self.ready,
             buffered_messages: self.buffered_messages,
             capacity: self.config.capacity,
@@ -618,6 +679,11 @@ impl SharedReceiver {
     /// The next step to deliver.
     pub fn next_step(&self) -> u64 {
         self.lock().next_step()
+    }
+
+    /// How many steps from the next one it accepts now ([`ReceiverState::window`]).
+    pub fn window(&self) -> u64 {
+        self.lock().window()
     }
 }
 

@@ -139,6 +139,50 @@ fn steps_past_the_window_are_too_far_ahead_until_it_moves() {
     assert_eq!(r.classify(&msg(0, u64::MAX)), Offer::TooFarAhead);
 }
 
+/// A message of `stage` for `step` whose values are `bytes` bytes of int8.
+fn sized(stage: u32, step: u64, bytes: usize) -> StepMessage {
+    StepMessage {
+        tensors: vec![Tensor::new(vec![bytes], TensorData::Int8(vec![1; bytes])).expect("valid")],
+        ..msg(stage, step)
+    }
+}
+
+#[test]
+fn the_window_is_bounded_in_bytes_by_the_mean_steps_size() {
+    let t0 = Instant::now();
+    let config = ReceiverConfig {
+        capacity_bytes: 64 << 10,
+        ..ReceiverConfig::new(JOB, [0, 1], 0, 1000)
+    };
+    let mut r = ReceiverState::new(config, t0).expect("valid config");
+    assert_eq!(r.window(), INITIAL_WINDOW, "no step's size known yet");
+    assert_eq!(r.classify(&sized(0, 64, 100)), Offer::TooFarAhead);
+    assert_eq!(r.offer(sized(0, 63, 100), t0), Offer::Accepted);
+    // Both stages' messages of 100 values: a step of two messages of (100 + 64 + 8) bytes
+    // (see `decoded_size`): 65,536 / 344 = 190 steps.
+    assert_eq!(decoded_size(&sized(0, 0, 100)), 172);
+    assert_eq!(r.window(), 190);
+    assert_eq!(r.metrics(t0).window, 190);
+    assert_eq!(r.offer(sized(1, 189, 100), t0), Offer::Accepted);
+    assert_eq!(r.offer(sized(1, 190, 100), t0), Offer::TooFarAhead);
+    // Large messages shrink it, to MIN_WINDOW at the least; what it holds stays, and the next
+    // step is always inside it.
+    for step in 0..MIN_WINDOW {
+        assert_eq!(r.offer(sized(0, step, 100_000), t0), Offer::Accepted);
+    }
+    assert_eq!(r.window(), MIN_WINDOW);
+    assert_eq!(r.depth(), 10, "steps 0..8, 63 and 189");
+    assert_eq!(r.offer(sized(1, 63, 100), t0), Offer::TooFarAhead);
+    assert_eq!(r.offer(sized(1, 0, 100), t0), Offer::Accepted);
+    assert_eq!(r.pop(t0).map(|s| s.step), Some(0));
+    // Never past `capacity`, however small the steps.
+    let mut small = receiver(&[0], 0, 100, t0);
+    assert_eq!(small.window(), 64, "min(capacity, INITIAL_WINDOW)");
+    assert_eq!(small.offer(sized(0, 0, 1), t0), Offer::Accepted);
+    assert_eq!(small.window(), 100);
+    assert_eq!(initial_window(16), 16);
+}
+
 #[test]
 fn the_last_possible_step_is_delivered_once() {
     let t0 = Instant::now();

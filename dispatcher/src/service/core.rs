@@ -258,6 +258,14 @@ impl Core {
         &self.receiver_addr
     }
 
+    /// The receiver's window now, as the training side last reported it (see
+    /// `ConsumedRequest.window`): the workers' lease shares follow it from their next answer.
+    /// Not journaled: after a restart the window is what the consumer registers or reports
+    /// next.
+    pub(crate) fn set_receiver_window(&mut self, window: u64) {
+        self.receiver_window = window;
+    }
+
     /// `worker`'s lease limit now: its share of the receiver's window (see
     /// [`DispatcherState::lease_share`]); the limit per worker for an unknown worker.
     pub(crate) fn lease_limit(&self, worker: WorkerId) -> u32 {

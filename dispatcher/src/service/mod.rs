@@ -74,11 +74,10 @@ pub const MAX_CONCURRENT_REQUESTS_PER_CONNECTION: usize = 32;
 /// journal line well below their limits.
 pub const MAX_BATCH_RECORDS: u64 = 1 << 20;
 
-/// The most steps one `Lease` grants or one `Complete` reports: bounds an answer (with
-/// [`MAX_BATCH_RECORDS`] records a step it stays far below [`MAX_MESSAGE_BYTES`] only for small
-/// batches, so a worker's `max_leases` is the limit that matters in practice) and the work
-/// one request does under the service's lock.
-pub const MAX_STEPS_PER_REQUEST: u32 = 256;
+/// The most steps one `Lease` grants or one `Complete` reports (with [`MAX_BATCH_RECORDS`]
+/// records a step an answer stays far below [`MAX_MESSAGE_BYTES`] only for small batches, so
+/// a worker's `max_leases` is the limit that matters in practice).
+pub use lode_proto::service::MAX_STEPS_PER_REQUEST;
 
 /// The longest receiver address accepted.
 pub const MAX_ADDR_BYTES: usize = 1024;

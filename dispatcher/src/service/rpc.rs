@@ -388,9 +388,12 @@ impl Dispatcher for DispatcherService {
         self.authorize("Consumed", &request, request.get_ref().job_id)?;
         let req = request.into_inner();
         let watermark = StepId::new(req.epoch, req.step);
-        let (busy_us, end_job) = (req.busy_us, req.end_job);
+        let (busy_us, end_job, window) = (req.busy_us, req.end_job, req.window);
         let (events, end_of_data) = self
             .mutate(Durability::Synced, move |core, now| {
+                if window > 0 {
+                    core.set_receiver_window(window);
+                }
                 let mut events = match core.apply(Command::Consumed { watermark }, now) {
                     Ok(events) => events,
                     // After a crash that lost grants answered without a sync, the training side

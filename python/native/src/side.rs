@@ -82,7 +82,8 @@ pub struct JobConfig {
     /// Seconds an unreachable dispatcher is retried before DWRecv fails.
     #[serde(default = "default_patience")]
     pub patience_secs: u64,
-    /// Steps buffered ahead.
+    /// Steps buffered ahead, at most (the window is also bounded in bytes: see
+    /// `lode_dataworker::transfer::receiver`).
     #[serde(default = "default_capacity")]
     pub capacity: u64,
     /// Steps of one pass of the program's iterator, when the dispatcher runs on across passes
@@ -101,7 +102,7 @@ fn default_patience() -> u64 {
     30
 }
 fn default_capacity() -> u64 {
-    64
+    lode_dataworker::transfer::receiver::DEFAULT_CAPACITY
 }
 
 impl JobConfig {
