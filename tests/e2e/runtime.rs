@@ -963,6 +963,55 @@ fn scrape(url: &str) -> std::collections::HashMap<String, f64> {
         .collect()
 }
 
+/// Issue 17: the receiver's window is bounded in steps and in bytes, and the consumer's reports
+/// say it as it learns its steps' size: on small steps it grows from 64 to `--capacity`
+/// (1024 by default), and a lone worker's lease limit follows it; with `--capacity-bytes 1`
+/// it shrinks to its least, 8.
+#[test]
+fn a_workers_lease_limit_follows_the_receivers_window_in_steps_and_bytes() {
+    for (extra, want) in [(&[][..], 1024.0), (&["--capacity-bytes", "1"][..], 8.0)] {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let (log, mut d, addr) = long_job(tmp.path());
+        let mut c = consumer(&addr, &log, extra);
+        let mut w = Proc(
+            bin()
+                .args(["worker", "--dispatcher", &addr, "--token", TOKEN])
+                .args(["--metrics", "127.0.0.1:0"])
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("start a worker"),
+        );
+        let mut line = String::new();
+        BufReader::new(w.0.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("the worker prints its metrics address");
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no metrics address in {line:?}"))
+            .to_owned();
+        wait_for_lines(&log, 20, Duration::from_secs(60));
+        // The limit is read at each lease request, which follows the consumer's next report.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut seen = Vec::new();
+        loop {
+            let limit = scrape(&url).get("lode_worker_lease_limit").copied();
+            seen.push(limit);
+            if limit == Some(want) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{extra:?}: the lease limit never became {want}: {seen:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        kill(&mut w);
+        kill(&mut c);
+        kill(&mut d);
+    }
+}
+
 #[test]
 fn a_worker_serves_its_counters_and_the_stages_time_while_it_runs() {
     // Steps of 2 ms each: the stage's time per step must show them, and every step the

@@ -17,7 +17,7 @@ fn count(n: impl TryInto<u64>) -> f64 {
 /// The receiver's queue state.
 pub fn render_prometheus(job: u64, m: &ReceiverMetrics) -> String {
     let mut out = String::new();
-    let rows: [(&str, &str, &str, f64); 14] = [
+    let rows: [(&str, &str, &str, f64); 15] = [
         (
             "lode_receiver_next_step",
             "gauge",
@@ -39,8 +39,14 @@ pub fn render_prometheus(job: u64, m: &ReceiverMetrics) -> String {
         (
             "lode_receiver_capacity",
             "gauge",
-            "Steps the buffer may hold ahead.",
+            "Steps the buffer may hold ahead, at most.",
             count(m.capacity),
+        ),
+        (
+            "lode_receiver_window",
+            "gauge",
+            "Steps it accepts ahead now: bounded in steps and in bytes.",
+            count(m.window),
         ),
         (
             "lode_receiver_enqueue_rate",
@@ -115,7 +121,7 @@ pub fn render_worker(job: u64, stats: &WorkerStats) -> String {
     let get = |c: &std::sync::atomic::AtomicU64| count(c.load(Ordering::Relaxed));
     let seconds = |c: &std::sync::atomic::AtomicU64| get(c) / 1e9;
     let mut out = String::new();
-    let rows: [(&str, &str, &str, f64); 11] = [
+    let rows: [(&str, &str, &str, f64); 12] = [
         (
             "lode_worker_registrations_total",
             "counter",
@@ -182,6 +188,12 @@ pub fn render_worker(job: u64, stats: &WorkerStats) -> String {
             "The lease batch k at the last request (steps asked for, room permitting).",
             get(&stats.lease_batch),
         ),
+        (
+            "lode_worker_lease_limit",
+            "gauge",
+            "The lease limit at the last request (the worker's share of the receiver's window).",
+            get(&stats.lease_limit),
+        ),
     ];
     for (name, kind, help, value) in rows {
         write_metric(&mut out, name, kind, help, job, value);
@@ -217,7 +229,7 @@ mod tests {
             text.contains("# TYPE lode_receiver_delivered_total counter\nlode_receiver_delivered_total{job=\"3\"} 0\n"),
             "{text}"
         );
-        assert_eq!(text.lines().filter(|l| !l.starts_with('#')).count(), 14);
+        assert_eq!(text.lines().filter(|l| !l.starts_with('#')).count(), 15);
     }
 
     #[test]
@@ -226,6 +238,7 @@ mod tests {
         stats.steps_computed.store(40, Ordering::Relaxed);
         stats.compute_ns.store(2_500_000_000, Ordering::Relaxed);
         stats.lease_batch.store(32, Ordering::Relaxed);
+        stats.lease_limit.store(1024, Ordering::Relaxed);
         let text = render_worker(7, &stats);
         assert!(
             text.contains("# TYPE lode_worker_steps_computed_total counter\nlode_worker_steps_computed_total{job=\"7\"} 40\n"),
@@ -239,9 +252,13 @@ mod tests {
             text.contains("lode_worker_lease_batch{job=\"7\"} 32\n"),
             "{text}"
         );
+        assert!(
+            text.contains("lode_worker_lease_limit{job=\"7\"} 1024\n"),
+            "{text}"
+        );
         let samples = text.lines().filter(|l| !l.starts_with('#')).count();
         let cpu = usize::from(process_cpu().is_some());
-        assert_eq!(samples, 11 + cpu, "{text}");
+        assert_eq!(samples, 12 + cpu, "{text}");
         assert_eq!(text.contains("process_cpu_seconds_total"), cpu == 1);
     }
 }

@@ -94,6 +94,9 @@ pub struct WorkerStats {
     /// Gauge: the lease batch k at the last request (what a request asks for when the lease
     /// limit leaves room).
     pub lease_batch: AtomicU64,
+    /// Gauge: the lease limit at the last request (the worker's share of the receiver's
+    /// window, as the dispatcher last said it).
+    pub lease_limit: AtomicU64,
 }
 
 impl WorkerStats {
@@ -472,6 +475,10 @@ async fn run_registration(
             stats
                 .lease_batch
                 .store(u64::from(state.batch_size()), Ordering::Relaxed);
+            stats.lease_limit.store(
+                u64::try_from(state.max_leases()).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
             let carried = !report.is_empty();
             let (client, tx, job) = (dispatcher.clone(), answers_tx.clone(), config.job);
             let shared = shared.clone();

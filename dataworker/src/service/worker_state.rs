@@ -215,6 +215,11 @@ impl WorkerState {
     /// The dispatcher's lease limit for this worker changed (its share of the training side's
     /// window, which changes as workers join and leave): steps held past a lower limit stay,
     /// and the worker leases again once it holds fewer.
+    /// The steps the worker may hold at once now (see [`Self::set_max_leases`]).
+    pub fn max_leases(&self) -> usize {
+        self.max_leases
+    }
+
     pub fn set_max_leases(&mut self, max_leases: u32) {
         self.max_leases = usize::try_from(max_leases.max(1)).unwrap_or(usize::MAX);
     }
