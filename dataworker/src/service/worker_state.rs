@@ -165,6 +165,12 @@ pub struct WorkerState {
     max_leases: usize,
     /// Leased and not started, lowest global step first.
     queued: VecDeque<HeldStep>,
+    /// No queued step expires before this (a lower bound: the queue is searched for expired
+    /// steps only from then, not at every step).
+    queued_expiry: Option<Instant>,
+    /// Steps of a lease generation below this were voided ([`Self::void_before`]); every
+    /// held step is of this generation or a later one.
+    voided_below: u64,
     /// Computed and answered `RETRY`, by global step: sent again from when it may be.
     parked: BTreeMap<u64, Parked>,
     /// The burst: computed and not yet sent, the last one possibly still being computed
@@ -196,6 +202,8 @@ impl WorkerState {
         Self {
             max_leases: usize::try_from(max_leases.max(1)).unwrap_or(usize::MAX),
             queued: VecDeque::new(),
+            queued_expiry: None,
+            voided_below: 0,
             parked: BTreeMap::new(),
             running: Vec::new(),
             pushing: VecDeque::new(),
@@ -319,15 +327,29 @@ impl WorkerState {
             self.void_before(newest);
         }
         for step in steps {
+            // Granted before a revocation the worker already heard of: someone else's now.
+            if step.generation < self.voided_below {
+                self.abandoned += 1;
+                continue;
+            }
             // Granted again while an earlier grant of it is queued or running (that one went
-            // back): the copy here now runs under the new grant, and reports it.
-            let held = self
-                .queued
-                .iter_mut()
-                .chain(self.running.iter_mut().map(|(h, _)| h))
-                .chain(self.pushing.iter_mut().map(|(h, _)| h))
-                .chain(self.parked.values_mut().map(|p| &mut p.step))
-                .find(|h| h.global == step.global);
+            // back): the copy here now runs under the new grant, and reports it. The queue is
+            // in global order; the burst and the answers awaited are short.
+            let at = self.queued.partition_point(|q| q.global < step.global);
+            let held = match self.queued.get_mut(at) {
+                Some(q) if q.global == step.global => Some(q),
+                _ => self
+                    .running
+                    .iter_mut()
+                    .map(|(h, _)| h)
+                    .chain(self.pushing.iter_mut().map(|(h, _)| h))
+                    .find(|h| h.global == step.global)
+                    .or_else(|| self.parked.get_mut(&step.global).map(|p| &mut p.step)),
+            };
+            self.queued_expiry = Some(
+                self.queued_expiry
+                    .map_or(step.expires, |t| t.min(step.expires)),
+            );
             if let Some(held) = held {
                 held.expires = step.expires;
                 held.deadline_ms = step.deadline_ms;
@@ -336,7 +358,6 @@ impl WorkerState {
             }
             // Beyond the limit would be a dispatcher bug; refuse to hold more than it allows.
             if self.outstanding() < self.max_leases {
-                let at = self.queued.partition_point(|q| q.global < step.global);
                 self.queued.insert(at, step);
             }
         }
@@ -376,6 +397,10 @@ impl WorkerState {
     /// The dispatcher's lease generation is `generation`: the queued and parked steps granted
     /// in an older one were revoked and are dropped (see the module docs).
     pub fn void_before(&mut self, generation: u64) {
+        if generation <= self.voided_below {
+            return;
+        }
+        self.voided_below = generation;
         let before = self.queued.len() + self.parked.len();
         self.queued.retain(|q| q.generation >= generation);
         self.parked.retain(|_, p| p.step.generation >= generation);
@@ -427,7 +452,10 @@ impl WorkerState {
     /// the expired ones.
     fn runnable(&mut self, now: Instant) -> (Option<u64>, Option<u64>) {
         let before = self.queued.len() + self.parked.len();
-        self.queued.retain(|q| q.expires > now);
+        if self.queued_expiry.is_some_and(|t| t <= now) {
+            self.queued.retain(|q| q.expires > now);
+            self.queued_expiry = self.queued.iter().map(|q| q.expires).min();
+        }
         self.parked.retain(|_, p| p.step.expires > now);
         self.abandoned += (before - self.queued.len() - self.parked.len()) as u64;
         let ready = self
@@ -1402,6 +1430,34 @@ mod tests {
         newer.generation = 2;
         w.leased(vec![newer], Duration::from_millis(1));
         assert_eq!(w.queued.iter().map(|q| q.global).collect::<Vec<_>>(), [60]);
+        // A grant of an older generation answered late (the heartbeat told the newer one
+        // first) is void on arrival; a re-grant of a held step from then does not demote it.
+        let mut stale = step(61, far);
+        stale.generation = 1;
+        let mut old_copy = step(60, far);
+        old_copy.generation = 1;
+        w.leased(vec![stale, old_copy], Duration::from_millis(1));
+        assert_eq!(w.queued.iter().map(|q| q.global).collect::<Vec<_>>(), [60]);
+        assert_eq!(w.queued[0].generation, 2);
+        assert_eq!(w.abandoned(), 3, "80, then 61 and the old copy of 60");
+        w.void_before(2);
+        assert_eq!(w.queued.len(), 1, "nothing below 2 is held");
+    }
+
+    /// Queued steps are searched for expired ones from the earliest expiry on, not before:
+    /// a later grant with an earlier expiry still counts.
+    #[test]
+    fn a_queued_step_expires_at_its_own_deadline_whatever_was_leased_before() {
+        let t0 = Instant::now();
+        let mut w = WorkerState::new(8);
+        w.leased(
+            vec![step(5, t0 + Duration::from_secs(10))],
+            Duration::from_millis(1),
+        );
+        let soon = t0 + Duration::from_millis(5);
+        w.leased(vec![step(1, soon)], Duration::from_millis(1));
+        assert_eq!(w.next_step(soon).map(|s| s.global), Some(5), "1 expired");
+        assert_eq!(w.abandoned(), 1);
     }
 
     #[test]
