@@ -84,8 +84,11 @@ const MAX_REPORT: usize = lode_proto::service::MAX_STEPS_PER_REQUEST as usize;
 /// report, when batches are short (see the module docs and [`WorkerState::report_delay`]).
 pub const REPORT_DELAY: Duration = Duration::from_millis(2);
 
-/// The longest report delay, however long a batch takes.
-pub const MAX_REPORT_DELAY: Duration = Duration::from_millis(50);
+/// The longest report delay, however long a batch takes. Long enough for a batch of 256
+/// steps of up to about 1 ms to carry its report with the next lease, and far below a lease
+/// (10 s by default): a step delivered and not yet reported is leased again only once its
+/// lease expires.
+pub const MAX_REPORT_DELAY: Duration = Duration::from_millis(250);
 
 /// Weight of a new sample in the moving averages of step time and round trip.
 const EWMA_WEIGHT: f64 = 0.2;
