@@ -19,8 +19,9 @@
 //!   once the oldest has waited the report delay ([`WorkerState::report_delay`]: two batches'
 //!   time, within [`REPORT_DELAY`] and [`MAX_REPORT_DELAY`]), once the next batch
 //!   is due to be leased and the room left under the lease limit is less than a batch (steps
-//!   waiting for company would keep it from being leased, and the worker would run dry), or at once when the
-//!   worker has nothing queued or running, is draining, or the dispatcher said the end.
+//!   waiting for company would keep it from being leased, and the worker would run dry), or
+//!   at once when the worker has nothing queued or running, is draining, or the dispatcher
+//!   said the end.
 //!   [`WorkerState::wakeup`] names the delay's end. Held steps still count against the limit,
 //!   so at worst a lease waits the report delay for room.
 //! - **Bursts.** Steps shorter than [`BURST_TIME`] are computed back to back, up to
@@ -65,8 +66,9 @@ use std::time::{Duration, Instant};
 /// round trip is at most this fraction of the time they take to compute.
 pub const ROUND_TRIP_SHARE: f64 = 0.05;
 
-/// The most steps asked for at once, whatever the measurements say. Short steps reach it: a lease, and the report riding on it, costs the worker
-/// about 100 µs of CPU (a gRPC round trip), which 256 steps of 40 µs make 1% of their work.
+/// The most steps asked for at once, whatever the measurements say. Short steps reach it: a
+/// lease, and the report riding on it, costs the worker about 100 µs of CPU (a gRPC round
+/// trip), which 256 steps of 40 µs make 1% of their work.
 pub const MAX_BATCH: u32 = 256;
 
 /// The most compute a burst holds back: short steps are computed back to back until this
@@ -223,14 +225,14 @@ impl WorkerState {
         }
     }
 
-    /// The dispatcher's lease limit for this worker changed (its share of the training side's
-    /// window, which changes as workers join and leave): steps held past a lower limit stay,
-    /// and the worker leases again once it holds fewer.
     /// The steps the worker may hold at once now (see [`Self::set_max_leases`]).
     pub fn max_leases(&self) -> usize {
         self.max_leases
     }
 
+    /// The dispatcher's lease limit for this worker changed (its share of the training side's
+    /// window, which changes as workers join and leave): steps held past a lower limit stay,
+    /// and the worker leases again once it holds fewer.
     pub fn set_max_leases(&mut self, max_leases: u32) {
         self.max_leases = usize::try_from(max_leases.max(1)).unwrap_or(usize::MAX);
     }
