@@ -963,6 +963,28 @@ fn scrape(url: &str) -> std::collections::HashMap<String, f64> {
         .collect()
 }
 
+/// A worker of the job at `addr` serving its metrics on a free port, and their URL.
+fn worker_with_metrics(addr: &str) -> (Proc, String) {
+    let mut w = Proc(
+        bin()
+            .args(["worker", "--dispatcher", addr, "--token", TOKEN])
+            .args(["--metrics", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start a worker"),
+    );
+    let mut line = String::new();
+    BufReader::new(w.0.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("the worker prints its metrics address");
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no metrics address in {line:?}"))
+        .to_owned();
+    (w, url)
+}
+
 /// Issue 17: the receiver's window is bounded in steps and in bytes, and the consumer's reports
 /// say it as it learns its steps' size: on small steps it grows from 64 to `--capacity`
 /// (1024 by default), and a lone worker's lease limit follows it; with `--capacity-bytes 1`
@@ -973,23 +995,7 @@ fn a_workers_lease_limit_follows_the_receivers_window_in_steps_and_bytes() {
         let tmp = tempfile::tempdir().expect("tmp");
         let (log, mut d, addr) = long_job(tmp.path());
         let mut c = consumer(&addr, &log, extra);
-        let mut w = Proc(
-            bin()
-                .args(["worker", "--dispatcher", &addr, "--token", TOKEN])
-                .args(["--metrics", "127.0.0.1:0"])
-                .stdout(Stdio::piped())
-                .spawn()
-                .expect("start a worker"),
-        );
-        let mut line = String::new();
-        BufReader::new(w.0.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("the worker prints its metrics address");
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no metrics address in {line:?}"))
-            .to_owned();
+        let (mut w, url) = worker_with_metrics(&addr);
         wait_for_lines(&log, 20, Duration::from_secs(60));
         // The limit is read at each lease request, which follows the consumer's next report.
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -1019,23 +1025,7 @@ fn a_worker_serves_its_counters_and_the_stages_time_while_it_runs() {
     let tmp = tempfile::tempdir().expect("tmp");
     let (log, mut d, addr) = long_job(tmp.path());
     let mut c = consumer(&addr, &log, &[]);
-    let mut w = Proc(
-        bin()
-            .args(["worker", "--dispatcher", &addr, "--token", TOKEN])
-            .args(["--metrics", "127.0.0.1:0"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start a worker"),
-    );
-    let mut line = String::new();
-    BufReader::new(w.0.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("the worker prints its metrics address");
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no metrics address in {line:?}"))
-        .to_owned();
+    let (mut w, url) = worker_with_metrics(&addr);
     wait_for_lines(&log, 40, Duration::from_secs(60));
     // Read before the scrape: every step logged by then was sent before it.
     let logged = lines(&log).len() as f64;
