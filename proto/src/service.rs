@@ -49,8 +49,10 @@ pub use prost::bytes::Bytes;
 /// XXH3-64 checksum instead of a CRC32C, see `lode_dataworker::transfer::codec`). 4: a worker
 /// on its receiver's machine sends uncompressed frames unsummed (compression byte 2), which a
 /// version-3 receiver would refuse frame by frame. 5: a request may carry up to 1024 steps
-/// ([`MAX_STEPS_PER_REQUEST`], was 256), which a version-4 dispatcher refuses.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// ([`MAX_STEPS_PER_REQUEST`], was 256), which a version-4 dispatcher refuses. 6: a lease's
+/// consecutive records come as a range (`StepLease.records_from`, `records_count`), which a
+/// version-5 worker would read as an empty batch.
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// The largest message either end encodes or decodes. Sized for `Register`'s answer, which
 /// carries the plan and a stage graph.
@@ -62,6 +64,72 @@ pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 /// to 1024 steps by default), and a report riding on a lease carries a batch and the last
 /// burst before it, so the limit leaves room for several batches.
 pub const MAX_STEPS_PER_REQUEST: u32 = 1024;
+
+/// The most records in one step: bounds a lease answer (at most 10 bytes a record), a
+/// journal line well below their limits, and what a worker expands a lease's range into.
+pub const MAX_BATCH_RECORDS: u64 = 1 << 20;
+
+/// A lease's records in no form a worker can read (see [`v1::StepLease::take_records`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordsError {
+    #[error("the records are both listed ({listed}) and given as a range ({count} from {from})")]
+    BothForms {
+        listed: usize,
+        from: u64,
+        count: u64,
+    },
+    #[error("the range of {count} records from {from} passes the largest record id")]
+    Overflow { from: u64, count: u64 },
+    #[error("{count} records is more than the {MAX_BATCH_RECORDS}-record limit of a step")]
+    TooMany { count: u64 },
+}
+
+impl v1::StepLease {
+    /// Sets the step's records: as the range `records_from`, `records_count` when they are
+    /// consecutive ascending ids (an unshuffled pipeline's steps), else listed.
+    pub fn set_records(&mut self, records: Vec<u64>) {
+        let count = u64::try_from(records.len()).unwrap_or(u64::MAX);
+        // The range's end must be a u64 too (a lone u64::MAX stays listed).
+        let consecutive = records.first().and_then(|f| f.checked_add(count)).is_some()
+            && records
+                .windows(2)
+                .all(|w| w[0].checked_add(1) == Some(w[1]));
+        match records.first() {
+            Some(&from) if consecutive => {
+                self.records = Vec::new();
+                self.records_from = from;
+                self.records_count = count;
+            }
+            _ => {
+                self.records = records;
+                self.records_from = 0;
+                self.records_count = 0;
+            }
+        }
+    }
+
+    /// The step's records in either form, moved out of the lease.
+    pub fn take_records(&mut self) -> Result<Vec<u64>, RecordsError> {
+        let (from, count) = (self.records_from, self.records_count);
+        if count == 0 {
+            return Ok(std::mem::take(&mut self.records));
+        }
+        if !self.records.is_empty() {
+            return Err(RecordsError::BothForms {
+                listed: self.records.len(),
+                from,
+                count,
+            });
+        }
+        if count > MAX_BATCH_RECORDS {
+            return Err(RecordsError::TooMany { count });
+        }
+        let end = from
+            .checked_add(count)
+            .ok_or(RecordsError::Overflow { from, count })?;
+        Ok((from..end).collect())
+    }
+}
 
 /// The metadata key that carries the job's token, as `Bearer <token>`.
 pub const AUTHORIZATION: &str = "authorization";
@@ -363,6 +431,8 @@ mod tests {
                 deadline_ms: 1_000,
                 now_ms: 10,
                 generation: 4,
+                records_from: 0,
+                records_count: 0,
             })),
             max_leases: 7,
             refused: vec![v1::StepRef { epoch: 1, step: 2 }],
@@ -370,6 +440,82 @@ mod tests {
         let bytes = answer.encode_to_vec();
         let back = v1::LeaseResponse::decode(bytes.as_slice()).expect("decodes");
         assert_eq!(back, answer);
+    }
+
+    #[test]
+    fn consecutive_records_travel_as_a_range_and_come_back_listed() {
+        let mut lease = v1::StepLease::default();
+        lease.set_records(vec![40, 41, 42, 43]);
+        assert!(lease.records.is_empty());
+        assert_eq!((lease.records_from, lease.records_count), (40, 4));
+        let back = v1::StepLease::decode(lease.encode_to_vec().as_slice()).expect("decodes");
+        assert_eq!(back.clone().take_records(), Ok(vec![40, 41, 42, 43]));
+
+        // Shuffled, descending, repeated or empty, or a range whose end would pass u64::MAX:
+        // listed as they are.
+        let shuffled = [
+            vec![3, 1, 2],
+            vec![2, 1],
+            vec![5, 5],
+            vec![],
+            vec![u64::MAX, 0],
+        ];
+        for records in shuffled.into_iter().chain([vec![u64::MAX]]) {
+            let mut lease = v1::StepLease::default();
+            lease.set_records(records.clone());
+            assert_eq!(lease.records_count, 0, "{records:?}");
+            assert_eq!(lease.take_records(), Ok(records));
+        }
+        // One record is a range of one; the largest id is a range that just fits.
+        let mut lease = v1::StepLease::default();
+        lease.set_records(vec![u64::MAX - 1]);
+        assert_eq!((lease.records_from, lease.records_count), (u64::MAX - 1, 1));
+        assert_eq!(lease.take_records(), Ok(vec![u64::MAX - 1]));
+    }
+
+    #[test]
+    fn a_lease_whose_records_a_worker_cannot_read_says_why() {
+        let both = v1::StepLease {
+            records: vec![1],
+            records_from: 2,
+            records_count: 3,
+            ..Default::default()
+        };
+        assert_eq!(
+            both.clone().take_records(),
+            Err(RecordsError::BothForms {
+                listed: 1,
+                from: 2,
+                count: 3
+            })
+        );
+        let past_the_end = v1::StepLease {
+            records_from: u64::MAX - 1,
+            records_count: 2,
+            ..Default::default()
+        };
+        assert_eq!(
+            past_the_end.clone().take_records(),
+            Err(RecordsError::Overflow {
+                from: u64::MAX - 1,
+                count: 2
+            })
+        );
+        let huge = v1::StepLease {
+            records_count: MAX_BATCH_RECORDS + 1,
+            ..Default::default()
+        };
+        let err = huge.clone().take_records().expect_err("too many");
+        assert_eq!(
+            err,
+            RecordsError::TooMany {
+                count: MAX_BATCH_RECORDS + 1
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "1048577 records is more than the 1048576-record limit of a step"
+        );
     }
 
     #[test]

@@ -718,7 +718,7 @@ fn absorb(
             let sent = now.checked_sub(round_trip).unwrap_or(now);
             let held = leases
                 .into_iter()
-                .map(|lease| {
+                .map(|mut lease| {
                     // A step outside the job's numbering is the dispatcher's error, not a
                     // number to wrap or clamp.
                     let at =
@@ -732,7 +732,7 @@ fn absorb(
                             + Duration::from_millis(lease.deadline_ms.saturating_sub(lease.now_ms)),
                         deadline_ms: lease.deadline_ms,
                         generation: lease.generation,
-                        records: lease.records,
+                        records: lease.take_records().map_err(|e| bad("lease", e))?,
                     })
                 })
                 .collect::<Result<_, ServiceError>>()?;

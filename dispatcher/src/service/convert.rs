@@ -109,16 +109,20 @@ pub(crate) fn step_lease(
     deadline: Time,
     now: Time,
 ) -> v1::StepLease {
-    v1::StepLease {
+    let mut lease = v1::StepLease {
         stage: stage.0,
         epoch: step.epoch.0,
         step: step.step.0,
-        records,
+        records: Vec::new(),
         deadline_ms: deadline.as_millis(),
         now_ms: now.as_millis(),
         // Set by the caller, which knows the state's generation.
         generation: 0,
-    }
+        records_from: 0,
+        records_count: 0,
+    };
+    lease.set_records(records);
+    lease
 }
 
 #[cfg(test)]

@@ -70,9 +70,8 @@ pub const MAX_CONNECTIONS: usize = 2 * MAX_WORKERS_PER_JOB;
 /// The most requests in flight on one connection (a worker's lease, heartbeat and reports).
 pub const MAX_CONCURRENT_REQUESTS_PER_CONNECTION: usize = 32;
 
-/// The most records in one step: bounds a lease answer (at most 10 bytes a record) and a
-/// journal line well below their limits.
-pub const MAX_BATCH_RECORDS: u64 = 1 << 20;
+/// The most records in one step (shared with the worker, which expands a lease's range).
+pub use lode_proto::service::MAX_BATCH_RECORDS;
 
 /// The most steps one `Lease` grants or one `Complete` reports (with [`MAX_BATCH_RECORDS`]
 /// records a step an answer stays far below [`MAX_MESSAGE_BYTES`] only for small batches, so
