@@ -272,6 +272,8 @@ pub struct StepEncoder {
     /// Whether frames for a receiver on this machine keep their checksum (see the module
     /// docs); false unless [`StepEncoder::sum_local`] says so.
     sum_local: bool,
+    /// What [`StepEncoder::encode_parts_for`] reserves for a frame's owned bytes.
+    parts_hint: usize,
 }
 
 impl StepEncoder {
@@ -284,6 +286,7 @@ impl StepEncoder {
             last_probe: None,
             auto_choice: None,
             sum_local: false,
+            parts_hint: 0,
         }
     }
 
@@ -408,18 +411,23 @@ impl StepEncoder {
                 borrowed_len: 0,
             });
         }
-        let (decoded, hint) = sizes(msg, BORROW_MIN_BYTES);
-        let limit = self.limit_for(decoded)?;
-        let mut owned = Vec::with_capacity(HEADER_LEN + hint);
+        // The last frame's owned bytes and an eighth more: a job's steps are alike, and
+        // sizing this frame exactly would take a pass over its strings before the one that
+        // writes them.
+        let mut owned = Vec::with_capacity(self.parts_hint.max(HEADER_LEN + 64));
         owned.resize(HEADER_LEN, 0);
         let mut parts = FrameParts {
             owned,
             borrowed: Vec::new(),
             borrowed_len: 0,
         };
-        write_payload(msg, &mut parts);
+        // A message past the limit is refused once written (it is in memory already, and
+        // its frame's owned part is no larger).
+        let decoded = write_payload(msg, &mut parts);
+        let limit = self.limit_for(decoded)?;
         let payload_len = parts.len() - HEADER_LEN;
         check_payload_len(payload_len, limit)?;
+        self.parts_hint = parts.owned.len().saturating_add(parts.owned.len() / 8);
         let unsummed = local && !self.sum_local;
         let header = &mut parts.owned[..HEADER_LEN];
         header[..4].copy_from_slice(&MAGIC);
@@ -636,7 +644,10 @@ pub(crate) fn get_varint(bytes: &[u8]) -> Option<(u64, usize)> {
 /// decoder is bincode's; the tests hold the two together). Written by hand because bincode's
 /// writer is called once per integer and per string, which cost a wide_deep step more than
 /// its checksum.
-fn write_payload<'m>(msg: &'m StepMessage, sink: &mut impl PayloadSink<'m>) {
+///
+/// Returns `msg`'s [`decoded_size`], counted on the way (a second pass over a cut's hundreds
+/// of strings a step cost the worker about 1% of its CPU).
+fn write_payload<'m>(msg: &'m StepMessage, sink: &mut impl PayloadSink<'m>) -> u64 {
     let out = sink.owned();
     put_varint(out, msg.job);
     put_varint(out, u64::from(msg.stage));
@@ -647,9 +658,11 @@ fn write_payload<'m>(msg: &'m StepMessage, sink: &mut impl PayloadSink<'m>) {
         put_varint(out, r);
     }
     put_varint(out, len_u64(msg.tensors.len()));
+    let mut decoded = len_u64(msg.records.len()).saturating_mul(8);
     for t in &msg.tensors {
-        write_tensor(t, sink);
+        decoded = decoded.saturating_add(write_tensor(t, sink));
     }
+    decoded
 }
 
 /// Appends the wire form of `tensors` to `out`: each as a frame's payload carries it (dtype,
@@ -660,27 +673,34 @@ pub fn write_tensors<'m>(tensors: impl IntoIterator<Item = &'m Tensor>, out: &mu
     }
 }
 
-/// One tensor of a payload (see [`write_payload`]).
-fn write_tensor<'m>(t: &'m Tensor, sink: &mut impl PayloadSink<'m>) {
+/// One tensor of a payload (see [`write_payload`]); returns what it counts for in
+/// [`decoded_size`].
+fn write_tensor<'m>(t: &'m Tensor, sink: &mut impl PayloadSink<'m>) -> u64 {
     let out = sink.owned();
     out.push(dtype_tag(t.dtype()));
     put_varint(out, len_u64(t.shape().len()));
     for &d in t.shape() {
         put_varint(out, len_u64(d));
     }
-    put_varint(out, len_u64(t.num_elements()));
+    let count = t.num_elements();
+    put_varint(out, len_u64(count));
+    let overhead = tensor_overhead(t.shape().len());
     if let Some(values) = wire_bytes(t.data()) {
         sink.values(values);
-        return;
+        return overhead.saturating_add(len_u64(values.len()));
     }
     let out = sink.owned();
     match t.data() {
-        // A frame's encoder reserved for them (see `size_hint`).
         TensorData::String(v) => {
+            let mut bytes = 0usize;
             for s in v {
                 put_varint(out, len_u64(s.len()));
                 out.extend_from_slice(s);
+                bytes += s.len();
             }
+            return overhead
+                .saturating_add(len_u64(count).saturating_mul(STRING_OVERHEAD_BYTES))
+                .saturating_add(len_u64(bytes));
         }
         // A big-endian machine: the values are converted.
         TensorData::Bool(v) => out.extend(v.iter().map(|&b| u8::from(b))),
@@ -697,6 +717,8 @@ fn write_tensor<'m>(t: &'m Tensor, sink: &mut impl PayloadSink<'m>) {
         TensorData::UInt64(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
         TensorData::Float64(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
     }
+    let width = t.dtype().byte_width().unwrap_or(1);
+    overhead.saturating_add(len_u64(count).saturating_mul(len_u64(width)))
 }
 
 /// Decodes frames. Keeps a decompression buffer between calls.

@@ -712,7 +712,8 @@ fn a_frames_sizes_are_the_documented_memory_and_a_bound_of_its_payload() {
     assert_eq!(sizes(&msg, usize::MAX).0, expected);
     // The reserve covers the payload, and leaves out only the values a frame borrows.
     let mut whole = Vec::new();
-    write_payload(&msg, &mut whole);
+    // The encoder counts the same size as it writes.
+    assert_eq!(write_payload(&msg, &mut whole), expected);
     let all = size_hint(&msg, usize::MAX);
     assert!(all >= whole.len(), "{all} < {}", whole.len());
     let borrowing = size_hint(&msg, BORROW_MIN_BYTES);
@@ -741,6 +742,14 @@ fn decoded_memory_is_bounded_like_the_encoder_bounds_it() {
     });
     assert!(matches!(
         small.encode(&msg),
+        Err(TransferError::MessageTooLarge {
+            bytes,
+            limit: 10_000
+        }) if bytes == need
+    ));
+    // And so does a frame in parts (which counts the size as it writes the frame).
+    assert!(matches!(
+        small.encode_parts_for(&msg, true),
         Err(TransferError::MessageTooLarge {
             bytes,
             limit: 10_000
@@ -831,6 +840,9 @@ proptest! {
     fn prop_payloads_are_bincodes(msg in message_strategy()) {
         let frame = encoder(Compression::Off).encode(&msg).expect("encodes");
         prop_assert_eq!(&frame[HEADER_LEN..], &bincode_payload(&msg)[..]);
+        // The size the encoder counts as it writes is the documented one.
+        let mut payload = Vec::new();
+        prop_assert_eq!(write_payload(&msg, &mut payload), decoded_size(&msg));
     }
 
     #[test]
