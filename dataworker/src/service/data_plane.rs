@@ -336,6 +336,10 @@ async fn fill_answers(
     answers: &mut Vec<u8>,
     want: usize,
 ) -> std::io::Result<()> {
+    if answers.len() >= want {
+        // Mostly so: one read takes a whole burst's answers (no 4 KiB buffer to zero per frame).
+        return Ok(());
+    }
     let mut chunk = [0u8; ANSWER_READ];
     while answers.len() < want {
         let n = stream.read(&mut chunk).await?;
