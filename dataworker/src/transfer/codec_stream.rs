@@ -473,7 +473,14 @@ impl<S: AsyncRead + Unpin> Payload<'_, S> {
             .take_strings(usize::try_from(count).unwrap_or(usize::MAX));
         let reused = out.len();
         out.reserve(super::initial_capacity(count, 1024).saturating_sub(reused));
-        for i in 0..count {
+        let mut i = 0;
+        while i < count {
+            // As many strings as the buffer holds whole, without an await each; the next
+            // one, split across reads (or refused), the long way below.
+            i = refuse!(self.buffered_strings(&mut out, i, count));
+            if i == count {
+                break;
+            }
             let len = refuse!(self.varint().await?);
             refuse!(self.charge(STRING_OVERHEAD_BYTES.saturating_add(len)));
             if len > self.left {
@@ -494,9 +501,66 @@ impl<S: AsyncRead + Unpin> Payload<'_, S> {
                 s.resize(n, 0);
                 refuse!(self.bytes_into(s).await?);
             }
+            i += 1;
         }
         out.truncate(usize::try_from(count).unwrap_or(usize::MAX));
         Ok(Ok(TensorData::String(out)))
+    }
+
+    /// Strings `from`.. of `count` into `out` while the buffer holds each one whole (its
+    /// length in a form the encoder writes, then its bytes, within the payload): what
+    /// [`Payload::strings`]'s loop does for them, charged in the same order, with a cursor
+    /// over the buffer instead of an await and a bincode call per string. Returns the index of
+    /// the first string not taken.
+    fn buffered_strings(
+        &mut self,
+        out: &mut Vec<Vec<u8>>,
+        from: u64,
+        count: u64,
+    ) -> Result<u64, TransferError> {
+        let window = self.incoming.buffered();
+        // The payload's bytes within the buffer: nothing past the frame is read here.
+        let window = &window[..window
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX))];
+        let mut at = 0;
+        let mut i = from;
+        let mut refused = None;
+        while i < count {
+            let rest = &window[at..];
+            let Some((len, used)) = super::get_varint(&rest[..rest.len().min(9)]) else {
+                break;
+            };
+            let Some(bytes) = usize::try_from(len)
+                .ok()
+                .and_then(|n| rest.get(used..used.checked_add(n)?))
+            else {
+                break;
+            };
+            at += used;
+            if let Err(source) =
+                super::charge(&mut self.ctx, STRING_OVERHEAD_BYTES.saturating_add(len))
+            {
+                refused = Some(
+                    self.ctx
+                        .failure
+                        .take()
+                        .unwrap_or(TransferError::Decode { source }),
+                );
+                break;
+            }
+            let slot = usize::try_from(i).unwrap_or(usize::MAX);
+            if slot >= out.len() {
+                out.push(Vec::new());
+            }
+            let s = &mut out[slot];
+            s.clear();
+            s.extend_from_slice(bytes);
+            at += bytes.len();
+            i += 1;
+        }
+        self.take(at);
+        refused.map_or(Ok(i), Err)
     }
 
     /// `n` values of `dtype`, read into their own memory (see the module docs), taken from
