@@ -9,7 +9,7 @@
 //! Input values TensorFlow refuses (an index out of range, unsorted boundaries, a negative
 //! count) are reported as [`KernelError::InvalidAttr`] naming the input and the element.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::hash::Hash;
 
 use super::{int_values, output, KernelError, Result};
@@ -161,8 +161,12 @@ fn dims_of(op: &'static str, input: &'static str, sizes: &[i64]) -> Result<Vec<u
 /// The groups of equal elements in order of first occurrence: the position of each group's
 /// first element, each element's group, and each group's size. A `None` key (NaN) equals
 /// nothing, not even itself.
+///
+/// The map only finds a key's group (the order is the keys'), so its hasher is FxHash: with
+/// std's SipHash the hashing was about a sixth of deepfm's full cut (`Unique` over a batch's ids).
 fn groups<K: Hash + Eq>(keys: impl Iterator<Item = Option<K>>) -> (Vec<usize>, Vec<i64>, Vec<i64>) {
-    let mut seen: HashMap<K, usize> = HashMap::new();
+    let mut seen: FxHashMap<K, usize> = FxHashMap::default();
+    seen.reserve(keys.size_hint().0);
     let (mut first, mut idx, mut counts) = (Vec::new(), Vec::new(), Vec::new());
     for (i, key) in keys.enumerate() {
         let next = first.len();
