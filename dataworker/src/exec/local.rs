@@ -64,7 +64,7 @@ fn run_step(stages: &[Stage], records: &[u64], keep: bool) -> Result<StepResult,
     let mut received: HashMap<String, Arc<Tensor>> = HashMap::new();
     let mut skipped = 0;
     let mut last = None;
-    for stage in stages {
+    for (at, stage) in stages.iter().enumerate() {
         let out = stage.run_step(StepInput {
             records,
             received: &received,
@@ -78,8 +78,12 @@ fn run_step(stages: &[Stage], records: &[u64], keep: bool) -> Result<StepResult,
                 tensors: None,
             });
         };
-        for (name, t) in stage.send.iter().zip(&tensors) {
-            received.insert(name.clone(), t.clone());
+        // Only a later stage reads them (the last stage's are the step's result, as a
+        // worker's are its frame): naming them all would be work a worker does not do.
+        if at + 1 < stages.len() {
+            for (name, t) in stage.send.iter().zip(&tensors) {
+                received.insert(name.clone(), t.clone());
+            }
         }
         last = Some(tensors);
     }
