@@ -769,6 +769,11 @@ def cmd_worker_eff(args):
         row["worker_us_per_step"] = row["worker_cpu_s"] / row["worker_steps_computed"] * 1e6
         row["overhead_us_per_step"] = row["worker_us_per_step"] - row["compute_us_per_step"]
         row["stage_ratio"] = row["exec_us_per_step"] / row["compute_us_per_step"]
+        # The ratio had the stage run as fast in the worker as in exec: the stage's share of
+        # the worker's CPU, both from the same window, so the host's speed (which swings
+        # between the worker's window and exec's run) cancels out. Conservative: the
+        # overhead includes dropping the sent tensors, which exec's step pays too.
+        row["ratio_same_stage"] = row["compute_us_per_step"] / row["worker_us_per_step"]
     pooled = (sum(r["worker_samples"] for r in rows) / sum(r["worker_cpu_s"] for r in rows)) / (
         sum(r["exec_samples"] for r in rows)
         / sum(r["exec_cpu_s"] - startup for r in rows))
@@ -786,6 +791,8 @@ def cmd_worker_eff(args):
                "overhead_us_per_step": statistics.median(r["overhead_us_per_step"]
                                                          for r in rows),
                "stage_ratio_median": statistics.median(r["stage_ratio"] for r in rows),
+               "ratio_same_stage_median": statistics.median(r["ratio_same_stage"]
+                                                            for r in rows),
                "rounds_detail": rows}
     with open(args.out, "a") as f:
         f.write(json.dumps(summary) + "\n")
@@ -796,7 +803,8 @@ def cmd_worker_eff(args):
           f"exec {summary['exec_us_per_step']:.1f} us, the worker's stage "
           f"{summary['compute_us_per_step']:.1f} us (stage ratio "
           f"{summary['stage_ratio_median']:.2f}) + overhead "
-          f"{summary['overhead_us_per_step']:.1f} us")
+          f"{summary['overhead_us_per_step']:.1f} us; at a stage ratio of 1 "
+          f"{summary['ratio_same_stage_median']:.2f}")
 
 
 # --------------------------------------------------------------------------- the table
