@@ -89,13 +89,14 @@ impl v1::StepLease {
     /// consecutive ascending ids (an unshuffled pipeline's steps), else listed.
     pub fn set_records(&mut self, records: Vec<u64>) {
         let count = u64::try_from(records.len()).unwrap_or(u64::MAX);
-        // The range's end must be a u64 too (a lone u64::MAX stays listed).
-        let consecutive = records.first().and_then(|f| f.checked_add(count)).is_some()
-            && records
+        let consecutive = || {
+            records
                 .windows(2)
-                .all(|w| w[0].checked_add(1) == Some(w[1]));
+                .all(|w| w[0].checked_add(1) == Some(w[1]))
+        };
         match records.first() {
-            Some(&from) if consecutive => {
+            // The range's end must be a u64 too (a lone u64::MAX stays listed).
+            Some(&from) if from.checked_add(count).is_some() && consecutive() => {
                 self.records = Vec::new();
                 self.records_from = from;
                 self.records_count = count;

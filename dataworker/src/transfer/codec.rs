@@ -682,12 +682,10 @@ fn write_tensor<'m>(t: &'m Tensor, sink: &mut impl PayloadSink<'m>) -> u64 {
     for &d in t.shape() {
         put_varint(out, len_u64(d));
     }
-    let count = t.num_elements();
-    put_varint(out, len_u64(count));
-    let overhead = tensor_overhead(t.shape().len());
+    put_varint(out, len_u64(t.num_elements()));
     if let Some(values) = wire_bytes(t.data()) {
         sink.values(values);
-        return overhead.saturating_add(len_u64(values.len()));
+        return tensor_decoded(t, 0);
     }
     let out = sink.owned();
     match t.data() {
@@ -698,9 +696,7 @@ fn write_tensor<'m>(t: &'m Tensor, sink: &mut impl PayloadSink<'m>) -> u64 {
                 out.extend_from_slice(s);
                 bytes += s.len();
             }
-            return overhead
-                .saturating_add(len_u64(count).saturating_mul(STRING_OVERHEAD_BYTES))
-                .saturating_add(len_u64(bytes));
+            return tensor_decoded(t, bytes);
         }
         // A big-endian machine: the values are converted.
         TensorData::Bool(v) => out.extend(v.iter().map(|&b| u8::from(b))),
@@ -717,8 +713,7 @@ fn write_tensor<'m>(t: &'m Tensor, sink: &mut impl PayloadSink<'m>) -> u64 {
         TensorData::UInt64(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
         TensorData::Float64(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
     }
-    let width = t.dtype().byte_width().unwrap_or(1);
-    overhead.saturating_add(len_u64(count).saturating_mul(len_u64(width)))
+    tensor_decoded(t, 0)
 }
 
 /// Decodes frames. Keeps a decompression buffer between calls.
@@ -996,6 +991,19 @@ fn tensor_overhead(rank: usize) -> u64 {
     TENSOR_OVERHEAD_BYTES.saturating_add(len_u64(rank).saturating_mul(8))
 }
 
+/// What tensor `t` counts for in [`decoded_size`], its strings' bytes given (0 for numbers):
+/// the one formula of the encoder's two ways to count it.
+fn tensor_decoded(t: &Tensor, string_bytes: usize) -> u64 {
+    let count = len_u64(t.num_elements());
+    let values = match t.dtype() {
+        DType::String => count
+            .saturating_mul(STRING_OVERHEAD_BYTES)
+            .saturating_add(len_u64(string_bytes)),
+        dtype => count.saturating_mul(len_u64(dtype.byte_width().unwrap_or(1))),
+    };
+    tensor_overhead(t.shape().len()).saturating_add(values)
+}
+
 /// usize → u64, lossless on every platform Rust supports (usize is at most 64 bits there).
 fn len_u64(n: usize) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
@@ -1022,26 +1030,18 @@ fn sizes(msg: &StepMessage, borrowed_from: usize) -> (u64, usize) {
     let mut decoded = len_u64(records).saturating_mul(8);
     let mut hint = 48 + 9 * records;
     for t in &msg.tensors {
-        let (decoded_values, hint_values) = match t.data() {
+        let (string_bytes, hint_values) = match t.data() {
             TensorData::String(v) => {
                 let bytes: usize = v.iter().map(Vec::len).sum();
-                (
-                    len_u64(v.len())
-                        .saturating_mul(STRING_OVERHEAD_BYTES)
-                        .saturating_add(len_u64(bytes)),
-                    bytes.saturating_add(9 * v.len()),
-                )
+                (bytes, bytes.saturating_add(9 * v.len()))
             }
             data => {
                 let width = t.dtype().byte_width().unwrap_or(1);
                 let bytes = data.len().saturating_mul(width);
-                let hinted = if bytes >= borrowed_from { 0 } else { bytes };
-                (len_u64(data.len()).saturating_mul(len_u64(width)), hinted)
+                (0, if bytes >= borrowed_from { 0 } else { bytes })
             }
         };
-        decoded = decoded
-            .saturating_add(tensor_overhead(t.shape().len()))
-            .saturating_add(decoded_values);
+        decoded = decoded.saturating_add(tensor_decoded(t, string_bytes));
         hint = hint.saturating_add(1 + 9 * (t.shape().len() + 2) + hint_values);
     }
     (decoded, hint)

@@ -286,6 +286,18 @@ macro_rules! refuse {
     };
 }
 
+/// String `i`'s buffer in `out`, emptied: a given-back one's (strings are read in order, so
+/// `i` is at most `out.len()`), else a new one.
+fn string_slot(out: &mut Vec<Vec<u8>>, i: u64) -> &mut Vec<u8> {
+    let at = usize::try_from(i).unwrap_or(usize::MAX);
+    if at >= out.len() {
+        out.push(Vec::new());
+    }
+    let s = &mut out[at];
+    s.clear();
+    s
+}
+
 impl<S: AsyncRead + Unpin> Payload<'_, S> {
     /// Takes `n` buffered bytes (summed later, see [`Payload`]).
     fn take(&mut self, n: usize) {
@@ -488,12 +500,7 @@ impl<S: AsyncRead + Unpin> Payload<'_, S> {
             }
             // Within the frame's remaining bytes, so within memory's reach.
             let n = usize::try_from(len).unwrap_or(usize::MAX);
-            let at = usize::try_from(i).unwrap_or(usize::MAX);
-            if at >= out.len() {
-                out.push(Vec::new());
-            }
-            let s = &mut out[at];
-            s.clear();
+            let s = string_slot(&mut out, i);
             if let Some(buffered) = self.incoming.buffered().get(..n) {
                 s.extend_from_slice(buffered);
                 self.take(n);
@@ -549,13 +556,7 @@ impl<S: AsyncRead + Unpin> Payload<'_, S> {
                 );
                 break;
             }
-            let slot = usize::try_from(i).unwrap_or(usize::MAX);
-            if slot >= out.len() {
-                out.push(Vec::new());
-            }
-            let s = &mut out[slot];
-            s.clear();
-            s.extend_from_slice(bytes);
+            string_slot(out, i).extend_from_slice(bytes);
             at += bytes.len();
             i += 1;
         }
