@@ -62,7 +62,7 @@ pub use lode_proto::tls::host_port;
 use super::receiver::{ReceiverService, Verdict};
 use crate::transfer::codec::stream::{self, Incoming, StreamFault};
 use crate::transfer::codec::{FrameHeader, HEADER_LEN};
-use crate::transfer::{FrameChecksum, FrameParts, StepDecoder};
+use crate::transfer::{Frame, FrameChecksum, FrameParts, StepDecoder};
 
 /// The first bytes of a data-plane connection.
 pub const DATA_PLANE_MAGIC: [u8; 4] = *b"LODP";
@@ -245,17 +245,17 @@ impl DataPlaneClient {
     /// Sends several frames, in order, with as few vectored writes as the kernel allows (one,
     /// unless the socket's buffer fills or the pieces pass the system's limit per call),
     /// without waiting for their answers: one answer per frame follows, in the same order.
-    pub async fn send_frames(&mut self, frames: &[FrameParts<'_>]) -> Result<(), DataPlaneError> {
+    pub async fn send_frames<F: Frame>(&mut self, frames: &[F]) -> Result<(), DataPlaneError> {
         let mut prefixes = Vec::with_capacity(frames.len());
         for frame in frames {
-            prefixes.push(frame_prefix(frame.len())?);
+            prefixes.push(frame_prefix(frame.frame_len())?);
         }
         let mut slices = Vec::with_capacity(
-            frames.len() + frames.iter().map(|f| f.slices().count()).sum::<usize>(),
+            frames.len() + frames.iter().map(|f| f.pieces().count()).sum::<usize>(),
         );
         for (frame, prefix) in frames.iter().zip(&prefixes) {
             slices.push(IoSlice::new(prefix));
-            slices.extend(frame.slices().map(IoSlice::new));
+            slices.extend(frame.pieces().map(IoSlice::new));
         }
         self.write_slices(&mut slices).await
     }

@@ -121,7 +121,7 @@ pub fn render_worker(job: u64, stats: &WorkerStats) -> String {
     let get = |c: &std::sync::atomic::AtomicU64| count(c.load(Ordering::Relaxed));
     let seconds = |c: &std::sync::atomic::AtomicU64| get(c) / 1e9;
     let mut out = String::new();
-    let rows: [(&str, &str, &str, f64); 12] = [
+    let rows: [(&str, &str, &str, f64); 13] = [
         (
             "lode_worker_registrations_total",
             "counter",
@@ -139,6 +139,12 @@ pub fn render_worker(job: u64, stats: &WorkerStats) -> String {
             "counter",
             "The stage's time over the steps computed.",
             seconds(&stats.compute_ns),
+        ),
+        (
+            "lode_worker_release_seconds_total",
+            "counter",
+            "Time spent freeing each step's tensors once its frame is encoded (lode exec's step frees its tensors too).",
+            seconds(&stats.release_ns),
         ),
         (
             "lode_worker_frames_sent_total",
@@ -237,6 +243,7 @@ mod tests {
         let stats = WorkerStats::default();
         stats.steps_computed.store(40, Ordering::Relaxed);
         stats.compute_ns.store(2_500_000_000, Ordering::Relaxed);
+        stats.release_ns.store(250_000_000, Ordering::Relaxed);
         stats.lease_batch.store(32, Ordering::Relaxed);
         stats.lease_limit.store(1024, Ordering::Relaxed);
         let text = render_worker(7, &stats);
@@ -249,6 +256,10 @@ mod tests {
             "{text}"
         );
         assert!(
+            text.contains("lode_worker_release_seconds_total{job=\"7\"} 0.25\n"),
+            "{text}"
+        );
+        assert!(
             text.contains("lode_worker_lease_batch{job=\"7\"} 32\n"),
             "{text}"
         );
@@ -258,7 +269,7 @@ mod tests {
         );
         let samples = text.lines().filter(|l| !l.starts_with('#')).count();
         let cpu = usize::from(process_cpu().is_some());
-        assert_eq!(samples, 12 + cpu, "{text}");
+        assert_eq!(samples, 13 + cpu, "{text}");
         assert_eq!(text.contains("process_cpu_seconds_total"), cpu == 1);
     }
 }

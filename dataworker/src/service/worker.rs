@@ -38,7 +38,7 @@ use super::ServiceError;
 use crate::exec::{ExecOptions, Stage, StepInput};
 use crate::tensor::Tensor;
 use crate::transfer::{
-    CodecConfig, Compression, FrameParts, StepDecoder, StepEncoder, StepMessage,
+    CodecConfig, Compression, OwnedFrame, StepDecoder, StepEncoder, StepMessage,
 };
 
 /// How a worker runs.
@@ -77,6 +77,10 @@ pub struct WorkerStats {
     pub steps_computed: AtomicU64,
     /// The stage's time over those steps (wall time of each step's run), in nanoseconds.
     pub compute_ns: AtomicU64,
+    /// Time spent freeing each computed step's tensors once its frame is encoded (those the
+    /// frame does not send from their own memory), in nanoseconds: the part of the worker's
+    /// cost outside the stage that `lode exec`'s step pays too (it frees each step's tensors).
+    pub release_ns: AtomicU64,
     /// Frames written to the receiver's data plane (a frame sent again counts again).
     pub frames_sent: AtomicU64,
     /// Vectored writes of frames (bursts): `frames_sent` over this is the mean burst.
@@ -802,30 +806,40 @@ async fn run_step(
 ) -> Result<bool, ServiceError> {
     let global = held.global;
     // A parked step was computed before the receiver's `RETRY`: its frame is sent again.
-    let msg = match out.parked.remove(&global) {
-        Some(msg) => msg,
+    let pending = match out.parked.remove(&global) {
+        Some(pending) => pending,
         None => match compute_step(ctx, state, held, receiver, shutdown).await? {
-            Some(msg) => msg,
+            Some(msg) => encode(ctx, out, msg)?,
             None => return Ok(false),
         },
     };
-    out.burst.push(msg);
+    out.burst.push(pending);
     if state.burst_due(Instant::now()) || out.burst.bytes >= BURST_BYTES {
         return flush(ctx, state, out, shutdown).await;
     }
     Ok(true)
 }
 
-/// The most tensor bytes a burst holds: past this it goes out whatever its length.
-const BURST_BYTES: usize = 2 << 20;
-
-/// About how many bytes a step's tensors hold (strings count their elements only).
-fn value_bytes(msg: &StepMessage) -> usize {
-    msg.tensors
-        .iter()
-        .map(|t| t.num_elements() * t.dtype().byte_width().unwrap_or(1))
-        .sum()
+/// Encodes a computed step's frame at once, for the receiver of the current connection (a
+/// frame encoded for one on this machine is summed later if it has to go elsewhere), and frees
+/// the tensors the frame does not send from their own memory while they are warm: the frame is
+/// what the worker keeps until the receiver takes the step.
+fn encode(
+    ctx: &StepContext,
+    out: &mut Outbox,
+    mut msg: StepMessage,
+) -> Result<Pending, crate::transfer::TransferError> {
+    let local = out.plane.as_ref().is_some_and(|(_, c)| c.is_loopback());
+    let frame = out.encoder.encode_owned_for(&mut msg, local)?;
+    let step = msg.step;
+    let releasing = Instant::now();
+    drop(msg);
+    WorkerStats::add_duration(&ctx.stats.release_ns, releasing.elapsed());
+    Ok(Pending { step, frame })
 }
+
+/// The most frame bytes a burst holds: past this it goes out whatever its length.
+const BURST_BYTES: usize = 2 << 20;
 
 /// Sends the burst, after the answers to the one before are read (one burst's answers are
 /// awaited at a time). Steps whose lease expired meanwhile are not sent, nor those the
@@ -853,7 +867,7 @@ async fn flush(
         }
     }
     let live: Vec<u64> = state.burst().collect();
-    frames.retain(|m| live.contains(&m.step));
+    frames.retain(|p| live.contains(&p.step));
     if frames.is_empty() {
         return Ok(true);
     }
@@ -978,25 +992,32 @@ struct Outbox {
     encoder: StepEncoder,
     plane: Option<(String, DataPlaneClient)>,
     burst: Burst,
-    /// Kept until each one's answer is read: they are encoded again to resend them.
-    flight: VecDeque<StepMessage>,
+    /// Kept until each one's answer is read, to be sent again on a new connection.
+    flight: VecDeque<Pending>,
     /// Whether `flight` went out on the current connection (false after a lost one).
     flight_sent: bool,
-    parked: HashMap<u64, StepMessage>,
+    parked: HashMap<u64, Pending>,
 }
 
-/// The burst's frames, in the order computed, and their tensors' bytes ([`value_bytes`]),
-/// counted as they join (not summed again at every step).
+/// A computed step's frame, kept until the receiver takes the step.
+struct Pending {
+    /// The global step.
+    step: u64,
+    frame: OwnedFrame,
+}
+
+/// The burst's frames, in the order computed, and their bytes, counted as they join (not
+/// summed again at every step).
 #[derive(Default)]
 struct Burst {
-    frames: Vec<StepMessage>,
+    frames: Vec<Pending>,
     bytes: usize,
 }
 
 impl Burst {
-    fn push(&mut self, msg: StepMessage) {
-        self.bytes += value_bytes(&msg);
-        self.frames.push(msg);
+    fn push(&mut self, pending: Pending) {
+        self.bytes += pending.frame.len();
+        self.frames.push(pending);
     }
 
     fn is_empty(&self) -> bool {
@@ -1013,7 +1034,7 @@ impl Burst {
     }
 
     /// The frames, leaving the burst empty (with room for as many).
-    fn take(&mut self) -> Vec<StepMessage> {
+    fn take(&mut self) -> Vec<Pending> {
         self.bytes = 0;
         let room = Vec::with_capacity(self.frames.capacity());
         std::mem::replace(&mut self.frames, room)
@@ -1029,20 +1050,18 @@ async fn send_flight(
 ) -> Result<Result<(), DataPlaneError>, ServiceError> {
     let tls = ctx.tls.as_ref();
     let client = data_plane_client(&ctx.shared, &mut out.plane, ctx.job, &ctx.token, tls).await?;
-    let local = client.is_loopback();
-    let frames = out
-        .flight
-        .iter()
-        .map(|msg| out.encoder.encode_parts_for(msg, local))
-        .collect::<Result<Vec<_>, _>>()?;
+    if !client.is_loopback() {
+        // Encoded for a receiver on this machine, before the connection moved elsewhere.
+        for pending in &mut out.flight {
+            pending.frame.sum();
+        }
+    }
+    let frames: Vec<&OwnedFrame> = out.flight.iter().map(|p| &p.frame).collect();
     match client.send_frames(&frames).await {
         Ok(()) => {
             WorkerStats::add(&ctx.stats.bursts_sent, 1);
             WorkerStats::add(&ctx.stats.frames_sent, frames.len());
-            WorkerStats::add(
-                &ctx.stats.bytes_sent,
-                frames.iter().map(FrameParts::len).sum(),
-            );
+            WorkerStats::add(&ctx.stats.bytes_sent, frames.iter().map(|f| f.len()).sum());
             out.flight_sent = true;
             Ok(Ok(()))
         }
@@ -1076,7 +1095,7 @@ async fn settle(
                 return Ok(true);
             }
             let live: Vec<u64> = state.in_flight().collect();
-            out.flight.retain(|m| live.contains(&m.step));
+            out.flight.retain(|p| live.contains(&p.step));
             if let Err(e) = send_flight(ctx, out).await? {
                 if started.elapsed() >= RECONNECT_WINDOW {
                     return Err(e.into());
@@ -1105,10 +1124,10 @@ async fn settle(
             }
             Err(e) => return Err(e.into()),
         };
-        let Some(msg) = out.flight.pop_front() else {
+        let Some(pending) = out.flight.pop_front() else {
             break;
         };
-        let global = msg.step;
+        let global = pending.step;
         let answered = match answer.status {
             PushStatus::Accepted | PushStatus::Duplicate => PushAnswer::Taken,
             PushStatus::Retry => {
@@ -1134,7 +1153,7 @@ async fn settle(
                 );
             }
             PushNext::Parked => {
-                out.parked.insert(global, msg);
+                out.parked.insert(global, pending);
             }
         }
     }

@@ -439,16 +439,71 @@ impl StepEncoder {
         };
         header[6..14].copy_from_slice(&len_u64(payload_len).to_le_bytes());
         self.encoded += 1;
-        if unsummed {
-            return Ok(parts);
+        if !unsummed {
+            let sum = checksum(parts.slices());
+            parts.owned[CHECKSUM_AT].copy_from_slice(&sum.to_le_bytes());
         }
-        // The frame's pieces in order, summed as a receiver sums them (the field is skipped).
-        let mut sum = FrameChecksum::default();
-        for piece in parts.slices() {
-            sum.update(piece);
-        }
-        parts.owned[CHECKSUM_AT].copy_from_slice(&sum.value().to_le_bytes());
         Ok(parts)
+    }
+
+    /// [`StepEncoder::encode_parts_for`] into a frame that owns its pieces, so that the step's
+    /// tensors can be freed at once, while their memory is warm, rather than when the
+    /// receiver's answer comes: the tensors whose values the frame sends from their own
+    /// memory are moved out of `msg` into the frame; the others stay in `msg`, for the caller
+    /// to drop.
+    pub fn encode_owned_for(
+        &mut self,
+        msg: &mut StepMessage,
+        local: bool,
+    ) -> Result<OwnedFrame, TransferError> {
+        let parts = self.encode_parts_for(msg, local)?;
+        // Which tensors the frame borrows, by their memory (a borrowed piece is a tensor's
+        // whole value bytes, in the tensors' order).
+        let mut pieces = parts.borrowed.iter().peekable();
+        let borrowed: Vec<bool> = msg
+            .tensors
+            .iter()
+            .map(|t| {
+                let lent = wire_bytes(t.data()).is_some_and(|bytes| {
+                    pieces
+                        .peek()
+                        .is_some_and(|&&(_, piece)| std::ptr::eq(piece, bytes))
+                });
+                if lent {
+                    pieces.next();
+                }
+                lent
+            })
+            .collect();
+        if pieces.next().is_some() {
+            // Not a tensor's bytes (cannot happen): the frame is copied whole instead.
+            return Ok(OwnedFrame {
+                owned: parts.to_vec(),
+                kept: Vec::new(),
+                kept_len: 0,
+            });
+        }
+        let FrameParts {
+            owned,
+            borrowed: pieces,
+            borrowed_len,
+        } = parts;
+        let at: Vec<usize> = pieces.into_iter().map(|(at, _)| at).collect();
+        let mut kept = Vec::with_capacity(at.len());
+        let mut rest = Vec::with_capacity(msg.tensors.len() - at.len());
+        for (t, lent) in std::mem::take(&mut msg.tensors).into_iter().zip(borrowed) {
+            if lent {
+                kept.push(t);
+            } else {
+                rest.push(t);
+            }
+        }
+        msg.tensors = rest;
+        Ok(OwnedFrame {
+            owned,
+            kept: at.into_iter().zip(kept).collect(),
+            kept_len: borrowed_len,
+        })
     }
 
     /// The message limit, once a message of `decoded` bytes (see [`decoded_size`]) is known to
@@ -513,18 +568,7 @@ impl<'m> FrameParts<'m> {
 
     /// The pieces in order, as one vectored write takes them (none empty).
     pub fn slices(&self) -> impl Iterator<Item = &[u8]> + '_ {
-        let mut from = 0;
-        self.borrowed
-            .iter()
-            .flat_map(move |&(at, values)| {
-                let owned = &self.owned[from..at];
-                from = at;
-                [owned, values]
-            })
-            .chain(std::iter::once(
-                &self.owned[self.borrowed.last().map_or(0, |&(at, _)| at)..],
-            ))
-            .filter(|b| !b.is_empty())
+        interleave(&self.owned, self.borrowed.iter().copied())
     }
 
     /// The frame in one buffer (for tests and for transports without vectored writes).
@@ -539,6 +583,133 @@ impl<'m> FrameParts<'m> {
     fn push_borrowed(&mut self, bytes: &'m [u8]) {
         self.borrowed.push((self.owned.len(), bytes));
         self.borrowed_len += bytes.len();
+    }
+}
+
+/// A frame as pieces in wire order, for a vectored write: [`FrameParts`], [`OwnedFrame`].
+pub trait Frame {
+    /// The frame's length in bytes.
+    fn frame_len(&self) -> usize;
+    /// The pieces in order (none empty).
+    fn pieces(&self) -> impl Iterator<Item = &[u8]>;
+}
+
+impl Frame for FrameParts<'_> {
+    fn frame_len(&self) -> usize {
+        self.len()
+    }
+
+    fn pieces(&self) -> impl Iterator<Item = &[u8]> {
+        self.slices()
+    }
+}
+
+impl Frame for OwnedFrame {
+    fn frame_len(&self) -> usize {
+        self.len()
+    }
+
+    fn pieces(&self) -> impl Iterator<Item = &[u8]> {
+        self.slices()
+    }
+}
+
+impl<F: Frame> Frame for &F {
+    fn frame_len(&self) -> usize {
+        (**self).frame_len()
+    }
+
+    fn pieces(&self) -> impl Iterator<Item = &[u8]> {
+        (**self).pieces()
+    }
+}
+
+/// `owned` with the `borrowed` pieces put in at their offsets (ascending), as one vectored
+/// write takes them (none empty).
+fn interleave<'a>(
+    owned: &'a [u8],
+    borrowed: impl Iterator<Item = (usize, &'a [u8])> + 'a,
+) -> impl Iterator<Item = &'a [u8]> + 'a {
+    let mut from = 0;
+    borrowed
+        .map(Some)
+        .chain(std::iter::once(None))
+        .flat_map(move |piece| {
+            let to = piece.map_or(owned.len(), |(at, _)| at);
+            let before = owned.get(from..to).unwrap_or_default();
+            from = to;
+            [before, piece.map_or(&[][..], |(_, values)| values)]
+        })
+        .filter(|b| !b.is_empty())
+}
+
+/// The frame's checksum over its pieces in order, summed as a receiver sums them (the
+/// checksum's own field is skipped).
+fn checksum<'a>(pieces: impl Iterator<Item = &'a [u8]>) -> u64 {
+    let mut sum = FrameChecksum::default();
+    for piece in pieces {
+        sum.update(piece);
+    }
+    sum.value()
+}
+
+/// A frame that owns its pieces (see [`StepEncoder::encode_owned_for`]): what a worker
+/// keeps of a step until the receiver has taken it.
+#[derive(Debug)]
+pub struct OwnedFrame {
+    /// The header, metadata, strings and small values.
+    owned: Vec<u8>,
+    /// The tensors whose values are sent from their own memory, each with the offset in
+    /// `owned` where they go (ascending).
+    kept: Vec<(usize, Tensor)>,
+    /// The kept values' bytes.
+    kept_len: usize,
+}
+
+impl OwnedFrame {
+    /// The frame's length in bytes.
+    pub fn len(&self) -> usize {
+        self.owned.len() + self.kept_len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The pieces in order, as one vectored write takes them (none empty).
+    pub fn slices(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        interleave(
+            &self.owned,
+            self.kept
+                .iter()
+                .map(|(at, t)| (*at, wire_bytes(t.data()).unwrap_or_default())),
+        )
+    }
+
+    /// Whether the frame goes without a checksum (only to a receiver on this machine).
+    pub fn is_unsummed(&self) -> bool {
+        self.owned.get(5) == Some(&UNSUMMED_FLAG)
+    }
+
+    /// Gives an unsummed frame its checksum, for a receiver that is not on this machine (it
+    /// was encoded for one that was, and the receiver moved): the bytes
+    /// [`StepEncoder::encode_parts_for`] gives for a receiver elsewhere, uncompressed.
+    pub fn sum(&mut self) {
+        if !self.is_unsummed() {
+            return;
+        }
+        self.owned[5] = FrameCompression::None.flag();
+        let sum = checksum(self.slices());
+        self.owned[CHECKSUM_AT].copy_from_slice(&sum.to_le_bytes());
+    }
+
+    /// The frame in one buffer (for tests).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len());
+        for piece in self.slices() {
+            out.extend_from_slice(piece);
+        }
+        out
     }
 }
 

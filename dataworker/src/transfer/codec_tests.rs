@@ -835,6 +835,37 @@ proptest! {
         }
     }
 
+    /// A frame that owns its pieces is byte for byte the frame in parts, local or not, and
+    /// takes from the message exactly the tensors the frame in parts borrows (two encoders
+    /// in step; some messages get blocks large enough to be borrowed).
+    #[test]
+    fn prop_owned_frames_are_the_frames_in_parts(
+        msg in message_strategy(),
+        compression in compression_strategy(),
+        big in proptest::sample::select(vec![0usize, 2048, 5000]),
+        local in any::<bool>(),
+    ) {
+        let mut msg = msg;
+        if big > 0 {
+            msg.tensors.insert(0, noise(big));
+            msg.tensors.push(tensor(vec![big / 4], TensorData::Int32(vec![-3; big / 4])));
+        }
+        let mut parted = encoder(compression);
+        let mut owning = encoder(compression);
+        for _ in 0..(AUTO_PROBE_MESSAGES + 2) {
+            let parts = parted.encode_parts_for(&msg, local).expect("encodes");
+            let mut taken = msg.clone();
+            let owned = owning.encode_owned_for(&mut taken, local).expect("encodes");
+            prop_assert_eq!(owned.len(), parts.len());
+            prop_assert_eq!(owned.to_vec(), parts.to_vec());
+            prop_assert_eq!(owned.kept.len(), parts.borrowed.len());
+            prop_assert_eq!(taken.tensors.len() + owned.kept.len(), msg.tensors.len());
+            for ((_, kept), (_, lent)) in owned.kept.iter().zip(&parts.borrowed) {
+                prop_assert_eq!(wire_bytes(kept.data()), Some(*lent));
+            }
+        }
+    }
+
     /// Whatever the message, the hand-written encoder writes what bincode writes.
     #[test]
     fn prop_payloads_are_bincodes(msg in message_strategy()) {
@@ -1238,6 +1269,80 @@ fn an_unsummed_frame_is_taken_from_this_machine_only() {
         FrameHeader::parse(&bad, DEFAULT_MAX_MESSAGE_BYTES),
         Err(TransferError::UnknownCompression { flag: 3 })
     ));
+}
+
+#[test]
+fn an_owned_frame_keeps_the_borrowed_tensors_and_leaves_the_rest_to_be_freed() {
+    // Strings and small values are copied; the 100,000-byte and 4096-value blocks are
+    // sent from their own memory, so the frame takes them.
+    let tensors = vec![
+        every_dtype().remove(0),
+        noise(100_000),
+        tensor(
+            vec![2],
+            TensorData::String(vec![b"ab".to_vec(), Vec::new()]),
+        ),
+        compressible(),
+        tensor(vec![1], TensorData::Float32(vec![1.5])),
+    ];
+    let msg = message(tensors.clone());
+    let parts = encoder(Compression::Off)
+        .encode_parts_for(&msg, true)
+        .expect("encodes")
+        .to_vec();
+    let mut taken = msg.clone();
+    let owned = encoder(Compression::Off)
+        .encode_owned_for(&mut taken, true)
+        .expect("encodes");
+    assert_eq!(owned.to_vec(), parts);
+    assert_eq!(owned.len(), parts.len());
+    assert!(owned.is_unsummed());
+    assert_eq!(owned.kept.len(), 2);
+    assert!(owned.kept[0].1.bitwise_eq(&tensors[1]));
+    assert!(owned.kept[1].1.bitwise_eq(&tensors[3]));
+    let left: Vec<&Tensor> = [0, 2, 4].iter().map(|&i| &tensors[i]).collect();
+    assert_eq!(taken.tensors.len(), left.len());
+    for (a, b) in taken.tensors.iter().zip(left) {
+        assert!(a.bitwise_eq(b));
+    }
+    // Compressed, the frame copies everything and takes nothing.
+    let mut whole = msg.clone();
+    let lz4 = encoder(Compression::Lz4)
+        .encode_owned_for(&mut whole, true)
+        .expect("encodes");
+    assert!(lz4.kept.is_empty());
+    assert_eq!(whole.tensors.len(), tensors.len());
+    assert!(decode_frame(&lz4.to_vec(), DEFAULT_MAX_MESSAGE_BYTES)
+        .expect("decodes")
+        .bitwise_eq(&msg));
+}
+
+#[test]
+fn an_unsummed_owned_frame_summed_is_the_frame_for_a_receiver_elsewhere() {
+    for tensors in [
+        every_dtype(),
+        vec![noise(100_000), compressible()],
+        Vec::new(),
+    ] {
+        let msg = message(tensors);
+        let remote = encoder(Compression::Off)
+            .encode_parts_for(&msg, false)
+            .expect("encodes")
+            .to_vec();
+        let mut owned = encoder(Compression::Off)
+            .encode_owned_for(&mut msg.clone(), true)
+            .expect("encodes");
+        assert!(owned.is_unsummed());
+        assert_ne!(owned.to_vec(), remote);
+        owned.sum();
+        assert!(!owned.is_unsummed());
+        assert_eq!(owned.to_vec(), remote);
+        let back = decode_frame(&owned.to_vec(), DEFAULT_MAX_MESSAGE_BYTES).expect("decodes");
+        assert!(back.bitwise_eq(&msg));
+        // Summing a summed frame changes nothing.
+        owned.sum();
+        assert_eq!(owned.to_vec(), remote);
+    }
 }
 
 #[test]

@@ -34,8 +34,8 @@ pub mod pool;
 pub mod receiver;
 
 pub use codec::{
-    decode_frame, CodecConfig, Compression, FrameChecksum, FrameCompression, FrameParts,
-    StepDecoder, StepEncoder, StepMessage,
+    decode_frame, CodecConfig, Compression, Frame, FrameChecksum, FrameCompression, FrameParts,
+    OwnedFrame, StepDecoder, StepEncoder, StepMessage,
 };
 pub use error::TransferError;
 pub use pool::{TensorPool, DEFAULT_POOL_BYTES};
