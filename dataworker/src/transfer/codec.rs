@@ -861,13 +861,7 @@ fn write_tensor<'m>(t: &'m Tensor, sink: &mut impl PayloadSink<'m>) -> u64 {
     let out = sink.owned();
     match t.data() {
         TensorData::String(v) => {
-            let mut bytes = 0usize;
-            for s in v {
-                put_varint(out, len_u64(s.len()));
-                out.extend_from_slice(s);
-                bytes += s.len();
-            }
-            return tensor_decoded(t, bytes);
+            return tensor_decoded(t, write_strings(v, out));
         }
         // A big-endian machine: the values are converted.
         TensorData::Bool(v) => out.extend(v.iter().map(|&b| u8::from(b))),
@@ -885,6 +879,51 @@ fn write_tensor<'m>(t: &'m Tensor, sink: &mut impl PayloadSink<'m>) -> u64 {
         TensorData::Float64(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
     }
     tensor_decoded(t, 0)
+}
+
+/// Appends strings as the payload carries them (each its length, then its bytes); returns
+/// their bytes. A tensor of short strings (each under 251 bytes, so that its length takes one
+/// byte) is written into room made for all of it at once: no capacity check or length update
+/// per string.
+fn write_strings(v: &[Vec<u8>], out: &mut Vec<u8>) -> usize {
+    let (bytes, longest) = v.iter().fold((0usize, 0usize), |(sum, max), s| {
+        (sum + s.len(), max.max(s.len()))
+    });
+    if longest >= 251 {
+        for s in v {
+            put_varint(out, len_u64(s.len()));
+            out.extend_from_slice(s);
+        }
+        return bytes;
+    }
+    let start = out.len();
+    out.resize(start + bytes + v.len(), 0);
+    let mut room = &mut out[start..];
+    for s in v {
+        let (len, rest) = std::mem::take(&mut room).split_at_mut(1);
+        len[0] = s.len().to_le_bytes()[0]; // the whole length: under 251, checked above
+        let (value, rest) = rest.split_at_mut(s.len());
+        copy_short(value, s);
+        room = rest;
+    }
+    bytes
+}
+
+/// `to.copy_from_slice(from)`, with fixed-size moves for 4 to 16 bytes (two that overlap)
+/// instead of a call to `memcpy`.
+#[inline(always)]
+fn copy_short(to: &mut [u8], from: &[u8]) {
+    let n = from.len();
+    if (8..=16).contains(&n) {
+        let (head, tail) = (n - 8, 8);
+        to[..8].copy_from_slice(&from[..8]);
+        to[head..head + tail].copy_from_slice(&from[head..]);
+    } else if (4..8).contains(&n) {
+        to[..4].copy_from_slice(&from[..4]);
+        to[n - 4..n].copy_from_slice(&from[n - 4..]);
+    } else {
+        to.copy_from_slice(from);
+    }
 }
 
 /// Decodes frames. Keeps a decompression buffer between calls.

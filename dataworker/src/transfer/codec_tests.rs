@@ -394,6 +394,29 @@ proptest! {
 }
 
 #[test]
+fn strings_of_every_short_length_are_bincodes() {
+    // Lengths 0 to 250 take the short strings' path (one length byte each, every copy size
+    // around the fixed-size moves); with one of 251 the tensor takes the general path.
+    let short: Vec<Vec<u8>> = (0..=250u8).map(|n| (0..n).collect()).collect();
+    let mut long = short.clone();
+    long.push(vec![7; 251]);
+    for values in [short, long] {
+        let n = values.len();
+        let msg = message(vec![tensor(vec![n], TensorData::String(values))]);
+        let reference = bincode_payload(&msg);
+        let frame = encoder(Compression::Off).encode(&msg).expect("encodes");
+        assert_eq!(&frame[HEADER_LEN..], &reference[..]);
+        let parts = encoder(Compression::Off)
+            .encode_parts(&msg)
+            .expect("encodes")
+            .to_vec();
+        assert_eq!(&parts[HEADER_LEN..], &reference[..]);
+        let back = decode_frame(&parts, DEFAULT_MAX_MESSAGE_BYTES).expect("decodes");
+        assert!(back.bitwise_eq(&msg));
+    }
+}
+
+#[test]
 fn the_payload_is_bincodes_with_long_strings_and_wide_integers() {
     let long = |n: usize| (0..251u8).cycle().take(n).collect::<Vec<u8>>();
     let mut msg = message(vec![
