@@ -457,6 +457,14 @@ impl StepEncoder {
         local: bool,
     ) -> Result<OwnedFrame, TransferError> {
         let parts = self.encode_parts_for(msg, local)?;
+        if parts.borrowed.is_empty() {
+            // Every value was copied (the common case for small steps): nothing to take.
+            return Ok(OwnedFrame {
+                owned: parts.owned,
+                kept: Vec::new(),
+                kept_len: 0,
+            });
+        }
         // Which tensors the frame borrows, by their memory (a borrowed piece is a tensor's
         // whole value bytes, in the tensors' order).
         let mut pieces = parts.borrowed.iter().peekable();
