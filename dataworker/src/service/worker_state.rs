@@ -69,8 +69,8 @@ pub const ROUND_TRIP_SHARE: f64 = 0.05;
 /// The most steps asked for at once, whatever the measurements say (and at most half the
 /// worker's lease limit). Short steps reach it: a lease, and the report riding on it, costs
 /// the worker about 100 µs of CPU (a gRPC round trip), which 512 steps of 40 µs make half a
-/// percent of their work (256 made it 1%: a tenth of what a worker may spend beyond its stage,
-/// measured as about 0.3 µs a step on deepfm's CSV cut).
+/// percent of their work (256 made it 1%, a tenth of what a worker may spend beyond its stage:
+/// about 0.2 µs a step on deepfm's CSV cut in paired runs).
 pub const MAX_BATCH: u32 = 512;
 
 /// The most compute a burst holds back: short steps are computed back to back until this
