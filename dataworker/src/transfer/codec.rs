@@ -97,6 +97,9 @@ pub(crate) const DECODED_WHOLE: &str = "a frame decoded whole";
 /// Bytes before the payload: magic, version, compression flag, length, checksum.
 pub const HEADER_LEN: usize = 22;
 
+/// Where the header holds the compression flag (and whether the frame is summed).
+const FLAG_AT: usize = 5;
+
 /// Where the header holds the checksum; the bytes before it are summed with the payload.
 const CHECKSUM_AT: std::ops::Range<usize> = 14..HEADER_LEN;
 
@@ -432,7 +435,7 @@ impl StepEncoder {
         let header = &mut parts.owned[..HEADER_LEN];
         header[..4].copy_from_slice(&MAGIC);
         header[4] = FORMAT_VERSION;
-        header[5] = if unsummed {
+        header[FLAG_AT] = if unsummed {
             UNSUMMED_FLAG
         } else {
             FrameCompression::None.flag()
@@ -579,15 +582,6 @@ impl<'m> FrameParts<'m> {
         interleave(&self.owned, self.borrowed.iter().copied())
     }
 
-    /// The frame in one buffer (for tests and for transports without vectored writes).
-    pub fn to_vec(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.len());
-        for piece in self.slices() {
-            out.extend_from_slice(piece);
-        }
-        out
-    }
-
     fn push_borrowed(&mut self, bytes: &'m [u8]) {
         self.borrowed.push((self.owned.len(), bytes));
         self.borrowed_len += bytes.len();
@@ -600,6 +594,15 @@ pub trait Frame {
     fn frame_len(&self) -> usize;
     /// The pieces in order (none empty).
     fn pieces(&self) -> impl Iterator<Item = &[u8]>;
+
+    /// The frame in one buffer (for tests and for transports without vectored writes).
+    fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.frame_len());
+        for piece in self.pieces() {
+            out.extend_from_slice(piece);
+        }
+        out
+    }
 }
 
 impl Frame for FrameParts<'_> {
@@ -696,7 +699,7 @@ impl OwnedFrame {
 
     /// Whether the frame goes without a checksum (only to a receiver on this machine).
     pub fn is_unsummed(&self) -> bool {
-        self.owned.get(5) == Some(&UNSUMMED_FLAG)
+        self.owned.get(FLAG_AT) == Some(&UNSUMMED_FLAG)
     }
 
     /// Gives an unsummed frame its checksum, for a receiver that is not on this machine (it
@@ -706,18 +709,9 @@ impl OwnedFrame {
         if !self.is_unsummed() {
             return;
         }
-        self.owned[5] = FrameCompression::None.flag();
+        self.owned[FLAG_AT] = FrameCompression::None.flag();
         let sum = checksum(self.slices());
         self.owned[CHECKSUM_AT].copy_from_slice(&sum.to_le_bytes());
-    }
-
-    /// The frame in one buffer (for tests).
-    pub fn to_vec(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.len());
-        for piece in self.slices() {
-            out.extend_from_slice(piece);
-        }
-        out
     }
 }
 
@@ -1145,7 +1139,7 @@ impl FrameHeader {
                 supported: FORMAT_VERSION,
             });
         }
-        let (compression, summed) = match header[5] {
+        let (compression, summed) = match header[FLAG_AT] {
             UNSUMMED_FLAG => (FrameCompression::None, false),
             flag => (FrameCompression::from_flag(flag)?, true),
         };
@@ -1269,7 +1263,7 @@ fn sizes(msg: &StepMessage, borrowed_from: usize) -> (u64, usize) {
 fn write_header(out: &mut [u8], compression: FrameCompression, payload_len: u64) {
     out[..4].copy_from_slice(&MAGIC);
     out[4] = FORMAT_VERSION;
-    out[5] = compression.flag();
+    out[FLAG_AT] = compression.flag();
     out[6..14].copy_from_slice(&payload_len.to_le_bytes());
     let sum = frame_checksum(out);
     out[CHECKSUM_AT].copy_from_slice(&sum.to_le_bytes());
