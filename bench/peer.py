@@ -63,6 +63,32 @@ def cpu_ticks(pid):
     return int(fields[11]) + int(fields[12])
 
 
+def worker_counters(url):
+    """A worker's counters (name -> value) from its metrics endpoint."""
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=10) as page:
+        text = page.read().decode()
+    return {line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def spawn_logged(procs, work, name, cmd, stdout=subprocess.DEVNULL):
+    """Starts `cmd` with its stderr in `work/NAME.err` and adds (name, process) to `procs`."""
+    err = open(os.path.join(work, f"{name}.err"), "wb")
+    procs.append((name, subprocess.Popen(cmd, stdout=stdout, stderr=err)))
+    return procs[-1][1]
+
+
+def stop_all(procs, work):
+    """Kills what `spawn_logged` started and still runs, and removes `work`."""
+    import shutil
+    for _, p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def parse_pids(text):
     """'dispatcher=12,worker1=13' -> [('dispatcher', 12), ('worker1', 13)]"""
     out = []
@@ -650,25 +676,14 @@ def cmd_worker_eff(args):
     would reach with no overhead at all: below 1 when the stage itself runs slower in the
     running job (its neighbours on the other core, the transport's cache traffic) than in
     exec alone."""
-    import shutil
     import signal
     import tempfile
-    import urllib.request
 
     work = tempfile.mkdtemp(prefix="lode-eff-")
     procs = []
 
     def spawn(name, cmd, stdout=subprocess.DEVNULL):
-        err = open(os.path.join(work, f"{name}.err"), "wb")
-        procs.append((name, subprocess.Popen(cmd, stdout=stdout, stderr=err)))
-        return procs[-1][1]
-
-    def metrics(url):
-        """The worker's counters (name -> value) from its metrics endpoint."""
-        with urllib.request.urlopen(url, timeout=10) as page:
-            text = page.read().decode()
-        return {line.split("{")[0]: float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines() if line and not line.startswith("#")}
+        return spawn_logged(procs, work, name, cmd, stdout)
 
     def check_alive():
         for name, p in procs:
@@ -715,11 +730,11 @@ def cmd_worker_eff(args):
         startups = []
         for r in range(1, args.rounds + 1):
             check_alive()
-            m0 = metrics(url)
+            m0 = worker_counters(url)
             s0, c0, t0 = steps_logged(), cpu_ticks(worker.pid), time.monotonic()
             time.sleep(args.window)
             s1, c1, t1 = steps_logged(), cpu_ticks(worker.pid), time.monotonic()
-            m1 = metrics(url)
+            m1 = worker_counters(url)
             for p in job:
                 p.send_signal(signal.SIGSTOP)
             try:
@@ -747,11 +762,7 @@ def cmd_worker_eff(args):
             time.sleep(args.settle)
         check_alive()
     finally:
-        for _, p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        shutil.rmtree(work, ignore_errors=True)
+        stop_all(procs, work)
     startup = statistics.median(startups)
     for row in rows:
         if row["worker_samples"] <= 0 or row["worker_cpu_s"] <= 0:
