@@ -136,15 +136,19 @@ def main():
         wait_for("step computed", lambda: worker_counters(metrics).get(
             "lode_worker_steps_computed_total", 0) > 0, procs, work)
         time.sleep(args.warmup)
-        m0, c0 = worker_counters(metrics), cpu_ticks(worker.pid) / TICK
+        m0, c0, t0 = worker_counters(metrics), cpu_ticks(worker.pid) / TICK, time.monotonic()
         perf_data = os.path.join(work, "perf.data")
         if perf:
-            subprocess.run(["perf", "record", "-F", "2999", "-g", "-p", str(worker.pid),
-                            "-o", perf_data, "--", "sleep", str(args.seconds)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+            record = subprocess.run(["perf", "record", "-F", "2999", "-g", "-p",
+                                     str(worker.pid), "-o", perf_data, "--", "sleep",
+                                     str(args.seconds)],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if record.returncode != 0:
+                die(f"perf record failed ({record.returncode}; kernel.perf_event_paranoid "
+                    f"may forbid it, or pass --no-perf): {record.stderr[-1000:]}")
         else:
             time.sleep(args.seconds)
-        m1, c1 = worker_counters(metrics), cpu_ticks(worker.pid) / TICK
+        m1, c1, t1 = worker_counters(metrics), cpu_ticks(worker.pid) / TICK, time.monotonic()
         for name, p in procs:
             if p.poll() is not None:
                 die(f"the {name} exited ({p.returncode}) during the window")
@@ -159,7 +163,7 @@ def main():
         cpu, stage = (c1 - c0) * us, delta("lode_worker_compute_seconds_total") * us
         freeing = delta("lode_worker_release_seconds_total") * us
         sent = delta("lode_worker_sent_bytes_total") / steps
-        print(f"{args.plan}: {steps:.0f} steps in {args.seconds} s; per step: the worker's CPU "
+        print(f"{args.plan}: {steps:.0f} steps in {t1 - t0:.1f} s; per step: the worker's CPU "
               f"{cpu:.1f} us, stage {stage:.1f} us, freeing {freeing:.1f} us, overhead "
               f"{cpu - stage - freeing:.1f} us, {sent:.0f} bytes sent; stage and freeing over "
               f"the worker's CPU {(stage + freeing) / cpu:.3f}")
