@@ -2,7 +2,7 @@
 """Where a `lode worker`'s CPU goes, part by part, on a running job (issue 17's last target).
 
     python3 bench/worker_profile.py --plan target/bench-data/peer/deepfm/plan-simple \
-        [--lode BIN] [--seconds 5] [--warmup 2] [--no-perf]
+        [--lode BIN] [--seconds 5] [--warmup 2] [--no-perf] [--keep perf.data]
 
 Starts one job (`lode dispatcher`, one `lode worker --metrics`, `lode consume --step-time 0`),
 lets it warm up, then over a window reads the worker's counters at both edges and its CPU
@@ -96,6 +96,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--no-perf", action="store_true")
+    ap.add_argument("--keep", metavar="PATH",
+                    help="keep perf's recording at PATH (for perf report), instead of deleting it")
     args = ap.parse_args()
     if not os.access(args.lode, os.X_OK):
         die(f"no lode binary at {args.lode} (cargo build --release, or --lode)")
@@ -176,6 +178,9 @@ def main():
             print("  leaves of the rest:")
             for leaf, n in rest.most_common(8):
                 print(f"    {100 * n / total:5.2f}%  {leaf}")
+            if args.keep:
+                shutil.move(perf_data, args.keep)
+                print(f"perf's recording: {args.keep}")
     finally:
         stop_all(procs, work)
 

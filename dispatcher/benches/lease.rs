@@ -198,7 +198,7 @@ async fn worker(
         }
         let steps = match outcome {
             Outcome::Lease(lease) => vec![lease],
-            Outcome::Leases(batch) => batch.steps,
+            Outcome::Leases(batch) => batch.into_leases().expect("a batch a worker can read"),
             Outcome::Wait(wait) => {
                 if measured {
                     stats.waits += 1;
@@ -219,15 +219,17 @@ async fn worker(
             steps: Vec::new(),
         };
         if k > 1 {
-            request.steps = steps
-                .iter()
-                .map(|l| v1::CompletedStep {
+            // In runs, as a worker reports.
+            for l in &steps {
+                let done = v1::CompletedStep {
                     epoch: l.epoch,
                     step: l.step,
                     compute_us: 0,
                     deadline_ms: l.deadline_ms,
-                })
-                .collect();
+                    run_steps: 0,
+                };
+                lode_proto::runs::push_completed(&mut request.steps, done);
+            }
         } else if let Some(lease) = steps.first() {
             (request.stage, request.epoch, request.step) = (lease.stage, lease.epoch, lease.step);
         }

@@ -11,7 +11,7 @@ use lode_dispatcher::{
     ServiceConfig, Shuffle, StepId, MIN_LEASE_SHARE, PROTOCOL_VERSION,
 };
 use lode_proto::service::v1::{self, lease_response::Outcome};
-use lode_proto::service::{connect, ClientError, DispatcherClient};
+use lode_proto::service::{connect, ClientError, DispatcherClient, MAX_STEPS_PER_REQUEST};
 use lode_proto::tls::{ClientTls, ServerTls};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -140,6 +140,11 @@ async fn lease(client: &mut DispatcherClient, worker: u64) -> Outcome {
         .expect("an outcome")
 }
 
+/// A batch's leases one step each (its runs unfolded).
+fn unfold(batch: v1::StepLeases) -> Vec<v1::StepLease> {
+    batch.into_leases().expect("a batch a worker can read")
+}
+
 /// A lease's records, in whichever form they came (listed, or a range).
 fn records_of(lease: &v1::StepLease) -> Vec<u64> {
     lease.clone().take_records().expect("a lease's records")
@@ -201,6 +206,7 @@ async fn report_steps(
             step,
             compute_us: 10,
             deadline_ms,
+            run_steps: 0,
         })
         .collect();
     client
@@ -248,6 +254,53 @@ fn batch_of(config: &DispatcherConfig, epoch: u64, step: u64) -> Vec<u64> {
     index_batch(config, StepId::new(epoch, step)).expect("step in range")
 }
 
+/// An unshuffled job's batch of consecutive steps travels as runs (protocol 7): one per
+/// stretch of steps of one epoch and one batch size, each unfolding into the steps and records
+/// the dispatcher granted, in order.
+#[tokio::test]
+async fn consecutive_steps_of_an_unshuffled_job_are_leased_as_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut plain = config(1);
+    plain.shuffle = Shuffle::Off;
+    plain.records = 20; // 7 steps an epoch: six of 3 records, then one of 2
+    plain.max_leases_per_worker = 64;
+    let server = Server::start(dir.path(), plain.clone()).await;
+    let mut client = server.client().await;
+    let w = register(&mut client, 0).await;
+    let answer = client
+        .lease(v1::LeaseRequest {
+            job_id: JOB,
+            worker_id: w.worker_id,
+            max_steps: 14,
+            ..Default::default()
+        })
+        .await
+        .expect("lease")
+        .into_inner();
+    let Some(Outcome::Leases(batch)) = answer.outcome else {
+        panic!("a batch: {answer:?}");
+    };
+    let runs: Vec<(u64, u64, u64)> = batch
+        .steps
+        .iter()
+        .map(|l| (l.epoch, l.step, l.run_len()))
+        .collect();
+    // The short last step of each epoch breaks the run (another batch size), and so does the
+    // epoch (the next epoch's records start again from 0).
+    assert_eq!(runs, [(0, 0, 6), (0, 6, 1), (1, 0, 6), (1, 6, 1)]);
+    let steps = unfold(batch);
+    assert_eq!(steps.len(), 14);
+    for (k, lease) in steps.iter().enumerate() {
+        let k = u64::try_from(k).expect("small");
+        assert_eq!((lease.epoch, lease.step), (k / 7, k % 7));
+        assert_eq!(
+            records_of(lease),
+            batch_of(&plain, lease.epoch, lease.step),
+            "{lease:?}"
+        );
+    }
+}
+
 /// The workers of a stage share the training side's window as leases: each registration and
 /// each lease answer says the worker's share now, and a worker over it leases nothing more.
 #[tokio::test]
@@ -284,7 +337,9 @@ async fn workers_share_the_receivers_window_as_leases() {
     let Some(Outcome::Leases(granted)) = answer.outcome else {
         panic!("a batch: {answer:?}");
     };
-    assert_eq!(granted.steps.len(), 48, "at most its share");
+    assert_eq!(granted.steps.len(), 48, "shuffled records are listed: no runs");
+    let granted = unfold(granted);
+    assert_eq!(granted.len(), 48, "at most its share");
     let second = register(&mut client, 0).await;
     assert_eq!(second.max_leases, 24, "two share 48");
     let over = client
@@ -307,7 +362,7 @@ async fn workers_share_the_receivers_window_as_leases() {
     else {
         panic!("a batch");
     };
-    assert_eq!(theirs.steps.len(), 24);
+    assert_eq!(unfold(theirs).len(), 24);
     // However many workers, each keeps a few.
     for _ in 0..20 {
         register(&mut client, 0).await;
@@ -385,10 +440,8 @@ async fn a_lease_carries_a_report_completed_before_the_grant() {
     let Some(Outcome::Leases(first)) = first.outcome else {
         panic!("a batch: {first:?}");
     };
-    assert_eq!(
-        first.steps.iter().map(|s| s.step).collect::<Vec<_>>(),
-        [0, 1]
-    );
+    let first = unfold(first);
+    assert_eq!(first.iter().map(|s| s.step).collect::<Vec<_>>(), [0, 1]);
     // At its limit: only a report makes room.
     assert!(matches!(
         client
@@ -400,13 +453,13 @@ async fn a_lease_carries_a_report_completed_before_the_grant() {
         Some(Outcome::Wait(_))
     ));
     let mut report: Vec<v1::CompletedStep> = first
-        .steps
         .iter()
         .map(|s| v1::CompletedStep {
             epoch: s.epoch,
             step: s.step,
             compute_us: 10,
             deadline_ms: s.deadline_ms,
+            run_steps: 0,
         })
         .collect();
     report.push(v1::CompletedStep {
@@ -414,6 +467,7 @@ async fn a_lease_carries_a_report_completed_before_the_grant() {
         step: 5,
         compute_us: 10,
         deadline_ms: 0,
+        run_steps: 0,
     });
     let answer = client.lease(ask(report)).await.expect("lease").into_inner();
     assert_eq!(
@@ -424,14 +478,43 @@ async fn a_lease_carries_a_report_completed_before_the_grant() {
     let Some(Outcome::Leases(next)) = answer.outcome else {
         panic!("a batch: {answer:?}");
     };
-    assert_eq!(
-        next.steps.iter().map(|s| s.step).collect::<Vec<_>>(),
-        [2, 3]
-    );
-    assert_eq!(
-        status(&mut client).await.leases.len(),
-        2,
-        "0 and 1 are complete"
+    let next = unfold(next);
+    assert_eq!(next.iter().map(|s| s.step).collect::<Vec<_>>(), [2, 3]);
+    let now = status(&mut client).await;
+    assert_eq!(now.leases.len(), 2, "0 and 1 are complete");
+    assert_eq!((now.steps_computed, now.compute_us), (2, 20));
+
+    // Steps 2 and 3 reported as one run (protocol 7): both complete, their compute time
+    // counted whole; a run that stands for more steps than a request may is refused.
+    let run = v1::CompletedStep {
+        epoch: 0,
+        step: 2,
+        compute_us: 31,
+        deadline_ms: next[0].deadline_ms,
+        run_steps: 2,
+    };
+    assert_eq!(next[0].deadline_ms, next[1].deadline_ms, "one grant");
+    let answer = client
+        .lease(ask(vec![run]))
+        .await
+        .expect("lease")
+        .into_inner();
+    assert!(answer.refused.is_empty(), "{answer:?}");
+    let now = status(&mut client).await;
+    assert_eq!((now.steps_computed, now.compute_us), (4, 51));
+    let too_long = v1::CompletedStep {
+        run_steps: u64::from(MAX_STEPS_PER_REQUEST) + 1,
+        ..run
+    };
+    let err = client
+        .lease(ask(vec![too_long]))
+        .await
+        .expect_err("over the limit");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().contains("1024-step limit"),
+        "{}",
+        err.message()
     );
 }
 
@@ -1028,13 +1111,14 @@ async fn a_batch_is_leased_and_completed_in_one_request_each() {
     let Some(Outcome::Leases(batch)) = answer else {
         panic!("expected a batch, got {answer:?}");
     };
-    let steps: Vec<(u64, u64)> = batch.steps.iter().map(|l| (l.epoch, l.step)).collect();
+    let batch = unfold(batch);
+    let steps: Vec<(u64, u64)> = batch.iter().map(|l| (l.epoch, l.step)).collect();
     assert_eq!(
         steps,
         vec![(0, 0), (0, 1), (0, 2)],
         "three, the worker's limit"
     );
-    for lease in &batch.steps {
+    for lease in &batch {
         assert_eq!(
             records_of(lease),
             batch_of(&dispatcher, lease.epoch, lease.step)
@@ -1046,7 +1130,7 @@ async fn a_batch_is_leased_and_completed_in_one_request_each() {
     let other = register(&mut client, 0).await.worker_id;
     let relet = leased(&mut client, other).await;
     assert_eq!((relet.epoch, relet.step), (0, 0));
-    assert_eq!(records_of(&relet), records_of(&batch.steps[0]));
+    assert_eq!(records_of(&relet), records_of(&batch[0]));
 
     // The first worker reports all three (and a step it never held) in one request.
     let refused = report_steps(
@@ -1077,9 +1161,10 @@ async fn a_batch_is_leased_and_completed_in_one_request_each() {
     let Some(Outcome::Leases(batch)) = answer else {
         panic!("expected a batch, got {answer:?}");
     };
-    let steps: Vec<(u64, u64)> = batch.steps.iter().map(|l| (l.epoch, l.step)).collect();
+    let batch = unfold(batch);
+    let steps: Vec<(u64, u64)> = batch.iter().map(|l| (l.epoch, l.step)).collect();
     assert_eq!(steps, vec![(0, 1), (0, 2)], "returned steps first");
-    let all: Vec<(u64, u64, u64)> = batch.steps.iter().map(|l| (l.epoch, l.step, 0)).collect();
+    let all: Vec<(u64, u64, u64)> = batch.iter().map(|l| (l.epoch, l.step, 0)).collect();
     assert!(report_steps(&mut client, worker, &all).await.is_empty());
     let now = status(&mut client).await;
     assert_eq!(

@@ -43,6 +43,7 @@ pub mod names;
 pub mod ops;
 pub mod plan;
 pub mod process;
+pub mod runs;
 pub mod service;
 pub mod status;
 pub mod step;

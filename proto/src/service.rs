@@ -51,8 +51,10 @@ pub use prost::bytes::Bytes;
 /// version-3 receiver would refuse frame by frame. 5: a request may carry up to 1024 steps
 /// ([`MAX_STEPS_PER_REQUEST`], was 256), which a version-4 dispatcher refuses. 6: a lease's
 /// consecutive records come as a range (`StepLease.records_from`, `records_count`), which a
-/// version-5 worker would read as an empty batch.
-pub const PROTOCOL_VERSION: u32 = 6;
+/// version-5 worker would read as an empty batch. 7: a batch of consecutive steps comes as
+/// runs (`StepLease.run_steps`, `CompletedStep.run_steps`, see [`crate::runs`]), which a
+/// version-6 worker would read as one step and a version-6 dispatcher as one report.
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// The largest message either end encodes or decodes. Sized for `Register`'s answer, which
 /// carries the plan and a stage graph.
@@ -434,6 +436,7 @@ mod tests {
                 generation: 4,
                 records_from: 0,
                 records_count: 0,
+                run_steps: 0,
             })),
             max_leases: 7,
             refused: vec![v1::StepRef { epoch: 1, step: 2 }],

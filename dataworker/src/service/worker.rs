@@ -23,7 +23,7 @@ use lode_proto::plan::Plan;
 use lode_proto::service::v1::lease_response::Outcome;
 use lode_proto::service::v1::{
     CompleteRequest, CompleteResponse, CompletedStep, FetchRequest, HeartbeatRequest, LeaseRequest,
-    LeaseResponse, PushStatus, RegisterRequest,
+    LeaseResponse, PushStatus, RegisterRequest, StepLeases,
 };
 use lode_proto::service::{
     connect, connect_receiver, retry_unreachable, ReceiverClient, MAX_MESSAGE_BYTES,
@@ -661,17 +661,20 @@ fn complete_request(job: u64, worker: u64, stage: u32, delivered: &[Delivered]) 
     }
 }
 
-/// Delivered steps as a report lists them.
+/// Delivered steps as a report lists them: consecutive ones of a grant as runs.
 fn completed_steps(delivered: &[Delivered]) -> Vec<CompletedStep> {
-    delivered
-        .iter()
-        .map(|d| CompletedStep {
+    let mut report = Vec::new();
+    for d in delivered {
+        let step = CompletedStep {
             epoch: d.epoch,
             step: d.step,
             compute_us: d.compute_us,
             deadline_ms: d.deadline_ms,
-        })
-        .collect()
+            run_steps: 0,
+        };
+        lode_proto::runs::push_completed(&mut report, step);
+    }
+    report
 }
 
 /// Feeds an RPC answer to the state.
@@ -697,9 +700,10 @@ fn absorb(
             if answer.max_leases > 0 {
                 state.set_max_leases(answer.max_leases);
             }
-            let leases = match answer.outcome {
-                Some(Outcome::Lease(lease)) => vec![lease],
-                Some(Outcome::Leases(batch)) => batch.steps,
+            // A batch's runs unfolded into their steps (a lone lease is one step, or a run).
+            let batch = match answer.outcome {
+                Some(Outcome::Lease(lease)) => StepLeases { steps: vec![lease] },
+                Some(Outcome::Leases(batch)) => batch,
                 Some(Outcome::Wait(wait)) => {
                     let pause = Duration::from_millis(wait.retry_after_ms.clamp(1, 1000));
                     state.wait(pause, now);
@@ -717,6 +721,7 @@ fn absorb(
                 }
                 None => return Err(bad("lease", "no outcome")),
             };
+            let leases = batch.into_leases().map_err(|e| bad("lease", e))?;
             // The deadlines on this machine's clock (the dispatcher's clock is not ours),
             // counted from when the request went out, so a slow answer errs on the safe side.
             let sent = now.checked_sub(round_trip).unwrap_or(now);

@@ -120,6 +120,8 @@ pub(crate) fn step_lease(
         generation: 0,
         records_from: 0,
         records_count: 0,
+        // Set by `StepLeases::from_leases` when the lease joins a run.
+        run_steps: 0,
     };
     lease.set_records(records);
     lease

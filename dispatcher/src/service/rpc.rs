@@ -530,7 +530,8 @@ impl Dispatcher for DispatcherService {
     }
 }
 
-/// A report's steps as (step, compute µs, grant deadline ms), within the limit of a request.
+/// A report's steps as (step, compute µs, grant deadline ms), its runs unfolded, within the
+/// limit of a request.
 #[allow(clippy::result_large_err)] // tonic's handlers answer with a `Status` as it is
 fn report_steps(steps: &[v1::CompletedStep]) -> Result<Vec<(StepId, u64, u64)>, Status> {
     if steps.len() > usize::try_from(MAX_STEPS_PER_REQUEST).unwrap_or(usize::MAX) {
@@ -539,6 +540,8 @@ fn report_steps(steps: &[v1::CompletedStep]) -> Result<Vec<(StepId, u64, u64)>, 
             steps.len()
         )));
     }
+    let steps = lode_proto::runs::expand_completed(steps)
+        .map_err(|e| Status::invalid_argument(format!("steps: {e}")))?;
     Ok(steps
         .iter()
         .map(|s| (StepId::new(s.epoch, s.step), s.compute_us, s.deadline_ms))
@@ -657,7 +660,8 @@ fn lease_outcome(
                 })
                 .collect();
             if batched {
-                Ok(Outcome::Leases(v1::StepLeases { steps }))
+                // Consecutive steps granted together travel as runs.
+                Ok(Outcome::Leases(v1::StepLeases::from_leases(steps)))
             } else {
                 steps
                     .pop()
