@@ -337,7 +337,11 @@ async fn workers_share_the_receivers_window_as_leases() {
     let Some(Outcome::Leases(granted)) = answer.outcome else {
         panic!("a batch: {answer:?}");
     };
-    assert_eq!(granted.steps.len(), 48, "shuffled records are listed: no runs");
+    assert_eq!(
+        granted.steps.len(),
+        48,
+        "shuffled records are listed: no runs"
+    );
     let granted = unfold(granted);
     assert_eq!(granted.len(), 48, "at most its share");
     let second = register(&mut client, 0).await;
