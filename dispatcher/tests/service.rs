@@ -522,6 +522,62 @@ async fn a_lease_carries_a_report_completed_before_the_grant() {
     );
 }
 
+/// A worker whose stage is done waits while the training side has not consumed every step
+/// (it is told to ask again, not that the data ended): a receiver restart returns what the
+/// receiver held, and this worker leases it again. Only the end of data ends it.
+#[tokio::test]
+async fn a_finished_stage_keeps_its_workers_until_the_end_of_data() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut small = config(1);
+    small.records = 6; // two steps of 3, one epoch
+    small.epochs = Some(1);
+    let server = Server::start(dir.path(), small).await;
+    let mut client = server.client().await;
+    let w = register(&mut client, 0).await.worker_id;
+    let receiver = |resume_from| v1::RegisterConsumerRequest {
+        job_id: JOB,
+        receiver_addr: "http://127.0.0.1:9".into(),
+        resume_from,
+        window: 0,
+    };
+    client
+        .register_consumer(receiver(None))
+        .await
+        .expect("consumer");
+    for step in 0..2 {
+        let lease = leased(&mut client, w).await;
+        assert_eq!((lease.epoch, lease.step), (0, step));
+        complete(&mut client, w, 0, 0, step)
+            .await
+            .expect("complete");
+    }
+    // Both steps done, none consumed: wait, do not end.
+    let waiting = lease(&mut client, w).await;
+    assert_eq!(
+        waiting,
+        Outcome::Wait(v1::Wait {
+            retry_after_ms: 250
+        }),
+        "the stage is done, the data is not"
+    );
+    // The training side takes step 0, then restarts: its receiver held step 1, which comes
+    // back to this worker.
+    consumed(&mut client, 0, 0).await;
+    client
+        .register_consumer(receiver(Some(v1::StepRef { epoch: 0, step: 1 })))
+        .await
+        .expect("consumer again");
+    let again = leased(&mut client, w).await;
+    assert_eq!(
+        (again.epoch, again.step),
+        (0, 1),
+        "redone by the same worker"
+    );
+    complete(&mut client, w, 0, 0, 1).await.expect("complete");
+    consumed(&mut client, 0, 1).await;
+    assert!(matches!(lease(&mut client, w).await, Outcome::EndOfData(_)));
+}
+
 #[tokio::test]
 async fn register_lease_complete_consume_round_trip() {
     let dir = tempfile::tempdir().expect("tempdir");

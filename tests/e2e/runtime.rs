@@ -393,12 +393,11 @@ fn dispatcher_and_consumer_restarts_lose_and_repeat_nothing() {
     let journal = tmp.path().join("journal");
     let log = tmp.path().join("restarts.jsonl");
     let (mut disp, addr) = dispatcher(&plan, &journal, &listen);
-    // The first consumer must die mid-job with the workers still at work: at 2 ms a step it
-    // cannot reach the job's last step (and end the job, and the dispatcher with it) between
-    // the log's 500th line and its kill below, and with a window of 64 steps the workers
-    // cannot finish the stage before it (they would exit, leaving no one to redo what the
-    // killed consumer held).
-    let mut cons = consumer(&addr, &log, &["--step-time", "2ms", "--capacity", "64"]);
+    // The first consumer must die mid-job: at 2 ms a step it cannot reach the job's last step
+    // (and end the job, and the dispatcher with it) between the log's 500th line and its kill
+    // below. Its window (up to 1,024 steps) holds the whole epoch, so the workers finish their
+    // stage long before: they must stay to redo what the killed consumer held.
+    let mut cons = consumer(&addr, &log, &["--step-time", "2ms"]);
     let mut workers: Vec<Proc> = (0..4).map(|i| worker(&addr, &format!("w{i}"))).collect();
 
     // The dispatcher dies mid-epoch and comes back from its journal on the same address.

@@ -94,6 +94,11 @@ pub const DEFAULT_RECEIVER_WINDOW: u64 = 64;
 /// What a lease answer tells a worker to wait when there is nothing to lease yet.
 pub const LEASE_RETRY_AFTER: Duration = Duration::from_millis(100);
 
+/// What a lease answer tells a worker to wait when its stage is done but the training side
+/// has not consumed every step: a step may still come back (the receiver restarts, or the
+/// training side rewinds), and the stage's workers stay to redo it until the end of data.
+pub const FINISHED_RETRY_AFTER: Duration = Duration::from_millis(250);
+
 /// The heartbeat interval [`ServiceConfig::new`] sets.
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 

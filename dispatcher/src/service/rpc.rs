@@ -20,8 +20,8 @@ use super::clock::Clock;
 use super::convert::{self, StageChoice};
 use super::core::{ApplyError, Core};
 use super::{
-    LEASE_RETRY_AFTER, MAX_ADDR_BYTES, MAX_MESSAGE_BYTES, MAX_STEPS_PER_REQUEST,
-    MAX_WORKERS_PER_JOB, MAX_WORKER_NAME_BYTES,
+    FINISHED_RETRY_AFTER, LEASE_RETRY_AFTER, MAX_ADDR_BYTES, MAX_MESSAGE_BYTES,
+    MAX_STEPS_PER_REQUEST, MAX_WORKERS_PER_JOB, MAX_WORKER_NAME_BYTES,
 };
 use crate::{Command, Error, Event, JobId, StageId, StepId, Time, WorkerId, WorkerStatus};
 
@@ -675,8 +675,16 @@ fn lease_outcome(
         Err(ApplyError::State(Error::StageFinished { .. })) => {
             if core.state().is_end_of_data() {
                 core.told_worker_end(worker);
+                return Ok(Outcome::EndOfData(v1::EndOfData {}));
             }
-            Ok(Outcome::EndOfData(v1::EndOfData {}))
+            // Every step of the stage is done, and not yet every step consumed: one may come
+            // back (a receiver restart returns what it held, a rewind what it passes), and
+            // this worker is who would redo it. Ended, it would leave a restarted training
+            // side waiting for steps no one computes. It waits; the end of data ends it (its
+            // heartbeat says so).
+            Ok(Outcome::Wait(v1::Wait {
+                retry_after_ms: u64::try_from(FINISHED_RETRY_AFTER.as_millis()).unwrap_or(u64::MAX),
+            }))
         }
         // The tick above may have drained it (its last lease expired).
         Err(ApplyError::State(Error::UnknownWorker { .. })) if core.is_drained(worker) => {
