@@ -38,6 +38,14 @@ fn config(stages: u32) -> DispatcherConfig {
     }
 }
 
+/// One stage, one epoch of two steps of 3 records.
+fn two_steps() -> DispatcherConfig {
+    let mut small = config(1);
+    small.records = 6;
+    small.epochs = Some(1);
+    small
+}
+
 fn graphs(stages: u32) -> Vec<Vec<u8>> {
     (0..stages)
         .map(|s| format!("graph of stage {s}").into_bytes())
@@ -528,10 +536,7 @@ async fn a_lease_carries_a_report_completed_before_the_grant() {
 #[tokio::test]
 async fn a_finished_stage_keeps_its_workers_until_the_end_of_data() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut small = config(1);
-    small.records = 6; // two steps of 3, one epoch
-    small.epochs = Some(1);
-    let server = Server::start(dir.path(), small).await;
+    let server = Server::start(dir.path(), two_steps()).await;
     let mut client = server.client().await;
     let w = register(&mut client, 0).await.worker_id;
     let receiver = |resume_from| v1::RegisterConsumerRequest {
@@ -581,9 +586,7 @@ async fn a_finished_stage_keeps_its_workers_until_the_end_of_data() {
 #[tokio::test]
 async fn register_lease_complete_consume_round_trip() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut small = config(1);
-    small.records = 6; // two steps of 3, one epoch
-    small.epochs = Some(1);
+    let small = two_steps();
     let server = Server::start(dir.path(), small.clone()).await;
     let mut client = server.client().await;
 
