@@ -549,7 +549,8 @@ fn report_steps(steps: &[v1::CompletedStep]) -> Result<Vec<(StepId, u64, u64)>, 
 }
 
 /// Completes `steps` (step, compute µs, grant deadline ms) of `worker`'s `stage`, as a
-/// report lists them; the ones it does not hold (any more) are returned, refused.
+/// report lists them; the ones it does not hold (any more) and the training side has not
+/// consumed are returned, refused.
 fn complete_steps(
     core: &mut Core,
     now: Time,
@@ -595,9 +596,13 @@ fn complete_steps(
             (n + 1, sum.saturating_add(*us))
         });
     core.count_completed(worker, computed, compute_us);
+    // A step the training side consumed first is not refused: its report is moot, not wrong.
+    // (A worker on short steps reports hundreds of steps a lease request, mostly after the
+    // watermark passed them: listing them all made every lease answer carry the whole report
+    // back, to be decoded and dropped.)
     Ok(steps
         .iter()
-        .filter(|(step, _, _)| !done.contains(step))
+        .filter(|(step, _, _)| !done.contains(step) && watermark.is_none_or(|w| *step > w))
         .map(|(step, _, _)| convert::step_ref(*step))
         .collect())
 }
