@@ -32,6 +32,30 @@ fn limit() -> u64 {
     u64::from(MAX_STEPS_PER_REQUEST)
 }
 
+/// Room for the steps that runs of `lens` stand for, once they are within a request's limit.
+fn unfolded_room<T>(lens: impl Iterator<Item = u64>) -> Result<Vec<T>, RunError> {
+    let total = lens.fold(0u64, u64::saturating_add);
+    if total > limit() {
+        return Err(RunError::TooMany);
+    }
+    Ok(Vec::with_capacity(usize::try_from(total).unwrap_or(0)))
+}
+
+/// Checks that a run of `steps` from `step` ends within the step numbers.
+fn check_steps(step: u64, steps: u64) -> Result<(), RunError> {
+    match step.checked_add(steps - 1) {
+        Some(_) => Ok(()),
+        None => Err(RunError::StepOverflow { step, steps }),
+    }
+}
+
+impl v1::CompletedStep {
+    /// How many steps this report entry stands for: its run's length, at least 1.
+    pub fn run_len(&self) -> u64 {
+        self.run_steps.max(1)
+    }
+}
+
 impl v1::StepLease {
     /// How many steps this lease stands for: its run's length, at least 1.
     pub fn run_len(&self) -> u64 {
@@ -89,14 +113,7 @@ impl v1::StepLeases {
     /// The batch's leases one step each, in order: every run unfolded into its steps, each
     /// with its own range of records.
     pub fn into_leases(self) -> Result<Vec<v1::StepLease>, RunError> {
-        let mut total = 0u64;
-        for lease in &self.steps {
-            total = total.saturating_add(lease.run_len());
-        }
-        if total > limit() {
-            return Err(RunError::TooMany);
-        }
-        let mut out = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
+        let mut out = unfolded_room(self.steps.iter().map(v1::StepLease::run_len))?;
         for lease in self.steps {
             let steps = lease.run_len();
             if steps == 1 {
@@ -110,9 +127,7 @@ impl v1::StepLeases {
                 return Err(RunError::Listed { steps });
             }
             let (step, from, count) = (lease.step, lease.records_from, lease.records_count);
-            if step.checked_add(steps - 1).is_none() {
-                return Err(RunError::StepOverflow { step, steps });
-            }
+            check_steps(step, steps)?;
             // The last step's range must end within u64 too.
             if steps
                 .checked_mul(count)
@@ -138,8 +153,8 @@ impl v1::StepLeases {
 /// after it, of the same epoch and grant deadline.
 pub fn push_completed(report: &mut Vec<v1::CompletedStep>, step: v1::CompletedStep) {
     if let Some(run) = report.last_mut() {
-        let len = run.run_steps.max(1);
-        if step.run_steps <= 1
+        let len = run.run_len();
+        if step.run_len() == 1
             && len < limit()
             && run.epoch == step.epoch
             && run.deadline_ms == step.deadline_ms
@@ -157,20 +172,10 @@ pub fn push_completed(report: &mut Vec<v1::CompletedStep>, step: v1::CompletedSt
 /// compute time shared out between them (the first ones take the remainder, so the sum is
 /// the run's).
 pub fn expand_completed(report: &[v1::CompletedStep]) -> Result<Vec<v1::CompletedStep>, RunError> {
-    let mut total = 0u64;
+    let mut out = unfolded_room(report.iter().map(v1::CompletedStep::run_len))?;
     for entry in report {
-        total = total.saturating_add(entry.run_steps.max(1));
-    }
-    if total > limit() {
-        return Err(RunError::TooMany);
-    }
-    let mut out = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
-    for entry in report {
-        let steps = entry.run_steps.max(1);
-        let step = entry.step;
-        if step.checked_add(steps - 1).is_none() {
-            return Err(RunError::StepOverflow { step, steps });
-        }
+        let (step, steps) = (entry.step, entry.run_len());
+        check_steps(step, steps)?;
         let (each, extra) = (entry.compute_us / steps, entry.compute_us % steps);
         for k in 0..steps {
             out.push(v1::CompletedStep {

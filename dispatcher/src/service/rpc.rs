@@ -616,9 +616,9 @@ fn lease_outcome(
     max: u32,
     batched: bool,
 ) -> Result<Outcome, Status> {
-    let wait = || {
+    let wait = |pause: std::time::Duration| {
         Outcome::Wait(v1::Wait {
-            retry_after_ms: u64::try_from(LEASE_RETRY_AFTER.as_millis()).unwrap_or(u64::MAX),
+            retry_after_ms: u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
         })
     };
     if core.is_drained(worker) {
@@ -676,7 +676,7 @@ fn lease_outcome(
         }
         Err(ApplyError::State(
             Error::NoStepReady { .. } | Error::LeaseLimit { .. } | Error::Draining { .. },
-        )) => Ok(wait()),
+        )) => Ok(wait(LEASE_RETRY_AFTER)),
         Err(ApplyError::State(Error::StageFinished { .. })) => {
             if core.state().is_end_of_data() {
                 core.told_worker_end(worker);
@@ -687,9 +687,7 @@ fn lease_outcome(
             // this worker is who would redo it. Ended, it would leave a restarted training
             // side waiting for steps no one computes. It waits; the end of data ends it (its
             // heartbeat says so).
-            Ok(Outcome::Wait(v1::Wait {
-                retry_after_ms: u64::try_from(FINISHED_RETRY_AFTER.as_millis()).unwrap_or(u64::MAX),
-            }))
+            Ok(wait(FINISHED_RETRY_AFTER))
         }
         // The tick above may have drained it (its last lease expired).
         Err(ApplyError::State(Error::UnknownWorker { .. })) if core.is_drained(worker) => {
