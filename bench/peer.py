@@ -63,6 +63,19 @@ def cpu_ticks(pid):
     return int(fields[11]) + int(fields[12])
 
 
+def run_queue_wait_ns(pid):
+    """Nanoseconds every thread of a process has waited on a run queue (runnable, while
+    another task had its CPU): the second field of /proc/PID/task/TID/schedstat, summed."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # a thread that ended meanwhile
+    return total
+
+
 def worker_counters(url):
     """A worker's counters (name -> value) from its metrics endpoint."""
     import urllib.request
@@ -732,8 +745,10 @@ def cmd_worker_eff(args):
             check_alive()
             m0 = worker_counters(url)
             s0, c0, t0 = steps_logged(), cpu_ticks(worker.pid), time.monotonic()
+            w0 = run_queue_wait_ns(worker.pid)
             time.sleep(args.window)
             s1, c1, t1 = steps_logged(), cpu_ticks(worker.pid), time.monotonic()
+            w1 = run_queue_wait_ns(worker.pid)
             m1 = worker_counters(url)
             for p in job:
                 p.send_signal(signal.SIGSTOP)
@@ -748,6 +763,9 @@ def cmd_worker_eff(args):
                 for p in job:
                     p.send_signal(signal.SIGCONT)
             startups.append(startup_cpu)
+
+            def delta(key):
+                return m1.get(key, 0.0) - m0.get(key, 0.0)
             computed = m1["lode_worker_steps_computed_total"] - m0["lode_worker_steps_computed_total"]
             compute = (m1["lode_worker_compute_seconds_total"]
                        - m0["lode_worker_compute_seconds_total"])
@@ -757,6 +775,11 @@ def cmd_worker_eff(args):
                          "worker_cpu_s": (c1 - c0) / TICK, "window_s": t1 - t0,
                          "worker_steps_computed": computed, "worker_compute_s": compute,
                          "worker_release_s": release,
+                         "worker_wait_s": (w1 - w0) / 1e9,
+                         "worker_stage_cpu_s": delta("lode_worker_stage_cpu_seconds_total"),
+                         "worker_stage_cpu_steps": delta("lode_worker_stage_cpu_steps_total"),
+                         "worker_stage_cpu_wall_s": delta(
+                             "lode_worker_stage_cpu_wall_seconds_total"),
                          "exec_steps": steps, "exec_samples": report["samples"],
                          "exec_cpu_s": exec_cpu})
             time.sleep(args.settle)
@@ -794,6 +817,18 @@ def cmd_worker_eff(args):
         row["release_us_per_step"] = row["worker_release_s"] / row["worker_steps_computed"] * 1e6
         row["ratio_same_step"] = ((row["compute_us_per_step"] + row["release_us_per_step"])
                                   / row["worker_us_per_step"])
+        # Both figures above count the stage by its wall time. The worker's threads wait for
+        # a CPU part of the window (the consumer and the dispatcher share the machine), and
+        # a wait inside the stage would make them read high. The worker times a sample of its
+        # steps by its thread's CPU clock too: on those steps, the stage's CPU over its wall
+        # time says how much of that wall time the stage ran (above 1 by the clock's own
+        # system calls).
+        row["wait_share"] = row["worker_wait_s"] / row["window_s"]
+        if row["worker_stage_cpu_steps"] > 0 and row["worker_stage_cpu_wall_s"] > 0:
+            row["stage_cpu_us_per_step"] = (row["worker_stage_cpu_s"]
+                                            / row["worker_stage_cpu_steps"] * 1e6)
+            row["stage_cpu_over_wall"] = (row["worker_stage_cpu_s"]
+                                          / row["worker_stage_cpu_wall_s"])
     pooled = (sum(r["worker_samples"] for r in rows) / sum(r["worker_cpu_s"] for r in rows)) / (
         sum(r["exec_samples"] for r in rows)
         / sum(r["exec_cpu_s"] - startup for r in rows))
@@ -817,7 +852,14 @@ def cmd_worker_eff(args):
                                                         for r in rows),
                "ratio_same_step_median": statistics.median(r["ratio_same_step"]
                                                            for r in rows),
+               "wait_share_median": statistics.median(r["wait_share"] for r in rows),
                "rounds_detail": rows}
+    timed = [r for r in rows if "stage_cpu_over_wall" in r]
+    if timed:
+        summary["stage_cpu_us_per_step"] = statistics.median(r["stage_cpu_us_per_step"]
+                                                             for r in timed)
+        summary["stage_cpu_over_wall_median"] = statistics.median(r["stage_cpu_over_wall"]
+                                                                  for r in timed)
     with open(args.out, "a") as f:
         f.write(json.dumps(summary) + "\n")
     print(f"{args.model} {args.cut}: worker {summary['worker_samples_per_cpu_sec']:,.0f} / "
@@ -830,7 +872,12 @@ def cmd_worker_eff(args):
           f"{summary['overhead_us_per_step']:.1f} us (freeing the tensors "
           f"{summary['release_us_per_step']:.1f}); at a stage ratio of 1 "
           f"{summary['ratio_same_stage_median']:.2f}, with the freeing counted as exec's "
-          f"step counts it {summary['ratio_same_step_median']:.2f}")
+          f"step counts it {summary['ratio_same_step_median']:.2f}; the worker waited for a "
+          f"CPU {summary['wait_share_median']:.0%} of the window")
+    if timed:
+        print(f"    the stage by its thread's CPU clock (1 step in 64): "
+              f"{summary['stage_cpu_us_per_step']:.1f} us a step, "
+              f"{summary['stage_cpu_over_wall_median']:.2f} of its wall time on the same steps")
 
 
 # --------------------------------------------------------------------------- the table

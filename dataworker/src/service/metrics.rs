@@ -121,7 +121,7 @@ pub fn render_worker(job: u64, stats: &WorkerStats) -> String {
     let get = |c: &std::sync::atomic::AtomicU64| count(c.load(Ordering::Relaxed));
     let seconds = |c: &std::sync::atomic::AtomicU64| get(c) / 1e9;
     let mut out = String::new();
-    let rows: [(&str, &str, &str, f64); 13] = [
+    let rows: [(&str, &str, &str, f64); 16] = [
         (
             "lode_worker_registrations_total",
             "counter",
@@ -137,8 +137,26 @@ pub fn render_worker(job: u64, stats: &WorkerStats) -> String {
         (
             "lode_worker_compute_seconds_total",
             "counter",
-            "The stage's time over the steps computed.",
+            "The stage's wall time over the steps computed (with any waits for a CPU).",
             seconds(&stats.compute_ns),
+        ),
+        (
+            "lode_worker_stage_cpu_seconds_total",
+            "counter",
+            "The stage's CPU time (its thread's clock, without waits for a CPU) on the sampled steps.",
+            seconds(&stats.stage_cpu_ns),
+        ),
+        (
+            "lode_worker_stage_cpu_steps_total",
+            "counter",
+            "The steps whose stage is timed by its thread's CPU clock (a sample of the steps computed).",
+            get(&stats.stage_cpu_steps),
+        ),
+        (
+            "lode_worker_stage_cpu_wall_seconds_total",
+            "counter",
+            "The wall time of the steps whose stage is timed by its thread's CPU clock.",
+            seconds(&stats.stage_cpu_wall_ns),
         ),
         (
             "lode_worker_release_seconds_total",
@@ -244,6 +262,9 @@ mod tests {
         stats.steps_computed.store(40, Ordering::Relaxed);
         stats.compute_ns.store(2_500_000_000, Ordering::Relaxed);
         stats.release_ns.store(250_000_000, Ordering::Relaxed);
+        stats.stage_cpu_ns.store(30_000_000, Ordering::Relaxed);
+        stats.stage_cpu_steps.store(3, Ordering::Relaxed);
+        stats.stage_cpu_wall_ns.store(40_000_000, Ordering::Relaxed);
         stats.lease_batch.store(32, Ordering::Relaxed);
         stats.lease_limit.store(1024, Ordering::Relaxed);
         let text = render_worker(7, &stats);
@@ -260,6 +281,18 @@ mod tests {
             "{text}"
         );
         assert!(
+            text.contains("lode_worker_stage_cpu_seconds_total{job=\"7\"} 0.03\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("lode_worker_stage_cpu_steps_total{job=\"7\"} 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("lode_worker_stage_cpu_wall_seconds_total{job=\"7\"} 0.04\n"),
+            "{text}"
+        );
+        assert!(
             text.contains("lode_worker_lease_batch{job=\"7\"} 32\n"),
             "{text}"
         );
@@ -269,7 +302,7 @@ mod tests {
         );
         let samples = text.lines().filter(|l| !l.starts_with('#')).count();
         let cpu = usize::from(process_cpu().is_some());
-        assert_eq!(samples, 13 + cpu, "{text}");
+        assert_eq!(samples, 16 + cpu, "{text}");
         assert_eq!(text.contains("process_cpu_seconds_total"), cpu == 1);
     }
 }

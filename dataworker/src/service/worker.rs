@@ -76,7 +76,20 @@ pub struct WorkerStats {
     /// Steps the stage computed (a step recomputed after its lease expired counts again).
     pub steps_computed: AtomicU64,
     /// The stage's time over those steps (wall time of each step's run), in nanoseconds.
+    /// It counts the time the stage's thread waited for a CPU while another process ran
+    /// (on a busy machine, a tenth and more of it): see `stage_cpu_ns`.
     pub compute_ns: AtomicU64,
+    /// The stage's own CPU time (its thread's CPU clock) on a sample of the steps, one in
+    /// [`STAGE_CPU_SAMPLE`], in nanoseconds; `stage_cpu_steps` counts them. Unlike
+    /// `compute_ns` it leaves out the waits for a CPU: this, not `compute_ns`, is what the
+    /// stage costs against the process's CPU. Sampled because the thread's clock is a system
+    /// call, where the wall clock is not.
+    pub stage_cpu_ns: AtomicU64,
+    /// The steps `stage_cpu_ns` timed.
+    pub stage_cpu_steps: AtomicU64,
+    /// Their wall time (as `compute_ns` counts it), in nanoseconds: over the same steps,
+    /// `stage_cpu_ns` against this is the share of the stage's wall time it ran.
+    pub stage_cpu_wall_ns: AtomicU64,
     /// Time spent freeing each computed step's tensors once its frame is encoded (those the
     /// frame does not send from their own memory), in nanoseconds: the part of the worker's
     /// cost outside the stage that `lode exec`'s step pays too (it frees each step's tensors).
@@ -114,6 +127,57 @@ impl WorkerStats {
             Ordering::Relaxed,
         );
     }
+}
+
+/// One step in this many has its stage timed by its thread's CPU clock too
+/// ([`WorkerStats::stage_cpu_ns`]).
+pub const STAGE_CPU_SAMPLE: u64 = 64;
+
+/// Whether global step `global`'s stage is timed by its thread's CPU clock: one step in
+/// [`STAGE_CPU_SAMPLE`], picked by a hash of its number. Not every 64th step computed: that
+/// one would always open a burst, right after the send, with colder caches than the rest.
+fn cpu_sampled(global: u64) -> bool {
+    global.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58 == 0
+}
+
+/// The calling thread's CPU time so far.
+fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(
+        u64::try_from(t.tv_sec).unwrap_or(0),
+        u32::try_from(t.tv_nsec).unwrap_or(0),
+    )
+}
+
+/// What a pair of [`thread_cpu`] reads counts by itself (the way out of the first system
+/// call and into the second): the least of a few pairs back to back, measured once.
+fn thread_clock_cost() -> Duration {
+    static COST: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *COST.get_or_init(|| {
+        (0..16)
+            .map(|_| {
+                let before = thread_cpu();
+                thread_cpu().saturating_sub(before)
+            })
+            .min()
+            .unwrap_or_default()
+    })
+}
+
+/// Runs a step's stage on this thread: its output, its wall time and, when `sampled`, its
+/// CPU time on this thread (less what the clock's reads count by themselves).
+fn timed_stage<T>(sampled: bool, run: impl FnOnce() -> T) -> (T, Duration, Option<Duration>) {
+    let cost = if sampled {
+        thread_clock_cost()
+    } else {
+        Duration::ZERO
+    };
+    let cpu = sampled.then(thread_cpu);
+    let computing = Instant::now();
+    let output = run();
+    let wall = computing.elapsed();
+    let cpu = cpu.map(|before| thread_cpu().saturating_sub(before).saturating_sub(cost));
+    (output, wall, cpu)
 }
 
 /// Why the loop ended.
@@ -929,13 +993,14 @@ async fn compute_step(
             received.insert(name, Arc::new(t));
         }
     }
-    let (output, compute) = if ctx.single_thread && is_short(state) {
-        let computing = Instant::now();
-        let output = ctx.stage.run_step(StepInput {
-            records: &held.records,
-            received: &received,
-        });
-        (output, computing.elapsed())
+    let sampled = cpu_sampled(global);
+    let (output, compute, cpu) = if ctx.single_thread && is_short(state) {
+        timed_stage(sampled, || {
+            ctx.stage.run_step(StepInput {
+                records: &held.records,
+                received: &received,
+            })
+        })
     } else {
         // The stage runs as a rayon job (no tokio task per step); its answer comes back on
         // a oneshot channel.
@@ -943,12 +1008,13 @@ async fn compute_step(
         let run_stage = ctx.stage.clone();
         let records = held.records.clone();
         ctx.pool.spawn(move || {
-            let computing = Instant::now();
-            let output = run_stage.run_step(StepInput {
-                records: &records,
-                received: &received,
+            let timed = timed_stage(sampled, || {
+                run_stage.run_step(StepInput {
+                    records: &records,
+                    received: &received,
+                })
             });
-            let _ = done.send((output, computing.elapsed()));
+            let _ = done.send(timed);
         });
         tokio::select! {
             () = &mut *shutdown => {
@@ -967,6 +1033,11 @@ async fn compute_step(
     state.computed(compute);
     WorkerStats::add(&ctx.stats.steps_computed, 1);
     WorkerStats::add_duration(&ctx.stats.compute_ns, compute);
+    if let Some(cpu) = cpu {
+        WorkerStats::add_duration(&ctx.stats.stage_cpu_ns, cpu);
+        WorkerStats::add(&ctx.stats.stage_cpu_steps, 1);
+        WorkerStats::add_duration(&ctx.stats.stage_cpu_wall_ns, compute);
+    }
     if let Some(t) = state.step_time() {
         ctx.stats.step_time_ns.store(
             u64::try_from(t.as_nanos()).unwrap_or(u64::MAX),
@@ -1285,4 +1356,63 @@ where
     retry_unreachable(RECONNECT_WINDOW, rpc)
         .await
         .map_err(ServiceError::rpc(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sampled_stage_counts_its_cpu_and_not_its_waits() {
+        let (out, wall, cpu) = timed_stage(true, || {
+            std::thread::sleep(Duration::from_millis(30));
+            7
+        });
+        assert_eq!(out, 7);
+        assert!(wall >= Duration::from_millis(30), "{wall:?}");
+        let cpu = cpu.expect("sampled");
+        assert!(
+            cpu < Duration::from_millis(10),
+            "asleep, yet {cpu:?} of CPU"
+        );
+    }
+
+    #[test]
+    fn a_sampled_stage_counts_the_cpu_it_works() {
+        let (sum, wall, cpu) = timed_stage(true, || {
+            let started = thread_cpu();
+            let mut x = 0u64;
+            while thread_cpu().saturating_sub(started) < Duration::from_millis(20) {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+            x
+        });
+        assert!(sum > 0);
+        let cpu = cpu.expect("sampled");
+        assert!(cpu >= Duration::from_millis(19), "{cpu:?}");
+        // One thread's CPU time cannot pass the wall time it ran in.
+        assert!(
+            cpu <= wall + Duration::from_millis(1),
+            "{cpu:?} over {wall:?}"
+        );
+    }
+
+    #[test]
+    fn one_step_in_sixty_four_is_sampled_and_not_every_sixty_fourth() {
+        let sampled: Vec<u64> = (0..64_000).filter(|&g| cpu_sampled(g)).collect();
+        assert!((900..1100).contains(&sampled.len()), "{}", sampled.len());
+        // Spread over a burst's positions (up to 32 steps), not stuck on one.
+        let mut positions = [0u32; 32];
+        for g in &sampled {
+            positions[usize::try_from(g % 32).expect("small")] += 1;
+        }
+        assert!(positions.iter().all(|&n| n > 10), "{positions:?}");
+    }
+
+    #[test]
+    fn an_unsampled_stage_is_timed_by_the_wall_clock_only() {
+        let ((), wall, cpu) = timed_stage(false, || std::thread::sleep(Duration::from_millis(5)));
+        assert!(wall >= Duration::from_millis(5));
+        assert_eq!(cpu, None);
+    }
 }
