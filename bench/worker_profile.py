@@ -169,6 +169,15 @@ def main():
               f"{cpu:.1f} us, stage {stage:.1f} us, freeing {freeing:.1f} us, overhead "
               f"{cpu - stage - freeing:.1f} us, {sent:.0f} bytes sent; stage and freeing over "
               f"the worker's CPU {(stage + freeing) / cpu:.3f}")
+        sampled = m1.get("lode_worker_stage_cpu_steps_total", 0) - m0.get(
+            "lode_worker_stage_cpu_steps_total", 0)
+        if sampled > 0:
+            # perf's sampling interrupts the worker too, and its own process takes a CPU:
+            # the stage's wall time can read high here, its CPU clock less so.
+            print(f"  the stage by its thread's CPU clock ({sampled:.0f} steps): "
+                  f"{delta('lode_worker_stage_cpu_seconds_total') / sampled * 1e6:.1f} us a "
+                  f"step, against {delta('lode_worker_stage_cpu_wall_seconds_total') / sampled * 1e6:.1f}"
+                  f" us of wall time on the same steps")
         if perf:
             parts, rest, total = split(perf_data)
             print(f"perf: {total} samples of the worker's threads; share of them and µs per "
