@@ -76,14 +76,14 @@ pub struct WorkerStats {
     /// Steps the stage computed (a step recomputed after its lease expired counts again).
     pub steps_computed: AtomicU64,
     /// The stage's time over those steps (wall time of each step's run), in nanoseconds.
-    /// It counts the time the stage's thread waited for a CPU while another process ran
-    /// (on a busy machine, a tenth and more of it): see `stage_cpu_ns`.
+    /// A wait of the stage's thread for a CPU mid-stage would count too: `stage_cpu_ns`
+    /// checks that on a sample of the steps.
     pub compute_ns: AtomicU64,
     /// The stage's own CPU time (its thread's CPU clock) on a sample of the steps, one in
     /// [`STAGE_CPU_SAMPLE`], in nanoseconds; `stage_cpu_steps` counts them. Unlike
-    /// `compute_ns` it leaves out the waits for a CPU: this, not `compute_ns`, is what the
-    /// stage costs against the process's CPU. Sampled because the thread's clock is a system
-    /// call, where the wall clock is not.
+    /// `compute_ns` it leaves out any wait for a CPU, and reads a little high by the clock's
+    /// own system calls (less the least a pair of reads costs). Sampled because the thread's
+    /// clock is a system call, where the wall clock is not.
     pub stage_cpu_ns: AtomicU64,
     /// The steps `stage_cpu_ns` timed.
     pub stage_cpu_steps: AtomicU64,
@@ -129,15 +129,19 @@ impl WorkerStats {
     }
 }
 
+/// One step in `2^STAGE_CPU_SAMPLE_BITS` has its stage timed by its thread's CPU clock too.
+const STAGE_CPU_SAMPLE_BITS: u32 = 6;
+
 /// One step in this many has its stage timed by its thread's CPU clock too
 /// ([`WorkerStats::stage_cpu_ns`]).
-pub const STAGE_CPU_SAMPLE: u64 = 64;
+pub const STAGE_CPU_SAMPLE: u64 = 1 << STAGE_CPU_SAMPLE_BITS;
 
 /// Whether global step `global`'s stage is timed by its thread's CPU clock: one step in
-/// [`STAGE_CPU_SAMPLE`], picked by a hash of its number. Not every 64th step computed: that
-/// one would always open a burst, right after the send, with colder caches than the rest.
+/// [`STAGE_CPU_SAMPLE`], picked by a hash of its number (the top bits of a Fibonacci hash).
+/// Not every 64th step computed: that one would always open a burst, right after the send,
+/// with colder caches than the rest.
 fn cpu_sampled(global: u64) -> bool {
-    global.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58 == 0
+    global.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - STAGE_CPU_SAMPLE_BITS) == 0
 }
 
 /// The calling thread's CPU time so far.
