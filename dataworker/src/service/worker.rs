@@ -881,6 +881,14 @@ async fn run_step(
     // A parked step was computed before the receiver's `RETRY`: its frame is sent again.
     let pending = match out.parked.remove(&global) {
         Some(pending) => pending,
+        // A step back from parking holds no records (the state keeps none, see
+        // `WorkerState::next_step`): its frame must be here, never a stage run on nothing.
+        None if held.records.is_empty() => {
+            return Err(bad(
+                "the outbox",
+                format!("step {global} came back from parking without its frame"),
+            ))
+        }
         None => match compute_step(ctx, state, held, receiver, shutdown).await? {
             Some(msg) => encode(ctx, out, msg)?,
             None => return Ok(false),

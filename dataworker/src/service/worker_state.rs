@@ -446,13 +446,18 @@ impl WorkerState {
             return None;
         }
         let (queued, ready) = self.runnable(now);
-        let (step, compute) = match (queued, ready) {
+        let (mut step, compute) = match (queued, ready) {
             (Some(q), Some(p)) if p < q => self.unpark(p)?,
             (None, Some(p)) => self.unpark(p)?,
             (Some(_), _) => (self.queued.pop_front()?, Duration::ZERO),
             (None, None) => return None,
         };
+        // The state's copy goes without the records: only the stage reads them, and a step
+        // that comes back (parked) is sent from its kept frame, not run again. A copy with
+        // them would be an allocation and a copy of the record ids at every step.
+        let records = std::mem::take(&mut step.records);
         self.running.push((step.clone(), compute));
+        step.records = records;
         Some(step)
     }
 
@@ -1321,6 +1326,28 @@ mod tests {
         assert!(!w.is_parked(78));
         assert_eq!(w.abandoned(), 1);
         assert_eq!(w.outstanding(), 2, "60 and 77 delivered, to be reported");
+    }
+
+    #[test]
+    fn a_fresh_step_comes_with_its_records_and_a_parked_one_without() {
+        let t0 = Instant::now();
+        let far = t0 + Duration::from_secs(10);
+        let mut w = WorkerState::new(8);
+        assert_eq!(w.next_lease(t0), Some(1));
+        w.leased(vec![step(5, far)], Duration::from_millis(1));
+        let fresh = w.next_step(t0).expect("queued");
+        assert_eq!(fresh.records, vec![5], "the stage reads them");
+        w.computed(Duration::from_micros(40));
+        w.sent();
+        let pause = Duration::from_millis(20);
+        assert_eq!(w.pushed(PushAnswer::Retry(pause), t0), PushNext::Parked);
+        let back = w.next_step(t0 + pause).expect("its pause ended");
+        assert_eq!(back.global, 5);
+        assert!(
+            back.records.is_empty(),
+            "sent again from its kept frame, never run again: {:?}",
+            back.records
+        );
     }
 
     /// A burst answered `RETRY` past the receiver's window: the next burst's steps above a
