@@ -15,6 +15,9 @@ small job:
     exec-cpu     `lode exec --threads 1`: samples per CPU-second
     worker-eff   one worker's samples per CPU-second against `lode exec --threads 1`'s, in
                  alternating windows on one running job (the job stopped while exec runs)
+    exec-transport
+                 `lode exec --transport none|encode|loopback` in alternating runs: a stage's
+                 CPU with its frame's encoding and send, without the rest of a worker
     table        results.jsonl -> the markdown tables (medians over rounds)
 
 The tf.data pipeline is the fixture's own (fixtures/gen/generate.py: the reader, batch(32,
@@ -132,13 +135,17 @@ def plural(n):
     return f"{n} worker" if n == 1 else f"{n} workers"
 
 
+def append_json(path, row):
+    """Appends `row` to the JSON-lines file `path`."""
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
 def emit(path, row):
     if not row.get("samples_per_sec"):
         die(f"{row.get('model')}: {row.get('config')}: no samples delivered")
-    line = json.dumps(row)
-    print(line, flush=True)
-    with open(path, "a") as f:
-        f.write(line + "\n")
+    print(json.dumps(row), flush=True)
+    append_json(path, row)
 
 
 # --------------------------------------------------------------------------- data
@@ -860,8 +867,7 @@ def cmd_worker_eff(args):
                                                              for r in timed)
         summary["stage_cpu_over_wall_median"] = statistics.median(r["stage_cpu_over_wall"]
                                                                   for r in timed)
-    with open(args.out, "a") as f:
-        f.write(json.dumps(summary) + "\n")
+    append_json(args.out, summary)
     print(f"{args.model} {args.cut}: worker {summary['worker_samples_per_cpu_sec']:,.0f} / "
           f"exec {summary['exec_samples_per_cpu_sec']:,.0f} samples per CPU-s; ratio median "
           f"{summary['ratio_median']:.2f} (rounds {summary['ratio_min']:.2f}-"
@@ -878,6 +884,48 @@ def cmd_worker_eff(args):
         print(f"    the stage by its thread's CPU clock (1 step in 64): "
               f"{summary['stage_cpu_us_per_step']:.1f} us a step, "
               f"{summary['stage_cpu_over_wall_median']:.2f} of its wall time on the same steps")
+
+
+def cmd_exec_transport(args):
+    """`lode exec --transport` in alternating short runs: the stepping thread's CPU a step
+    with nothing sent, with each step's frame encoded, and encoded and written to loopback in
+    bursts, round by round (a host whose speed drifts weighs on the three alike). Each
+    round's ratio of nothing sent over the other two is the share of a worker's CPU its stage
+    would have with no cost besides its frame: a worker's ceiling on the target's ratio."""
+    modes = ("none", "encode", "loopback")
+    rows = []
+    for r in range(1, args.rounds + 1):
+        row = {"round": r}
+        for mode in modes:
+            cmd = [args.lode, "exec", args.plan, "--stage", str(args.stage), "--steps",
+                   str(args.steps), "--transport", mode, "--format", "json"]
+            p = subprocess.run(cmd, capture_output=True)
+            if p.returncode != 0:
+                die(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr.decode()[-2000:]}")
+            report = json.loads(p.stdout.decode().strip().splitlines()[-1])
+            row[mode] = report["sending"]["cpu_us_per_step"]
+            row[mode + "_stage"] = report["sending"]["stage_us_per_step"]
+            row[mode + "_bytes"] = report["sending"]["bytes"] / max(report["steps"], 1)
+        rows.append(row)
+    summary = {"model": args.model, "cut": args.cut, "rounds": len(rows), "steps": args.steps}
+    for mode in modes:
+        summary[f"{mode}_us_per_step"] = statistics.median(r[mode] for r in rows)
+        summary[f"{mode}_stage_us_per_step"] = statistics.median(r[mode + "_stage"] for r in rows)
+    for mode in ("encode", "loopback"):
+        shares = [r["none"] / r[mode] for r in rows]
+        summary[f"ceiling_{mode}_median"] = statistics.median(shares)
+        summary[f"ceiling_{mode}_min"] = min(shares)
+        summary[f"ceiling_{mode}_max"] = max(shares)
+    summary["bytes_per_step"] = rows[-1]["loopback_bytes"]
+    summary["rounds_detail"] = rows
+    append_json(args.out, summary)
+    print(f"{args.model} {args.cut}: the stepping thread's CPU a step (medians of "
+          f"{len(rows)} rounds of {args.steps} steps): nothing sent "
+          f"{summary['none_us_per_step']:.2f} us, encoded {summary['encode_us_per_step']:.2f}, "
+          f"encoded and written to loopback {summary['loopback_us_per_step']:.2f} "
+          f"({summary['bytes_per_step']:.0f} bytes a step); nothing sent over the others "
+          f"{summary['ceiling_encode_median']:.3f} and {summary['ceiling_loopback_median']:.3f} "
+          f"(rounds {summary['ceiling_loopback_min']:.3f}-{summary['ceiling_loopback_max']:.3f})")
 
 
 # --------------------------------------------------------------------------- the table
@@ -982,6 +1030,18 @@ def targets(groups):
 # --------------------------------------------------------------------------- main
 
 
+def plan_command(sub, name):
+    """A subcommand that runs `lode` on one cut's plan: --lode, --plan, --stage, --model,
+    --cut."""
+    p = sub.add_parser(name)
+    p.add_argument("--lode", required=True)
+    p.add_argument("--plan", required=True)
+    p.add_argument("--stage", type=int, default=0)
+    p.add_argument("--model", required=True)
+    p.add_argument("--cut", required=True)
+    return p
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -1019,21 +1079,11 @@ def main():
             p.add_argument("--label", required=True)
             p.add_argument("--model", required=True)
             p.add_argument("--cut", required=True)
-    p = sub.add_parser("exec-cpu")
-    p.add_argument("--lode", required=True)
-    p.add_argument("--plan", required=True)
-    p.add_argument("--stage", type=int, default=0)
+    p = plan_command(sub, "exec-cpu")
     p.add_argument("--steps", type=int, default=3000)
-    p.add_argument("--model", required=True)
-    p.add_argument("--cut", required=True)
     p.add_argument("--round", type=int, default=1)
     p.add_argument("--out", required=True)
-    p = sub.add_parser("worker-eff")
-    p.add_argument("--lode", required=True)
-    p.add_argument("--plan", required=True)
-    p.add_argument("--stage", type=int, default=0)
-    p.add_argument("--model", required=True)
-    p.add_argument("--cut", required=True)
+    p = plan_command(sub, "worker-eff")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--warmup", type=float, default=2.0, help="seconds before the first window")
     p.add_argument("--window", type=float, default=2.0, help="seconds of each worker window")
@@ -1042,12 +1092,17 @@ def main():
     p.add_argument("--min-exec-steps", type=int, default=100,
                    help="the fewest steps of a round's exec run (else: the window's steps)")
     p.add_argument("--out", required=True, help="results.jsonl (appended)")
+    p = plan_command(sub, "exec-transport")
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--steps", type=int, default=12000, help="steps of each run")
+    p.add_argument("--out", required=True, help="results.jsonl (appended)")
     p = sub.add_parser("table")
     p.add_argument("results")
     args = ap.parse_args()
     {"prepare": cmd_prepare, "check": cmd_check, "tf-dispatcher": cmd_tf_dispatcher,
      "tf-worker": cmd_tf_worker, "tf-consume": cmd_tf_consume, "lode-sample": cmd_lode_sample,
-     "exec-cpu": cmd_exec_cpu, "worker-eff": cmd_worker_eff, "table": cmd_table}[args.cmd](args)
+     "exec-cpu": cmd_exec_cpu, "worker-eff": cmd_worker_eff,
+     "exec-transport": cmd_exec_transport, "table": cmd_table}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -203,9 +203,23 @@ pub struct ExecArgs {
     /// `ignore_errors()` does, instead of failing.
     #[arg(long)]
     pub ignore_errors: bool,
+    /// Run the steps one after another on one thread and report its CPU a step, doing with
+    /// each step's send tensors what a worker does: nothing (none), encode its frame (encode),
+    /// or encode and write it to a loopback connection in bursts (loopback). Compares a
+    /// worker's stage with its frame's cost, without the rest of a worker.
+    #[arg(long, value_enum, value_name = "WHAT")]
+    pub transport: Option<TransportArg>,
     /// Report format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text, env = "LODE_FORMAT")]
     pub format: OutputFormat,
+}
+
+/// `lode exec --transport`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TransportArg {
+    None,
+    Encode,
+    Loopback,
 }
 
 /// A duration like `10ms`, `1.5s`, `250us` or `0`.

@@ -3,13 +3,13 @@
 //! plans that describe their chain).
 
 use anyhow::{bail, Context as _};
-use lode_dataworker::exec::local::run_steps;
+use lode_dataworker::exec::local::{run_steps, run_steps_sending, Transport};
 use lode_dataworker::exec::stage::sequential_records;
 use lode_dataworker::exec::{ExecOptions, Stage};
 use lode_dispatcher::DispatcherConfig;
 use lode_proto::plan::PlanDir;
 
-use crate::cli::{ExecArgs, OutputFormat};
+use crate::cli::{ExecArgs, OutputFormat, TransportArg};
 
 pub fn run_exec(args: ExecArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
     let plan = PlanDir::open(&args.plan)?;
@@ -21,9 +21,20 @@ pub fn run_exec(args: ExecArgs, out: &mut dyn std::io::Write) -> anyhow::Result<
             args.stage
         );
     }
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+    if args.transport.is_some() {
+        if args.threads.is_some_and(|t| t != 1) {
+            bail!("--transport runs the steps on one thread: --threads must be 1 or left out");
+        }
+        if args.dump.is_some() {
+            bail!("--transport and --dump go separately: the dump keeps every step's tensors");
+        }
+    }
+    let threads = match (args.transport, args.threads) {
+        // One thread, the stages' own parallelism off too: its CPU clock sees all the work.
+        (Some(_), _) => 1,
+        (None, Some(threads)) => threads,
+        (None, None) => std::thread::available_parallelism().map_or(1, usize::from),
+    };
     if threads == 0 {
         bail!("--threads must be at least 1");
     }
@@ -65,8 +76,19 @@ pub fn run_exec(args: ExecArgs, out: &mut dyn std::io::Write) -> anyhow::Result<
         DispatcherConfig::program_steps(source, epoch_len, wanted)
             .with_context(|| format!("{name}: the order"))?
     };
-    let report =
-        run_steps(&stages, steps, &pool, args.dump.as_deref()).with_context(|| name.clone())?;
+    let report = match args.transport {
+        None => run_steps(&stages, steps, &pool, args.dump.as_deref()),
+        Some(transport) => run_steps_sending(
+            &stages,
+            steps,
+            match transport {
+                TransportArg::None => Transport::None,
+                TransportArg::Encode => Transport::Encode,
+                TransportArg::Loopback => Transport::Loopback,
+            },
+        ),
+    }
+    .with_context(|| name.clone())?;
     if report.steps < args.steps {
         let available = report.steps;
         tracing::warn!(

@@ -27,6 +27,7 @@
 //!   train`).
 //! - [`synthetic`]: synthetic one-stage plans whose step takes a fixed time (benchmarks, the
 //!   scheduler's live tests).
+//! - [`clock`]: the calling thread's CPU clock.
 //! - [`error`]: the crate's [`Error`].
 //!
 //! # Invariants
@@ -42,6 +43,7 @@
 //!
 //! This crate depends on lode-proto and on nothing else of Lode's.
 
+pub mod clock;
 pub mod convert;
 pub mod error;
 pub mod exec;

@@ -434,3 +434,76 @@ fn ops_without_a_kernel_stay_in_training_or_are_refused_when_strict() {
         &["no kernel", "Expm1", "used by"],
     );
 }
+
+#[test]
+fn a_transport_run_counts_the_frames_it_encodes_and_sends_and_refuses_threads_and_dump() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let plan = tmp.path().join("plan");
+    partition(&fixtures().join("sgd_ref"), &plan);
+    let mut bytes = Vec::new();
+    for (transport, frames) in [("none", 0), ("encode", 12), ("loopback", 12)] {
+        let out = ok(&exec(
+            &plan,
+            &[
+                "--steps",
+                "12",
+                "--transport",
+                transport,
+                "--format",
+                "json",
+            ],
+        ));
+        let report: serde_json::Value =
+            serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+        assert_eq!(report["steps"], 12, "{out}");
+        assert_eq!(report["threads"], 1, "{out}");
+        let sent = &report["sending"];
+        assert_eq!(sent["transport"], transport, "{out}");
+        assert_eq!(sent["frames"], frames, "{out}");
+        assert!(
+            sent["cpu_us_per_step"].as_f64().is_some_and(|us| us > 0.0),
+            "{out}"
+        );
+        assert!(
+            sent["stage_us_per_step"]
+                .as_f64()
+                .is_some_and(|us| us > 0.0),
+            "{out}"
+        );
+        bytes.push(sent["bytes"].as_u64().expect("bytes"));
+    }
+    assert_eq!(bytes[0], 0, "nothing encoded");
+    // Each frame holds a step's 32 x 4 floats and 32 labels at least, after its prefix.
+    assert!(bytes[1] > 12 * (4 + 32 * 5 * 4), "{bytes:?}");
+    assert_eq!(bytes[1], bytes[2], "loopback writes what encode makes");
+
+    let out = exec(
+        &plan,
+        &["--steps", "2", "--transport", "loopback", "--threads", "2"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("--threads must be 1"),
+        "{}",
+        stderr(&out)
+    );
+    let dump = tmp.path().join("dump");
+    let out = exec(
+        &plan,
+        &[
+            "--steps",
+            "2",
+            "--transport",
+            "encode",
+            "--dump",
+            dump.to_str().expect("UTF-8"),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("--transport and --dump"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!dump.exists(), "nothing dumped");
+}

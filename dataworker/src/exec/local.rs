@@ -25,6 +25,14 @@ pub enum LocalRunError {
     },
     #[error("{}: the dump directory exists and is not empty", dir.display())]
     DumpNotEmpty { dir: PathBuf },
+    #[error("the loopback connection of --transport loopback: {0}")]
+    Loopback(#[source] std::io::Error),
+    #[error("step {step}: cannot encode its frame: {source}")]
+    Encode {
+        step: u64,
+        #[source]
+        source: crate::transfer::TransferError,
+    },
     #[error("cannot write {}: {source}", path.display())]
     Dump {
         path: PathBuf,
@@ -48,6 +56,49 @@ pub struct LocalReport {
     pub samples_per_sec: f64,
     pub steps_per_sec: f64,
     pub threads: usize,
+    /// The run's sending, with [`run_steps_sending`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sending: Option<SendingReport>,
+}
+
+/// What [`run_steps_sending`] does with each step besides computing it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Nothing: the step's tensors are freed as in a plain run.
+    None,
+    /// Encoded into a frame as a worker does for a receiver on its machine (no checksum),
+    /// then the tensors freed.
+    Encode,
+    /// Encoded, and written to a loopback TCP connection in bursts of a worker's most
+    /// ([`crate::service::worker_state::MAX_BURST`] frames, one vectored write each); a
+    /// thread of this process reads and drops them.
+    Loopback,
+}
+
+impl Transport {
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::None => "none",
+            Transport::Encode => "encode",
+            Transport::Loopback => "loopback",
+        }
+    }
+}
+
+/// The sending side of a [`run_steps_sending`] run, per step.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SendingReport {
+    pub transport: &'static str,
+    /// The stepping thread's CPU a step: the stages, the freeing, and the encoding and the
+    /// send when the transport has them (on loopback the kernel's receiving half of TCP runs
+    /// in the sender's system call too). The reading thread's CPU is not in it.
+    pub cpu_us_per_step: f64,
+    /// The stages' wall time a step.
+    pub stage_us_per_step: f64,
+    pub frames: u64,
+    /// The frames' bytes with their 4-byte length prefixes (what loopback writes; all of it
+    /// is read back before the run ends).
+    pub bytes: u64,
 }
 
 /// One step's result: the records it took and whether it produced the last stage's send
@@ -216,6 +267,171 @@ impl LocalReport {
         if let Some(dir) = dump {
             s.push_str(&format!("wrote {}\n", dir.display()));
         }
+        if let Some(sent) = &self.sending {
+            s.push_str(&format!(
+                "transport {}: {:.2} us of the thread's CPU a step, the stages {:.2} us; {} frames, {} bytes\n",
+                sent.transport, sent.cpu_us_per_step, sent.stage_us_per_step, sent.frames, sent.bytes
+            ));
+        }
         s
+    }
+}
+
+/// Runs `steps` through `stages` one after another on the calling thread, doing with each
+/// step's send tensors what `transport` says, and reports the thread's CPU a step beside the
+/// stages' time: what a worker's stage costs with its frame's encoding and send (a worker's
+/// floor, without its leases, answers and bookkeeping), against the same loop with nothing
+/// sent. The frames are encoded as for a receiver on this machine; a frame's bytes are the
+/// data plane's (length prefix, frame).
+pub fn run_steps_sending(
+    stages: &[Stage],
+    steps: impl Iterator<Item = (u64, Vec<u64>)>,
+    transport: Transport,
+) -> Result<LocalReport, LocalRunError> {
+    use crate::service::worker_state::MAX_BURST;
+    use crate::transfer::codec::{CodecConfig, OwnedFrame, StepEncoder, StepMessage};
+
+    let mut link = match transport {
+        Transport::Loopback => Some(LoopbackSink::open().map_err(LocalRunError::Loopback)?),
+        Transport::None | Transport::Encode => None,
+    };
+    let mut encoder = StepEncoder::new(CodecConfig::default());
+    let mut burst: Vec<OwnedFrame> = Vec::with_capacity(MAX_BURST);
+    let mut report = LocalReport {
+        stage: stages.len().saturating_sub(1),
+        threads: 1,
+        ..LocalReport::default()
+    };
+    let mut sending = SendingReport {
+        transport: transport.name(),
+        ..SendingReport::default()
+    };
+    let mut stage_time = std::time::Duration::ZERO;
+    let started = Instant::now();
+    let cpu_before = crate::clock::thread_cpu();
+    for (s, records) in steps {
+        let computing = Instant::now();
+        let result = run_step(stages, &records, transport != Transport::None)
+            .map_err(|source| LocalRunError::Step { step: s, source })?;
+        stage_time += computing.elapsed();
+        report.steps += 1;
+        report.samples += result.samples;
+        report.skipped_records += result.skipped;
+        if !result.produced {
+            report.skipped_steps += 1;
+        }
+        let Some(tensors) = result.tensors else {
+            continue;
+        };
+        let tensors: Vec<Tensor> = tensors
+            .into_iter()
+            .map(|t| Arc::try_unwrap(t).unwrap_or_else(|shared| (*shared).clone()))
+            .collect();
+        let mut msg = StepMessage {
+            job: 0,
+            stage: u32::try_from(report.stage).unwrap_or(u32::MAX),
+            step: s,
+            epoch: 0,
+            records,
+            tensors,
+        };
+        let frame = encoder
+            .encode_owned_for(&mut msg, true)
+            .map_err(|source| LocalRunError::Encode { step: s, source })?;
+        drop(msg);
+        sending.frames += 1;
+        sending.bytes += 4 + frame.len() as u64;
+        burst.push(frame);
+        if burst.len() >= MAX_BURST {
+            if let Some(link) = &mut link {
+                link.write(&burst).map_err(LocalRunError::Loopback)?;
+            }
+            burst.clear();
+        }
+    }
+    if let Some(mut link) = link {
+        link.write(&burst).map_err(LocalRunError::Loopback)?;
+        burst.clear();
+        let read = link.close().map_err(LocalRunError::Loopback)?;
+        if read != sending.bytes {
+            return Err(LocalRunError::Loopback(std::io::Error::other(format!(
+                "the reader took {read} of the {} bytes written",
+                sending.bytes
+            ))));
+        }
+    }
+    let cpu = crate::clock::thread_cpu().saturating_sub(cpu_before);
+    report.seconds = started.elapsed().as_secs_f64();
+    if report.steps > 0 {
+        let n = report.steps as f64;
+        sending.cpu_us_per_step = cpu.as_secs_f64() / n * 1e6;
+        sending.stage_us_per_step = stage_time.as_secs_f64() / n * 1e6;
+    }
+    if report.seconds > 0.0 {
+        report.samples_per_sec = report.samples as f64 / report.seconds;
+        report.steps_per_sec = report.steps as f64 / report.seconds;
+    }
+    report.sending = Some(sending);
+    Ok(report)
+}
+
+/// A loopback TCP connection whose far end a thread reads and drops.
+struct LoopbackSink {
+    stream: std::net::TcpStream,
+    reader: std::thread::JoinHandle<std::io::Result<u64>>,
+}
+
+impl LoopbackSink {
+    fn open() -> std::io::Result<Self> {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+        let stream = std::net::TcpStream::connect(listener.local_addr()?)?;
+        stream.set_nodelay(true)?;
+        let (mut far, _) = listener.accept()?;
+        let reader = std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = vec![0u8; 1 << 18];
+            let mut total = 0u64;
+            loop {
+                match far.read(&mut buf) {
+                    Ok(0) => return Ok(total),
+                    Ok(n) => total += n as u64,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        });
+        Ok(LoopbackSink { stream, reader })
+    }
+
+    /// Writes the frames, each after its 4-byte length, in vectored writes.
+    fn write(&mut self, frames: &[crate::transfer::codec::OwnedFrame]) -> std::io::Result<()> {
+        use std::io::{IoSlice, Write};
+        let prefixes: Vec<[u8; 4]> = frames
+            .iter()
+            .map(|f| u32::try_from(f.len()).unwrap_or(u32::MAX).to_le_bytes())
+            .collect();
+        let mut slices: Vec<IoSlice<'_>> = Vec::new();
+        for (frame, prefix) in frames.iter().zip(&prefixes) {
+            slices.push(IoSlice::new(prefix));
+            slices.extend(frame.slices().map(IoSlice::new));
+        }
+        let mut unsent: &mut [IoSlice<'_>] = &mut slices;
+        while !unsent.is_empty() {
+            let n = self.stream.write_vectored(unsent)?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            IoSlice::advance_slices(&mut unsent, n);
+        }
+        Ok(())
+    }
+
+    /// Closes the connection and waits for the reader, which must have read every byte.
+    fn close(self) -> std::io::Result<u64> {
+        self.stream.shutdown(std::net::Shutdown::Write)?;
+        drop(self.stream);
+        self.reader
+            .join()
+            .map_err(|_| std::io::Error::other("the loopback reader panicked"))?
     }
 }

@@ -35,6 +35,7 @@ use lode_proto::tls::ClientTls;
 use super::data_plane::{DataPlaneClient, DataPlaneError};
 use super::worker_state::{Delivered, End, HeldStep, PushAnswer, PushNext, WorkerState};
 use super::ServiceError;
+use crate::clock::thread_cpu;
 use crate::exec::{ExecOptions, Stage, StepInput};
 use crate::tensor::Tensor;
 use crate::transfer::{
@@ -142,15 +143,6 @@ pub const STAGE_CPU_SAMPLE: u64 = 1 << STAGE_CPU_SAMPLE_BITS;
 /// with colder caches than the rest.
 fn cpu_sampled(global: u64) -> bool {
     global.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - STAGE_CPU_SAMPLE_BITS) == 0
-}
-
-/// The calling thread's CPU time so far.
-fn thread_cpu() -> Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    Duration::new(
-        u64::try_from(t.tv_sec).unwrap_or(0),
-        u32::try_from(t.tv_nsec).unwrap_or(0),
-    )
 }
 
 /// What a pair of [`thread_cpu`] reads counts by itself (the way out of the first system

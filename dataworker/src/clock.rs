@@ -1,0 +1,32 @@
+//! The calling thread's CPU clock: what a piece of work cost in CPU, whatever else ran on the
+//! machine meanwhile (the wall clock counts the waits for a CPU too).
+
+use std::time::Duration;
+
+/// The calling thread's CPU time so far (a system call; the wall clock is not one).
+pub fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(
+        u64::try_from(t.tv_sec).unwrap_or(0),
+        u32::try_from(t.tv_nsec).unwrap_or(0),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_thread_clock_counts_work_and_not_sleep() {
+        let before = thread_cpu();
+        std::thread::sleep(Duration::from_millis(20));
+        let slept = thread_cpu().saturating_sub(before);
+        assert!(slept < Duration::from_millis(5), "asleep, yet {slept:?}");
+        let before = thread_cpu();
+        let mut x = 0u64;
+        while thread_cpu().saturating_sub(before) < Duration::from_millis(5) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        assert!(x > 0);
+    }
+}
