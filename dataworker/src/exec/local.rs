@@ -207,22 +207,34 @@ pub fn run_steps(
         report.seconds += started.elapsed().as_secs_f64();
         for r in results {
             let (s, result) = r?;
-            report.steps += 1;
-            report.samples += result.samples;
-            report.skipped_records += result.skipped;
-            if !result.produced {
-                report.skipped_steps += 1;
-            }
+            report.count(&result);
             if let (Some(dir), Some(tensors)) = (dump, &result.tensors) {
                 write_dump(dir, s, tensors)?;
             }
         }
     }
-    if report.seconds > 0.0 {
-        report.samples_per_sec = report.samples as f64 / report.seconds;
-        report.steps_per_sec = report.steps as f64 / report.seconds;
-    }
+    report.set_rates();
     Ok(report)
+}
+
+impl LocalReport {
+    /// Counts a step run.
+    fn count(&mut self, result: &StepResult) {
+        self.steps += 1;
+        self.samples += result.samples;
+        self.skipped_records += result.skipped;
+        if !result.produced {
+            self.skipped_steps += 1;
+        }
+    }
+
+    /// The rates over `seconds`.
+    fn set_rates(&mut self) {
+        if self.seconds > 0.0 {
+            self.samples_per_sec = self.samples as f64 / self.seconds;
+            self.steps_per_sec = self.steps as f64 / self.seconds;
+        }
+    }
 }
 
 /// Writes step `s`'s tensors to `dir/step_s/k.pb`.
@@ -314,19 +326,11 @@ pub fn run_steps_sending(
         let result = run_step(stages, &records, transport != Transport::None)
             .map_err(|source| LocalRunError::Step { step: s, source })?;
         stage_time += computing.elapsed();
-        report.steps += 1;
-        report.samples += result.samples;
-        report.skipped_records += result.skipped;
-        if !result.produced {
-            report.skipped_steps += 1;
-        }
+        report.count(&result);
         let Some(tensors) = result.tensors else {
             continue;
         };
-        let tensors: Vec<Tensor> = tensors
-            .into_iter()
-            .map(|t| Arc::try_unwrap(t).unwrap_or_else(|shared| (*shared).clone()))
-            .collect();
+        let tensors = crate::exec::stage::owned_tensors(tensors);
         let mut msg = StepMessage {
             job: 0,
             stage: u32::try_from(report.stage).unwrap_or(u32::MAX),
@@ -367,10 +371,7 @@ pub fn run_steps_sending(
         sending.cpu_us_per_step = cpu.as_secs_f64() / n * 1e6;
         sending.stage_us_per_step = stage_time.as_secs_f64() / n * 1e6;
     }
-    if report.seconds > 0.0 {
-        report.samples_per_sec = report.samples as f64 / report.seconds;
-        report.steps_per_sec = report.steps as f64 / report.seconds;
-    }
+    report.set_rates();
     report.sending = Some(sending);
     Ok(report)
 }
@@ -403,18 +404,13 @@ impl LoopbackSink {
         Ok(LoopbackSink { stream, reader })
     }
 
-    /// Writes the frames, each after its 4-byte length, in vectored writes.
+    /// Writes the frames as the data plane does (each after its length prefix), in vectored
+    /// writes.
     fn write(&mut self, frames: &[crate::transfer::codec::OwnedFrame]) -> std::io::Result<()> {
+        use crate::service::data_plane::{burst_slices, frame_prefixes};
         use std::io::{IoSlice, Write};
-        let prefixes: Vec<[u8; 4]> = frames
-            .iter()
-            .map(|f| u32::try_from(f.len()).unwrap_or(u32::MAX).to_le_bytes())
-            .collect();
-        let mut slices: Vec<IoSlice<'_>> = Vec::new();
-        for (frame, prefix) in frames.iter().zip(&prefixes) {
-            slices.push(IoSlice::new(prefix));
-            slices.extend(frame.slices().map(IoSlice::new));
-        }
+        let prefixes = frame_prefixes(frames).map_err(std::io::Error::other)?;
+        let mut slices = burst_slices(frames, &prefixes);
         let mut unsent: &mut [IoSlice<'_>] = &mut slices;
         while !unsent.is_empty() {
             let n = self.stream.write_vectored(unsent)?;

@@ -51,6 +51,15 @@ pub struct StepOutput {
     pub skipped: u64,
 }
 
+/// A step's send tensors out of their `Arc`s, to be moved into its frame: taken where the
+/// stage holds no other reference (the usual case), copied where it does.
+pub fn owned_tensors(tensors: Vec<Arc<Tensor>>) -> Vec<Tensor> {
+    tensors
+        .into_iter()
+        .map(|t| Arc::try_unwrap(t).unwrap_or_else(|shared| (*shared).clone()))
+        .collect()
+}
+
 /// A stage compiled from its graph.
 #[derive(Debug)]
 pub struct Stage {

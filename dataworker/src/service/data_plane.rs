@@ -246,18 +246,9 @@ impl DataPlaneClient {
     /// unless the socket's buffer fills or the pieces pass the system's limit per call),
     /// without waiting for their answers: one answer per frame follows, in the same order.
     pub async fn send_frames<F: Frame>(&mut self, frames: &[F]) -> Result<(), DataPlaneError> {
-        let mut prefixes = Vec::with_capacity(frames.len());
-        for frame in frames {
-            prefixes.push(frame_prefix(frame.frame_len())?);
-        }
-        let mut slices = Vec::with_capacity(
-            frames.len() + frames.iter().map(|f| f.pieces().count()).sum::<usize>(),
-        );
-        for (frame, prefix) in frames.iter().zip(&prefixes) {
-            slices.push(IoSlice::new(prefix));
-            slices.extend(frame.pieces().map(IoSlice::new));
-        }
-        self.write_slices(&mut slices).await
+        let prefixes = frame_prefixes(frames)?;
+        self.write_slices(&mut burst_slices(frames, &prefixes))
+            .await
     }
 
     /// Sends the frame made of `pieces` with vectored writes, then reads the answer.
@@ -349,6 +340,26 @@ async fn fill_answers(
         answers.extend_from_slice(&chunk[..n]);
     }
     Ok(())
+}
+
+/// The length prefixes of a burst's frames, or the error for the first one over the limit.
+pub(crate) fn frame_prefixes<F: Frame>(frames: &[F]) -> Result<Vec<[u8; 4]>, DataPlaneError> {
+    frames.iter().map(|f| frame_prefix(f.frame_len())).collect()
+}
+
+/// A burst's bytes on the wire, in order: each frame's prefix (from [`frame_prefixes`]), then
+/// its pieces.
+pub(crate) fn burst_slices<'a, F: Frame>(
+    frames: &'a [F],
+    prefixes: &'a [[u8; 4]],
+) -> Vec<IoSlice<'a>> {
+    let mut slices =
+        Vec::with_capacity(frames.len() + frames.iter().map(|f| f.pieces().count()).sum::<usize>());
+    for (frame, prefix) in frames.iter().zip(prefixes) {
+        slices.push(IoSlice::new(prefix));
+        slices.extend(frame.pieces().map(IoSlice::new));
+    }
+    slices
 }
 
 /// A frame's length prefix, or the error for a frame over the limit.

@@ -35,7 +35,8 @@ use lode_proto::tls::ClientTls;
 use super::data_plane::{DataPlaneClient, DataPlaneError};
 use super::worker_state::{Delivered, End, HeldStep, PushAnswer, PushNext, WorkerState};
 use super::ServiceError;
-use crate::clock::thread_cpu;
+use crate::clock::{thread_clock_cost, thread_cpu};
+use crate::exec::stage::owned_tensors;
 use crate::exec::{ExecOptions, Stage, StepInput};
 use crate::tensor::Tensor;
 use crate::transfer::{
@@ -145,34 +146,14 @@ fn cpu_sampled(global: u64) -> bool {
     global.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - STAGE_CPU_SAMPLE_BITS) == 0
 }
 
-/// What a pair of [`thread_cpu`] reads counts by itself (the way out of the first system
-/// call and into the second): the least of a few pairs back to back, measured once.
-fn thread_clock_cost() -> Duration {
-    static COST: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *COST.get_or_init(|| {
-        (0..16)
-            .map(|_| {
-                let before = thread_cpu();
-                thread_cpu().saturating_sub(before)
-            })
-            .min()
-            .unwrap_or_default()
-    })
-}
-
 /// Runs a step's stage on this thread: its output, its wall time and, when `sampled`, its
 /// CPU time on this thread (less what the clock's reads count by themselves).
 fn timed_stage<T>(sampled: bool, run: impl FnOnce() -> T) -> (T, Duration, Option<Duration>) {
-    let cost = if sampled {
-        thread_clock_cost()
-    } else {
-        Duration::ZERO
-    };
-    let cpu = sampled.then(thread_cpu);
+    let before = sampled.then(|| (thread_clock_cost(), thread_cpu()));
     let computing = Instant::now();
     let output = run();
     let wall = computing.elapsed();
-    let cpu = cpu.map(|before| thread_cpu().saturating_sub(before).saturating_sub(cost));
+    let cpu = before.map(|(cost, at)| thread_cpu().saturating_sub(at).saturating_sub(cost));
     (output, wall, cpu)
 }
 
@@ -1048,12 +1029,7 @@ async fn compute_step(
             Ordering::Relaxed,
         );
     }
-    let tensors: Vec<Tensor> = output
-        .tensors
-        .unwrap_or_default()
-        .into_iter()
-        .map(|t| Arc::try_unwrap(t).unwrap_or_else(|shared| (*shared).clone()))
-        .collect();
+    let tensors = owned_tensors(output.tensors.unwrap_or_default());
     Ok(Some(StepMessage {
         job: ctx.job,
         stage: ctx.stage_index,
