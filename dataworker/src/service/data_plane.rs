@@ -28,8 +28,13 @@
 //! before doing other work or sending more frames: a worker with short steps sends a burst of
 //! frames in one vectored write, computes the next burst while the receiver takes this one,
 //! and reads this burst's answers before it sends the next. While the next frame's bytes have
-//! already arrived, the receiver holds a frame's answer back and writes it with the next
-//! one's, so a burst is answered with one write (and read with one read).
+//! already arrived, the receiver holds a decoded frame back (up to `MOST_HELD` of them, and
+//! about `MOST_HELD_BYTES`) and offers it to the buffer with the next ones, under one lock and
+//! with one wake-up of a consumer waiting for a step, then writes their answers together: a
+//! burst is offered a few dozen frames at a time and answered with one write (and read with
+//! one read). Few bytes
+//! missing from the connection's buffer (a length prefix, a header) come through it, in a
+//! read that also brings what follows, never in a system call of their own.
 //! The hello is checked (token in constant time, then job, then protocol version) before the
 //! receiver's buffer is touched; a refusal says why and closes the connection. A frame length
 //! over [`MAX_MESSAGE_BYTES`] is refused before anything is allocated. An uncompressed frame
@@ -46,7 +51,8 @@
 //!
 //! # Limits
 //! [`MAX_DATA_CONNECTIONS`] data-plane connections at once (one per pushing worker), each
-//! holding at most one frame; a hello must arrive within [`HELLO_TIMEOUT`].
+//! reading at most one frame and holding at most `MOST_HELD` decoded ones (about
+//! `MOST_HELD_BYTES`) whose bytes had already arrived; a hello must arrive within [`HELLO_TIMEOUT`].
 
 use std::io::IoSlice;
 use std::net::SocketAddr;
@@ -62,7 +68,7 @@ pub use lode_proto::tls::host_port;
 use super::receiver::{ReceiverService, Verdict};
 use crate::transfer::codec::stream::{self, Incoming, StreamFault};
 use crate::transfer::codec::{FrameHeader, HEADER_LEN};
-use crate::transfer::{Frame, FrameChecksum, FrameParts, StepDecoder};
+use crate::transfer::{Frame, FrameChecksum, FrameParts, StepDecoder, StepMessage};
 
 /// The first bytes of a data-plane connection.
 pub const DATA_PLANE_MAGIC: [u8; 4] = *b"LODP";
@@ -470,21 +476,21 @@ async fn read_hello(
     Ok(())
 }
 
-/// Reads a frame of `len` bytes and offers it to the receiver; the answer to send, or the
-/// connection's error (it broke or ended mid-frame). An uncompressed frame is decoded as it
-/// arrives, its values read into the tensors' memory ([`stream::read_raw_frame`]); any other
-/// is read into `frame` (cleared first; it grows with the bytes that actually arrive, by at
-/// most [`READ_CHUNK`] ahead of them, whatever the prefix said), summed as the bytes arrive,
-/// and decoded by `decoder`. An unsummed frame is taken only when `unsummed_from` is None (the
-/// peer is on this machine).
-async fn read_and_offer(
+/// Reads a frame of `len` bytes and decodes it: the message, the answer to a frame the codec
+/// refused, or the connection's error (it broke or ended mid-frame). An uncompressed frame is
+/// decoded as it arrives, its values read into the tensors' memory
+/// ([`stream::read_raw_frame`]); any other is read into `frame` (cleared first; it grows with
+/// the bytes that actually arrive, by at most [`READ_CHUNK`] ahead of them, whatever the
+/// prefix said), summed as the bytes arrive, and decoded by `decoder`. An unsummed frame is
+/// taken only when `unsummed_from` is None (the peer is on this machine).
+async fn read_frame(
     incoming: &mut Incoming<impl AsyncRead + Unpin>,
     len: u32,
     frame: &mut Vec<u8>,
     decoder: &mut StepDecoder,
     service: &ReceiverService,
     unsummed_from: Option<&str>,
-) -> std::io::Result<Option<Verdict>> {
+) -> std::io::Result<Result<StepMessage, Verdict>> {
     let len = usize::try_from(len).map_err(|_| std::io::ErrorKind::InvalidData)?;
     frame.clear();
     let mut sum = FrameChecksum::default();
@@ -505,8 +511,8 @@ async fn read_and_offer(
                 )
                 .await;
                 return match decoded {
-                    Ok(msg) => Ok(service.offer_message(msg)),
-                    Err(StreamFault::Refused(e)) => Ok(Some(service.refuse_frame(&e))),
+                    Ok(msg) => Ok(Ok(msg)),
+                    Err(StreamFault::Refused(e)) => Ok(Err(service.refuse_frame(&e))),
                     Err(StreamFault::Io(e)) => Err(e),
                 };
             }
@@ -518,7 +524,49 @@ async fn read_and_offer(
     incoming
         .read_summed(rest, frame, READ_CHUNK, &mut sum)
         .await?;
-    Ok(service.offer_frame(decoder, frame, Some(&sum)))
+    Ok(decoder
+        .decode_summed(frame, &sum)
+        .map_err(|e| service.refuse_frame(&e)))
+}
+
+/// The most decoded frames, and about the most of their bytes, a connection holds before
+/// offering them: a burst's frames already buffered are offered together (one lock, one
+/// wake-up of the consumer), a few at a time; a large frame is offered at once (held frames
+/// are outside the receiver's window, which bounds its memory).
+const MOST_HELD: usize = 64;
+const MOST_HELD_BYTES: usize = 1 << 20;
+
+/// Offers the `held` messages (see [`ReceiverService::offer_messages`]) and appends their
+/// answers to `owed`. False when the connection ends there: a message was rejected (its
+/// answer is the last owed), or the receiver was closed (a newer one replaced it: that frame
+/// and the rest are not answered, since an answer would count them as delivered; the sender
+/// sees the connection end and pushes to the receiver the dispatcher names now).
+fn offer_held(
+    service: &ReceiverService,
+    held: &mut Vec<StepMessage>,
+    owed: &mut Vec<u8>,
+    peer: Option<SocketAddr>,
+) -> bool {
+    if held.is_empty() {
+        return true;
+    }
+    for verdict in service.offer_messages(std::mem::take(held)) {
+        let Some(Verdict {
+            status,
+            retry_after_ms,
+            reason,
+        }) = verdict
+        else {
+            tracing::debug!(?peer, "data plane: the receiver was replaced; closing");
+            return false;
+        };
+        owed.extend_from_slice(&answer_bytes(status, retry_after_ms, &reason));
+        if status == PushStatus::Rejected {
+            tracing::warn!(?peer, %reason, "data plane: closing after a rejected frame");
+            return false;
+        }
+    }
+    true
 }
 
 /// Whether `ip` is a loopback address (also IPv4 in IPv6): a peer on this machine.
@@ -575,8 +623,11 @@ pub(crate) async fn serve_connection(
     let mut decoder = StepDecoder::new(max_frame_bytes());
     let mut frame = Vec::new();
     let mut incoming = Incoming::new(stream);
-    // Answers not yet written: while the next frame's bytes are already here (a worker's
-    // burst), its answer joins them, so that a burst is answered with one write.
+    // Frames decoded and not yet offered, and answers not yet written: while the next frame's
+    // bytes are already here (a worker's burst), its frame joins them, so that a burst is
+    // offered under one lock and answered with one write.
+    let mut held = Vec::new();
+    let mut held_bytes = 0;
     let mut owed = Vec::new();
     loop {
         let len = tokio::select! {
@@ -592,11 +643,13 @@ pub(crate) async fn serve_connection(
             let reason =
                 format!("a {len}-byte frame is over the limit of {MAX_MESSAGE_BYTES} bytes");
             tracing::warn!(?peer, %reason, "data plane: closing a connection");
-            owed.extend_from_slice(&answer_bytes(PushStatus::Rejected, 0, &reason));
+            if offer_held(&service, &mut held, &mut owed, peer) {
+                owed.extend_from_slice(&answer_bytes(PushStatus::Rejected, 0, &reason));
+            }
             let _ = send(incoming.get_mut(), &owed).await;
             return;
         }
-        let answer = match read_and_offer(
+        let read = read_frame(
             &mut incoming,
             len,
             &mut frame,
@@ -604,38 +657,44 @@ pub(crate) async fn serve_connection(
             &service,
             unsummed_from.as_deref(),
         )
-        .await
-        {
-            Ok(answer) => answer,
+        .await;
+        let refused = match read {
+            Ok(Ok(msg)) => {
+                held.push(msg);
+                held_bytes += usize::try_from(len).unwrap_or(usize::MAX);
+                None
+            }
+            Ok(Err(refusal)) => Some(refusal),
             Err(e) => {
                 tracing::warn!(?peer, declared = len, cause = %e, "data plane: a frame broke off; closing");
+                offer_held(&service, &mut held, &mut owed, peer);
                 let _ = send(incoming.get_mut(), &owed).await;
                 return;
             }
         };
-        // Closed: a newer receiver replaced this one. The frame is not answered (an answer
-        // would count it as delivered); the sender sees the connection end and pushes to the
-        // receiver the dispatcher names now.
-        let Some(Verdict {
-            status,
-            retry_after_ms,
-            reason,
-        }) = answer
-        else {
-            tracing::debug!(?peer, "data plane: the receiver was replaced; closing");
-            let _ = send(incoming.get_mut(), &owed).await;
-            return;
-        };
-        owed.extend_from_slice(&answer_bytes(status, retry_after_ms, &reason));
-        if status != PushStatus::Rejected && !incoming.buffered().is_empty() {
+        if refused.is_none()
+            && held.len() < MOST_HELD
+            && held_bytes < MOST_HELD_BYTES
+            && !incoming.buffered().is_empty()
+        {
             continue;
         }
+        held_bytes = 0;
+        let open = offer_held(&service, &mut held, &mut owed, peer);
+        // A refused frame ends the connection once the frames before it are answered.
+        let open = open
+            && refused.is_none_or(|refusal| {
+                tracing::warn!(?peer, reason = %refusal.reason, "data plane: closing after a rejected frame");
+                owed.extend_from_slice(&answer_bytes(
+                    refusal.status,
+                    refusal.retry_after_ms,
+                    &refusal.reason,
+                ));
+                false
+            });
         let sent = send(incoming.get_mut(), &owed).await;
         owed.clear();
-        if sent.is_err() || status == PushStatus::Rejected {
-            if status == PushStatus::Rejected {
-                tracing::warn!(?peer, %reason, "data plane: closing after a rejected frame");
-            }
+        if sent.is_err() || !open {
             return;
         }
     }

@@ -110,7 +110,29 @@ impl ReceiverService {
     /// Offers a decoded message to the buffer (see [`Self::offer_frame`]).
     pub(crate) fn offer_message(&self, msg: crate::transfer::StepMessage) -> Option<Verdict> {
         let (step, stage) = (msg.step, msg.stage);
-        Some(match self.buffer.try_push(msg) {
+        self.verdict(self.buffer.try_push(msg), step, stage)
+    }
+
+    /// Offers decoded messages in order, under one lock (see
+    /// [`SharedReceiver::try_push_all`]): each one's answer as [`Self::offer_message`] gives
+    /// it, up to the first that ends the connection (a rejected message's answer, then
+    /// nothing; or None, the receiver closed). The messages after it are dropped unoffered.
+    pub(crate) fn offer_messages(
+        &self,
+        msgs: Vec<crate::transfer::StepMessage>,
+    ) -> Vec<Option<Verdict>> {
+        let ids: Vec<(u64, u32)> = msgs.iter().map(|m| (m.step, m.stage)).collect();
+        let offers = self.buffer.try_push_all(msgs);
+        offers
+            .into_iter()
+            .zip(ids)
+            .map(|(offer, (step, stage))| self.verdict(offer, step, stage))
+            .collect()
+    }
+
+    /// The answer to a message of `step` and `stage` the buffer answered `offer`.
+    fn verdict(&self, offer: Offer, step: u64, stage: u32) -> Option<Verdict> {
+        Some(match offer {
             Offer::Accepted => Verdict::new(PushStatus::Accepted),
             Offer::Duplicate | Offer::Stale => Verdict::new(PushStatus::Duplicate),
             Offer::TooFarAhead => Verdict {

@@ -32,6 +32,10 @@ const BUFFER_BYTES: usize = 64 << 10;
 /// a frame of up to this size still comes in one read).
 const METADATA_READ: usize = 16 << 10;
 
+/// The least of a value's bytes, missing from the buffer, that are read straight into their
+/// destination; fewer come through the buffer (see [`Incoming::read_exact_into`]).
+pub(crate) const DIRECT_READ_MIN: usize = 4 << 10;
+
 /// The most a tensor's values are read in one go before they are summed: small enough that
 /// the checksum reads them from cache.
 const SUM_CHUNK: usize = 256 << 10;
@@ -110,14 +114,24 @@ impl<S: AsyncRead + Unpin> Incoming<S> {
         Ok(())
     }
 
-    /// Fills `dst` exactly: the buffered bytes first, the rest straight from the stream.
+    /// Fills `dst` exactly: the buffered bytes first, then the rest, straight from the stream
+    /// when it is `DIRECT_READ_MIN` (4 KiB) or more bytes, else through the buffer (one read that
+    /// also brings what follows: a burst's next length prefix and header, or the rest of a
+    /// small value, would otherwise each cost a system call of a few bytes).
     pub async fn read_exact_into(&mut self, dst: &mut [u8]) -> std::io::Result<()> {
         let have = self.buffered().len().min(dst.len());
         dst[..have].copy_from_slice(&self.buf[self.pos..self.pos + have]);
         self.consume(have);
-        if have < dst.len() {
-            self.stream.read_exact(&mut dst[have..]).await?;
+        let rest = &mut dst[have..];
+        if rest.is_empty() {
+            return Ok(());
         }
+        if rest.len() >= DIRECT_READ_MIN {
+            return self.stream.read_exact(rest).await.map(|_| ());
+        }
+        self.want(rest.len()).await?;
+        rest.copy_from_slice(&self.buf[self.pos..self.pos + rest.len()]);
+        self.consume(rest.len());
         Ok(())
     }
 

@@ -1532,3 +1532,59 @@ fn the_frame_checksum_has_xxh3_check_values() {
         assert_eq!(sum.value(), reference, "pieces of {piece}");
     }
 }
+
+/// A connection whose bytes arrive in `segments` (each read returns at most what is left of
+/// the current one), counting its reads.
+struct Segments {
+    segments: std::collections::VecDeque<Vec<u8>>,
+    reads: usize,
+}
+
+impl tokio::io::AsyncRead for Segments {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.reads += 1;
+        if let Some(front) = self.segments.front_mut() {
+            let n = front.len().min(buf.remaining());
+            buf.put_slice(&front[..n]);
+            front.drain(..n);
+            if front.is_empty() {
+                self.segments.pop_front();
+            }
+        }
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+/// Bytes missing from the buffer come through it in one read when they are few (a length
+/// prefix, a header, a short value: the read also brings what follows), and straight into
+/// their destination, exactly, from `DIRECT_READ_MIN` on.
+#[test]
+fn few_missing_bytes_come_through_the_buffer_and_many_straight() {
+    let big = stream::DIRECT_READ_MIN + 100;
+    let wire: Vec<u8> = (0..4 + 22 + 10 + big + 4)
+        .map(|i| u8::try_from(i % 251).expect("under 251"))
+        .collect();
+    let (prefix, rest) = wire.split_at(4);
+    let (small, rest) = rest.split_at(32);
+    let segments = [prefix, small, rest].map(<[u8]>::to_vec).into();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut incoming = stream::Incoming::new(Segments { segments, reads: 0 });
+        let mut read = Vec::new();
+        for len in [4, 22, 10, big, 4] {
+            let mut dst = vec![0u8; len];
+            incoming.read_exact_into(&mut dst).await.expect("bytes");
+            read.extend_from_slice(&dst);
+        }
+        assert_eq!(read, wire);
+        // The prefix (1), the header with the short value after it (1), the large value
+        // exactly (1), and the 4 bytes after it (1); a read of exactly each would take 5.
+        assert_eq!(incoming.get_mut().reads, 4);
+    });
+}

@@ -640,6 +640,34 @@ impl SharedReceiver {
         self.push(msg, Duration::ZERO)
     }
 
+    /// Offers `msgs` in order without waiting, as [`Self::try_push`] offers each, under one
+    /// lock and with at most one signal to a waiting pop: a burst's frames cost the consumer
+    /// one wake-up, not one each. Stops after the first [`Offer::Rejected`] or
+    /// [`Offer::Closed`] (the sender's connection ends there): the answers are those of the
+    /// messages offered, in order, and the rest are dropped unoffered.
+    pub fn try_push_all(&self, msgs: impl IntoIterator<Item = StepMessage>) -> Vec<Offer> {
+        let mut state = self.lock();
+        let now = Instant::now();
+        let mut offers = Vec::new();
+        for msg in msgs {
+            let offer = if state.classify(&msg) == Offer::TooFarAhead {
+                state.count(Offer::TooFarAhead);
+                Offer::TooFarAhead
+            } else {
+                state.offer(msg, now)
+            };
+            let last = matches!(offer, Offer::Rejected(_) | Offer::Closed);
+            offers.push(offer);
+            if last {
+                break;
+            }
+        }
+        if state.is_ready() && self.poppers_waiting.load(Ordering::Relaxed) > 0 {
+            self.ready.notify_all();
+        }
+        offers
+    }
+
     /// See [`ReceiverState::retry_after`], now.
     pub fn retry_after(&self, step: u64) -> Duration {
         self.lock().retry_after(step, Instant::now())

@@ -597,3 +597,51 @@ fn a_closed_receiver_takes_nothing_and_a_waiting_push_is_told_at_once() {
     shared.close();
     assert_eq!(waiting.join().expect("joined"), Offer::Closed);
 }
+
+/// A batch is offered in order as single offers would be, under one lock: a waiting pop is
+/// woken by it, and the offers stop after the first rejection (the sender's connection ends
+/// there), leaving the messages after it unoffered.
+#[test]
+fn a_batch_is_offered_in_order_and_stops_after_a_rejection() {
+    let r = shared(&[0], 2);
+    let (popped, pops) = std::sync::mpsc::channel();
+    {
+        let r = Arc::clone(&r);
+        thread::spawn(move || popped.send(r.pop(Duration::MAX).map(|s| s.step)));
+    }
+    until_waiting(&r.poppers_waiting);
+    let mut other_job = msg(0, 1);
+    other_job.job = JOB + 1;
+    let offers = r.try_push_all([msg(0, 0), msg(0, 0), msg(0, 5), other_job, msg(0, 1)]);
+    assert_eq!(
+        offers,
+        vec![
+            Offer::Accepted,
+            Offer::Duplicate,
+            Offer::TooFarAhead,
+            Offer::Rejected(RejectReason::WrongJob {
+                expected: JOB,
+                got: JOB + 1
+            }),
+        ]
+    );
+    assert_eq!(pops.recv_timeout(LONG).expect("the pop was woken"), Some(0));
+    assert_eq!(
+        r.try_pop(),
+        None,
+        "step 1 came after the rejection: not offered"
+    );
+    let m = r.metrics();
+    assert_eq!(
+        (m.duplicates, m.too_far_ahead, m.rejected, m.delivered),
+        (1, 1, 1, 1)
+    );
+    assert_eq!(r.try_push_all([msg(0, 1)]), vec![Offer::Accepted]);
+    r.close();
+    assert_eq!(
+        r.try_push_all([msg(0, 2), msg(0, 3)]),
+        vec![Offer::Closed],
+        "nothing after a closed answer"
+    );
+    assert_eq!(r.try_push_all(Vec::new()), Vec::new());
+}
