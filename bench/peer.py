@@ -18,6 +18,9 @@ small job:
     exec-transport
                  `lode exec --transport none|encode|loopback` in alternating runs: a stage's
                  CPU with its frame's encoding and send, without the rest of a worker
+    consumer-cost
+                 the receiver's side of one running job: `lode consume`'s CPU, context
+                 switches and system calls a step
     table        results.jsonl -> the markdown tables (medians over rounds)
 
 The tf.data pipeline is the fixture's own (fixtures/gen/generate.py: the reader, batch(32,
@@ -74,6 +77,21 @@ def run_queue_wait_ns(pid):
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
                 total += int(f.read().split()[1])
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # a thread that ended meanwhile
+    return total
+
+
+def context_switches(pid):
+    """Voluntary and involuntary context switches of every thread of a process, summed
+    (/proc/PID/task/TID/status)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                total += sum(int(line.split()[1]) for line in f
+                             if line.startswith(("voluntary_ctxt_switches:",
+                                                 "nonvoluntary_ctxt_switches:")))
         except (FileNotFoundError, ProcessLookupError):
             pass  # a thread that ended meanwhile
     return total
@@ -681,6 +699,69 @@ def cmd_exec_cpu(args):
     emit(args.out, row)
 
 
+class OneWorkerJob:
+    """A job of one worker on `args.plan`: `lode dispatcher`, one `lode worker --metrics` and
+    `lode consume --step-time 0` logging each step to a file, in a scratch directory; `what`
+    names the subcommand in errors. `start` returns once a step was delivered."""
+
+    def __init__(self, args, what):
+        import tempfile
+        self.args, self.what = args, what
+        self.work = tempfile.mkdtemp(prefix="lode-eff-")
+        self.procs = []
+
+    def spawn(self, name, cmd, stdout=subprocess.DEVNULL):
+        return spawn_logged(self.procs, self.work, name, cmd, stdout)
+
+    def processes(self):
+        return [p for _, p in self.procs]
+
+    def check_alive(self):
+        for name, p in self.procs:
+            if p.poll() is not None:
+                with open(os.path.join(self.work, f"{name}.err"), "rb") as f:
+                    tail = f.read()[-2000:].decode(errors="replace")
+                die(f"{self.what} {self.args.plan}: the {name} exited ({p.returncode}): {tail}")
+
+    def start(self):
+        args, work, what = self.args, self.work, self.what
+        log = os.path.join(work, "consumer.jsonl")
+        addr_file = os.path.join(work, "dispatcher.addr")
+        self.spawn("dispatcher", [args.lode, "dispatcher", "--plan", args.plan, "--journal",
+                                  os.path.join(work, "journal"), "--token", "eff",
+                                  "--addr-file", addr_file, "-q"])
+        deadline = time.monotonic() + 60
+        while not (os.path.exists(addr_file) and os.path.getsize(addr_file) > 0):
+            self.check_alive()
+            if time.monotonic() > deadline:
+                die(f"{what} {args.plan}: the dispatcher wrote no address in 60 s")
+            time.sleep(0.02)
+        with open(addr_file) as f:
+            addr = f.read().strip()
+        worker_out = os.path.join(work, "worker.out")
+        self.worker = self.spawn("worker", [args.lode, "worker", "--dispatcher", addr,
+                                            "--token", "eff", "--name", "eff", "--metrics",
+                                            "127.0.0.1:0"],
+                                 stdout=open(worker_out, "wb"))
+        self.consumer = self.spawn("consumer", [args.lode, "consume", "--dispatcher", addr,
+                                                "--token", "eff", "--log", log,
+                                                "--step-time", "0", "-q"])
+        self.steps_logged = LogLines(log)
+        deadline = time.monotonic() + 60
+        while self.steps_logged() == 0:
+            self.check_alive()
+            if time.monotonic() > deadline:
+                die(f"{what} {args.plan}: no step delivered in 60 s")
+            time.sleep(0.02)
+        with open(worker_out) as f:
+            self.url = next((w for w in f.read().split() if w.startswith("http://")), None)
+        if self.url is None:
+            die(f"{what} {args.plan}: the worker printed no metrics address")
+
+    def stop(self):
+        stop_all(self.procs, self.work)
+
+
 def cmd_worker_eff(args):
     """One worker's samples per CPU-second against `lode exec --threads 1`'s, measured in
     alternation on one running job: a window of the worker (dispatcher, one worker and
@@ -697,55 +778,13 @@ def cmd_worker_eff(args):
     running job (its neighbours on the other core, the transport's cache traffic) than in
     exec alone."""
     import signal
-    import tempfile
 
-    work = tempfile.mkdtemp(prefix="lode-eff-")
-    procs = []
-
-    def spawn(name, cmd, stdout=subprocess.DEVNULL):
-        return spawn_logged(procs, work, name, cmd, stdout)
-
-    def check_alive():
-        for name, p in procs:
-            if p.poll() is not None:
-                with open(os.path.join(work, f"{name}.err"), "rb") as f:
-                    tail = f.read()[-2000:].decode(errors="replace")
-                die(f"worker-eff {args.plan}: the {name} exited ({p.returncode}): {tail}")
-
-    log = os.path.join(work, "consumer.jsonl")
-    addr_file = os.path.join(work, "dispatcher.addr")
+    job = OneWorkerJob(args, "worker-eff")
     rows = []
     try:
-        spawn("dispatcher", [args.lode, "dispatcher", "--plan", args.plan, "--journal",
-                             os.path.join(work, "journal"), "--token", "eff", "--addr-file",
-                             addr_file, "-q"])
-        deadline = time.monotonic() + 60
-        while not (os.path.exists(addr_file) and os.path.getsize(addr_file) > 0):
-            check_alive()
-            if time.monotonic() > deadline:
-                die(f"worker-eff {args.plan}: the dispatcher wrote no address in 60 s")
-            time.sleep(0.02)
-        with open(addr_file) as f:
-            addr = f.read().strip()
-        worker_out = os.path.join(work, "worker.out")
-        worker = spawn("worker", [args.lode, "worker", "--dispatcher", addr, "--token", "eff",
-                                  "--name", "eff", "--metrics", "127.0.0.1:0"],
-                       stdout=open(worker_out, "wb"))
-        spawn("consumer", [args.lode, "consume", "--dispatcher", addr, "--token", "eff",
-                           "--log", log, "--step-time", "0", "-q"])
-        job = [p for _, p in procs]
-
-        steps_logged = LogLines(log)
-        deadline = time.monotonic() + 60
-        while steps_logged() == 0:
-            check_alive()
-            if time.monotonic() > deadline:
-                die(f"worker-eff {args.plan}: no step delivered in 60 s")
-            time.sleep(0.02)
-        with open(worker_out) as f:
-            url = next((w for w in f.read().split() if w.startswith("http://")), None)
-        if url is None:
-            die(f"worker-eff {args.plan}: the worker printed no metrics address")
+        job.start()
+        worker, steps_logged, check_alive = job.worker, job.steps_logged, job.check_alive
+        url = job.url
         time.sleep(args.warmup)
         startups = []
         for r in range(1, args.rounds + 1):
@@ -757,7 +796,7 @@ def cmd_worker_eff(args):
             s1, c1, t1 = steps_logged(), cpu_ticks(worker.pid), time.monotonic()
             w1 = run_queue_wait_ns(worker.pid)
             m1 = worker_counters(url)
-            for p in job:
+            for p in job.processes():
                 p.send_signal(signal.SIGSTOP)
             try:
                 # As many steps as the worker delivered in its window: exec, the faster,
@@ -767,7 +806,7 @@ def cmd_worker_eff(args):
                 _, startup_cpu = exec_once(args, 1)
                 report, exec_cpu = exec_once(args, steps)
             finally:
-                for p in job:
+                for p in job.processes():
                     p.send_signal(signal.SIGCONT)
             startups.append(startup_cpu)
 
@@ -792,7 +831,7 @@ def cmd_worker_eff(args):
             time.sleep(args.settle)
         check_alive()
     finally:
-        stop_all(procs, work)
+        job.stop()
     startup = statistics.median(startups)
     for row in rows:
         if row["worker_samples"] <= 0 or row["worker_cpu_s"] <= 0:
@@ -884,6 +923,68 @@ def cmd_worker_eff(args):
         print(f"    the stage by its thread's CPU clock (1 step in 64): "
               f"{summary['stage_cpu_us_per_step']:.1f} us a step, "
               f"{summary['stage_cpu_over_wall_median']:.2f} of its wall time on the same steps")
+
+
+def cmd_consumer_cost(args):
+    """What the training side's receiver costs a step on one running job: `lode consume
+    --step-time 0` (the receiver, with the emulator's digest and log of each step) beside one
+    worker, in windows: the steps delivered per second, the consumer's CPU a step, its threads'
+    context switches a step (/proc), and, where `perf` can count them, its system calls a
+    step (all of them, and futex and recvfrom)."""
+    import shutil
+
+    job = OneWorkerJob(args, "consumer-cost")
+    rows = []
+    events = "raw_syscalls:sys_enter,syscalls:sys_enter_futex,syscalls:sys_enter_recvfrom"
+    perf = shutil.which("perf")
+    try:
+        job.start()
+        time.sleep(args.warmup)
+        for r in range(1, args.rounds + 1):
+            job.check_alive()
+            pid = job.consumer.pid
+            s0, c0, x0, t0 = job.steps_logged(), cpu_ticks(pid), context_switches(pid), \
+                time.monotonic()
+            counts = {}
+            if perf:
+                out = subprocess.run([perf, "stat", "-x,", "-e", events, "-p", str(pid), "--",
+                                      "sleep", str(args.window)], capture_output=True, text=True)
+                for line in out.stderr.splitlines():
+                    fields = line.split(",")
+                    if out.returncode == 0 and len(fields) > 2 and fields[0].isdigit():
+                        counts[fields[2].rsplit(":", 1)[-1]] = int(fields[0])
+            else:
+                time.sleep(args.window)
+            s1, c1, x1, t1 = job.steps_logged(), cpu_ticks(pid), context_switches(pid), \
+                time.monotonic()
+            steps = s1 - s0
+            if steps <= 0:
+                die(f"consumer-cost {args.plan}: round {r}: nothing delivered")
+            row = {"round": r, "steps_per_sec": steps / (t1 - t0),
+                   "consumer_us_per_step": (c1 - c0) / TICK / steps * 1e6,
+                   "switches_per_step": (x1 - x0) / steps}
+            for name, key in (("sys_enter", "syscalls_per_step"),
+                              ("sys_enter_futex", "futex_per_step"),
+                              ("sys_enter_recvfrom", "recvfrom_per_step")):
+                if name in counts:
+                    row[key] = counts[name] / steps
+            rows.append(row)
+    finally:
+        job.stop()
+    summary = {"model": args.model, "cut": args.cut, "rounds": len(rows),
+               "window_s": args.window, "rounds_detail": rows}
+    for key in ("steps_per_sec", "consumer_us_per_step", "switches_per_step",
+                "syscalls_per_step", "futex_per_step", "recvfrom_per_step"):
+        if all(key in r for r in rows):
+            summary[key] = statistics.median(r[key] for r in rows)
+    append_json(args.out, summary)
+    counted = (f"; system calls {summary['syscalls_per_step']:.2f} a step (futex "
+               f"{summary['futex_per_step']:.2f}, recvfrom {summary['recvfrom_per_step']:.2f})"
+               if "syscalls_per_step" in summary else "; no system calls counted (no perf)")
+    print(f"{args.model} {args.cut}: {summary['steps_per_sec']:,.0f} steps/s; the consumer "
+          f"{summary['consumer_us_per_step']:.1f} us of CPU and "
+          f"{summary['switches_per_step']:.2f} context switches a step{counted} "
+          f"(medians of {len(rows)} rounds)")
 
 
 def cmd_exec_transport(args):
@@ -1092,6 +1193,11 @@ def main():
     p.add_argument("--min-exec-steps", type=int, default=100,
                    help="the fewest steps of a round's exec run (else: the window's steps)")
     p.add_argument("--out", required=True, help="results.jsonl (appended)")
+    p = plan_command(sub, "consumer-cost")
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--warmup", type=float, default=2.0, help="seconds before the first window")
+    p.add_argument("--window", type=float, default=3.0, help="seconds of each window")
+    p.add_argument("--out", required=True, help="results.jsonl (appended)")
     p = plan_command(sub, "exec-transport")
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--steps", type=int, default=12000, help="steps of each run")
@@ -1102,7 +1208,8 @@ def main():
     {"prepare": cmd_prepare, "check": cmd_check, "tf-dispatcher": cmd_tf_dispatcher,
      "tf-worker": cmd_tf_worker, "tf-consume": cmd_tf_consume, "lode-sample": cmd_lode_sample,
      "exec-cpu": cmd_exec_cpu, "worker-eff": cmd_worker_eff,
-     "exec-transport": cmd_exec_transport, "table": cmd_table}[args.cmd](args)
+     "exec-transport": cmd_exec_transport, "consumer-cost": cmd_consumer_cost,
+     "table": cmd_table}[args.cmd](args)
 
 
 if __name__ == "__main__":
