@@ -658,6 +658,7 @@ pub(crate) async fn serve_connection(
             unsummed_from.as_deref(),
         )
         .await;
+        incoming.expect_frames_of(usize::try_from(len).unwrap_or(usize::MAX));
         let refused = match read {
             Ok(Ok(msg)) => {
                 held.push(msg);

@@ -30,7 +30,7 @@ const BUFFER_BYTES: usize = 64 << 10;
 /// The most one read for a frame's metadata takes: the next tensor's values may follow it,
 /// and up to this many of them are copied through the buffer (a burst of small tensors in
 /// a frame of up to this size still comes in one read).
-const METADATA_READ: usize = 16 << 10;
+pub(crate) const METADATA_READ: usize = 16 << 10;
 
 /// The least of a value's bytes, missing from the buffer, that are read straight into their
 /// destination; fewer come through the buffer (see [`Incoming::read_exact_into`]).
@@ -48,6 +48,8 @@ pub struct Incoming<S> {
     buf: Box<[u8]>,
     pos: usize,
     end: usize,
+    /// The most one read for metadata takes (see [`Incoming::expect_frames_of`]).
+    metadata_read: usize,
 }
 
 impl<S: AsyncRead + Unpin> Incoming<S> {
@@ -57,7 +59,20 @@ impl<S: AsyncRead + Unpin> Incoming<S> {
             buf: vec![0; BUFFER_BYTES].into_boxed_slice(),
             pos: 0,
             end: 0,
+            metadata_read: METADATA_READ,
         }
+    }
+
+    /// Says how long the connection's frames are (the last one's length): while they are
+    /// shorter than [`METADATA_READ`], a read for metadata takes up to the buffer's room, so
+    /// that a burst of them comes in a few reads (no frame of theirs has values to read
+    /// straight into a tensor's memory); otherwise at most [`METADATA_READ`].
+    pub fn expect_frames_of(&mut self, len: usize) {
+        self.metadata_read = if len < METADATA_READ {
+            BUFFER_BYTES
+        } else {
+            METADATA_READ
+        };
     }
 
     /// The stream, to write answers on.
@@ -82,22 +97,26 @@ impl<S: AsyncRead + Unpin> Incoming<S> {
     /// Reads whatever the stream has into the buffer's free end, at most `most` bytes (at
     /// least one); 0 at the end of the stream.
     async fn fill(&mut self, most: usize) -> std::io::Result<usize> {
+        let most = most.clamp(1, self.buf.len());
         if self.pos == self.end {
             self.pos = 0;
             self.end = 0;
-        } else if self.end == self.buf.len() {
+        } else if self.buf.len() - self.end < most {
+            // Too little room at the end for the read: the unread bytes (a piece of a
+            // frame) move to the front.
             self.buf.copy_within(self.pos..self.end, 0);
             self.end -= self.pos;
             self.pos = 0;
         }
-        let stop = self.end.saturating_add(most.max(1)).min(self.buf.len());
+        let stop = self.end.saturating_add(most).min(self.buf.len());
         let n = self.stream.read(&mut self.buf[self.end..stop]).await?;
         self.end += n;
         Ok(n)
     }
 
     /// Waits until at least `n` bytes (at most the buffer's size) are buffered, reading at
-    /// most [`METADATA_READ`] at a time: what comes after the wanted bytes may be a large
+    /// most [`METADATA_READ`] at a time (unless the frames are short, see
+    /// [`Incoming::expect_frames_of`]): what comes after the wanted bytes may be a large
     /// tensor's values, better read straight into the tensor than copied through here.
     async fn want(&mut self, n: usize) -> std::io::Result<()> {
         let n = n.min(self.buf.len());
@@ -107,7 +126,7 @@ impl<S: AsyncRead + Unpin> Incoming<S> {
                 self.end -= self.pos;
                 self.pos = 0;
             }
-            if self.fill(METADATA_READ.max(n)).await? == 0 {
+            if self.fill(self.metadata_read.max(n)).await? == 0 {
                 return Err(std::io::ErrorKind::UnexpectedEof.into());
             }
         }

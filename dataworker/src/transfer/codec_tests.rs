@@ -1588,3 +1588,39 @@ fn few_missing_bytes_come_through_the_buffer_and_many_straight() {
         assert_eq!(incoming.get_mut().reads, 4);
     });
 }
+
+/// A read for metadata takes at most `METADATA_READ` bytes (a large tensor's values after it
+/// go straight into the tensor's memory), unless the connection's frames are short: then a
+/// burst of them comes in as few reads as the buffer allows.
+#[test]
+fn short_frames_are_read_in_large_pieces() {
+    let burst: Vec<u8> = (0..40_000)
+        .map(|i| u8::try_from(i % 241).expect("small"))
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    for (frames, reads) in [(None, 3), (Some(4_000), 1), (Some(100_000), 3)] {
+        rt.block_on(async {
+            let segments = [burst.clone()].into();
+            let mut incoming = stream::Incoming::new(Segments { segments, reads: 0 });
+            if let Some(len) = frames {
+                incoming.expect_frames_of(len);
+            }
+            let mut read = Vec::new();
+            while read.len() < burst.len() {
+                let mut prefix = [0u8; 4];
+                incoming.read_exact_into(&mut prefix).await.expect("bytes");
+                read.extend_from_slice(&prefix);
+            }
+            assert_eq!(read, burst);
+            assert_eq!(
+                incoming.get_mut().reads,
+                reads,
+                "{} reads of at most {} bytes for frames of {frames:?} bytes",
+                reads,
+                stream::METADATA_READ
+            );
+        });
+    }
+}
