@@ -32,9 +32,11 @@
 //! about `MOST_HELD_BYTES`) and offers it to the buffer with the next ones, under one lock and
 //! with one wake-up of a consumer waiting for a step, then writes their answers together: a
 //! burst is offered a few dozen frames at a time and answered with one write (and read with
-//! one read). Few bytes
-//! missing from the connection's buffer (a length prefix, a header) come through it, in a
-//! read that also brings what follows, never in a system call of their own.
+//! one read). Few bytes missing from the connection's buffer (a length prefix, a header) come
+//! through it, in a read that also brings what follows, never in a system call of their own;
+//! while the frames are short, a read takes up to the buffer's room (see
+//! `Incoming::expect_frames_of`). Frames held when the receiver stops are dropped unanswered:
+//! the sender pushes them again to the receiver named next.
 //! The hello is checked (token in constant time, then job, then protocol version) before the
 //! receiver's buffer is touched; a refusal says why and closes the connection. A frame length
 //! over [`MAX_MESSAGE_BYTES`] is refused before anything is allocated. An uncompressed frame
@@ -52,7 +54,8 @@
 //! # Limits
 //! [`MAX_DATA_CONNECTIONS`] data-plane connections at once (one per pushing worker), each
 //! reading at most one frame and holding at most `MOST_HELD` decoded ones (about
-//! `MOST_HELD_BYTES`) whose bytes had already arrived; a hello must arrive within [`HELLO_TIMEOUT`].
+//! `MOST_HELD_BYTES`) whose bytes had already arrived; a hello must arrive within
+//! [`HELLO_TIMEOUT`].
 
 use std::io::IoSlice;
 use std::net::SocketAddr;
