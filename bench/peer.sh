@@ -182,11 +182,17 @@ run_eff() { # model cut
 }
 
 # --- rounds: every configuration once per round, tf.data service and Lode alternating first ---
+# The tree's head describes the binary only when the binary is this tree's build.
+TREE="tree at $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null)$([[ -n "$(git -C "$REPO" status --porcelain 2>/dev/null | head -1)" ]] && echo ' dirty' || true)"
+case "$LODE" in
+    "$REPO"/target/*) ;;
+    *) TREE="not this tree's target/ (the $TREE)" ;;
+esac
 {
     echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "machine: $(grep -m1 '^model name' /proc/cpuinfo | sed 's/^model name[[:space:]]*:[[:space:]]*//'), nproc $(nproc)"
     echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-    echo "lode: $LODE (built $(date -u -r "$LODE" '+%Y-%m-%d %H:%M UTC'); tree at $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null)$([[ -n "$(git -C "$REPO" status --porcelain 2>/dev/null | head -1)" ]] && echo ' dirty' || true))"
+    echo "lode: $LODE (built $(date -u -r "$LODE" '+%Y-%m-%d %H:%M UTC'); $TREE)"
     echo "tensorflow: $TF_VERSION"
     echo "workload: $ROUNDED records per model, batch 32; $ROUNDS round(s); warmup ${WARMUP} s, window ${WINDOW} s"
 } > "$OUT/meta.txt"
