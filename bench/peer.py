@@ -69,32 +69,30 @@ def cpu_ticks(pid):
     return int(fields[11]) + int(fields[12])
 
 
-def run_queue_wait_ns(pid):
-    """Nanoseconds every thread of a process has waited on a run queue (runnable, while
-    another task had its CPU): the second field of /proc/PID/task/TID/schedstat, summed."""
+def per_thread_sum(pid, name, value):
+    """`value(text)` of /proc/PID/task/TID/NAME, summed over the process's threads."""
     total = 0
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[1])
+            with open(f"/proc/{pid}/task/{tid}/{name}") as f:
+                total += value(f.read())
         except (FileNotFoundError, ProcessLookupError):
             pass  # a thread that ended meanwhile
     return total
+
+
+def run_queue_wait_ns(pid):
+    """Nanoseconds every thread of a process has waited on a run queue (runnable, while
+    another task had its CPU): the second field of /proc/PID/task/TID/schedstat, summed."""
+    return per_thread_sum(pid, "schedstat", lambda text: int(text.split()[1]))
 
 
 def context_switches(pid):
     """Voluntary and involuntary context switches of every thread of a process, summed
     (/proc/PID/task/TID/status)."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                total += sum(int(line.split()[1]) for line in f
-                             if line.startswith(("voluntary_ctxt_switches:",
-                                                 "nonvoluntary_ctxt_switches:")))
-        except (FileNotFoundError, ProcessLookupError):
-            pass  # a thread that ended meanwhile
-    return total
+    return per_thread_sum(pid, "status", lambda text: sum(
+        int(line.split()[1]) for line in text.splitlines()
+        if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:"))))
 
 
 def worker_counters(url):

@@ -554,22 +554,22 @@ fn offer_held(
         return true;
     }
     for verdict in service.offer_messages(std::mem::take(held)) {
-        let Some(Verdict {
-            status,
-            retry_after_ms,
-            reason,
-        }) = verdict
-        else {
+        let Some(verdict) = verdict else {
             tracing::debug!(?peer, "data plane: the receiver was replaced; closing");
             return false;
         };
-        owed.extend_from_slice(&answer_bytes(status, retry_after_ms, &reason));
-        if status == PushStatus::Rejected {
-            tracing::warn!(?peer, %reason, "data plane: closing after a rejected frame");
+        owed.extend_from_slice(&verdict_bytes(&verdict));
+        if verdict.status == PushStatus::Rejected {
+            tracing::warn!(?peer, reason = %verdict.reason, "data plane: closing after a rejected frame");
             return false;
         }
     }
     true
+}
+
+/// A verdict's answer on the wire.
+fn verdict_bytes(verdict: &Verdict) -> Vec<u8> {
+    answer_bytes(verdict.status, verdict.retry_after_ms, &verdict.reason)
 }
 
 /// Whether `ip` is a loopback address (also IPv4 in IPv6): a peer on this machine.
@@ -684,18 +684,15 @@ pub(crate) async fn serve_connection(
             continue;
         }
         held_bytes = 0;
-        let open = offer_held(&service, &mut held, &mut owed, peer);
+        let mut open = offer_held(&service, &mut held, &mut owed, peer);
         // A refused frame ends the connection once the frames before it are answered.
-        let open = open
-            && refused.is_none_or(|refusal| {
+        if let Some(refusal) = refused {
+            if open {
                 tracing::warn!(?peer, reason = %refusal.reason, "data plane: closing after a rejected frame");
-                owed.extend_from_slice(&answer_bytes(
-                    refusal.status,
-                    refusal.retry_after_ms,
-                    &refusal.reason,
-                ));
-                false
-            });
+                owed.extend_from_slice(&verdict_bytes(&refusal));
+            }
+            open = false;
+        }
         let sent = send(incoming.get_mut(), &owed).await;
         owed.clear();
         if sent.is_err() || !open {

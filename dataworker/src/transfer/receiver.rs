@@ -635,9 +635,10 @@ impl SharedReceiver {
         self.not_full.notify_all();
     }
 
-    /// Offers `msg` without waiting.
+    /// Offers `msg` without waiting ([`Self::try_push_all`] of one message).
     pub fn try_push(&self, msg: StepMessage) -> Offer {
-        self.push(msg, Duration::ZERO)
+        // One message gets one answer.
+        self.try_push_all([msg]).pop().unwrap_or(Offer::TooFarAhead)
     }
 
     /// Offers `msgs` in order without waiting, as [`Self::try_push`] offers each, under one

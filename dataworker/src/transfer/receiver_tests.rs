@@ -471,17 +471,21 @@ fn until_waiting(waiters: &AtomicUsize) {
     }
 }
 
+/// A pop on its own thread, waiting (counted) with no timeout: its step comes on the channel.
+fn waiting_pop(r: &Arc<SharedReceiver>) -> std::sync::mpsc::Receiver<Option<u64>> {
+    let (popped, pops) = std::sync::mpsc::channel();
+    let waiting = Arc::clone(r);
+    thread::spawn(move || popped.send(waiting.pop(Duration::MAX).map(|s| s.step)));
+    until_waiting(&r.poppers_waiting);
+    pops
+}
+
 /// A push or a pop signals only when its waiter count is not zero: one that is counted while
 /// it waits (with no timeout to rescue it) is woken by the call that lets it go on.
 #[test]
 fn counted_waiters_are_woken_without_a_timeout() {
     let r = shared(&[0], 1);
-    let (popped, pops) = std::sync::mpsc::channel();
-    {
-        let r = Arc::clone(&r);
-        thread::spawn(move || popped.send(r.pop(Duration::MAX).map(|s| s.step)));
-    }
-    until_waiting(&r.poppers_waiting);
+    let pops = waiting_pop(&r);
     assert_eq!(r.try_push(msg(0, 0)), Offer::Accepted);
     assert_eq!(pops.recv_timeout(LONG).expect("the pop was woken"), Some(0));
     assert_eq!(r.poppers_waiting.load(Ordering::Relaxed), 0);
@@ -604,12 +608,7 @@ fn a_closed_receiver_takes_nothing_and_a_waiting_push_is_told_at_once() {
 #[test]
 fn a_batch_is_offered_in_order_and_stops_after_a_rejection() {
     let r = shared(&[0], 2);
-    let (popped, pops) = std::sync::mpsc::channel();
-    {
-        let r = Arc::clone(&r);
-        thread::spawn(move || popped.send(r.pop(Duration::MAX).map(|s| s.step)));
-    }
-    until_waiting(&r.poppers_waiting);
+    let pops = waiting_pop(&r);
     let mut other_job = msg(0, 1);
     other_job.job = JOB + 1;
     let offers = r.try_push_all([msg(0, 0), msg(0, 0), msg(0, 5), other_job, msg(0, 1)]);
