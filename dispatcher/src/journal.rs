@@ -119,6 +119,14 @@ pub struct Recovered {
     pub torn: Option<TornTail>,
 }
 
+/// A journal opened for appending whose batches went, one at a time, to the caller (see
+/// [`Journal::open_replaying`]).
+#[derive(Debug)]
+pub struct Reopened {
+    pub journal: Journal,
+    pub torn: Option<TornTail>,
+}
+
 /// An open journal; every [`Journal::append`] is durable when it returns, an
 /// [`Journal::append_unsynced`] once a later [`SyncPoint::sync_to`] covers it.
 #[derive(Debug)]
@@ -263,12 +271,38 @@ pub fn pick_seed(
 
 impl Journal {
     /// Opens (or creates) the journal in `dir` for `job` under `config`: checks the header,
-    /// reads every batch, truncates a torn last line, and positions for appending.
+    /// reads every batch, truncates a torn last line, and positions for appending. Holds every
+    /// batch at once: for tests and small journals; a dispatcher replays with
+    /// [`Journal::open_replaying`].
     pub fn open(
         dir: &Path,
         job: JobId,
         config: &DispatcherConfig,
     ) -> Result<Recovered, JournalError> {
+        let mut batches = Vec::new();
+        let reopened = Self::open_replaying(dir, job, config, |line, batch| {
+            batches.push((line, batch));
+            Ok::<(), JournalError>(())
+        })?;
+        Ok(Recovered {
+            journal: reopened.journal,
+            batches,
+            torn: reopened.torn,
+        })
+    }
+
+    /// [`Journal::open`], handing each batch to `replay` as it is read (in file order, with
+    /// its line number) instead of holding them all: the memory a restart takes is the
+    /// state's, not the journal's. A long job's journal grows by a few hundred bytes a step,
+    /// and holding it whole (its text, then its parsed batches) took about twice its size.
+    /// The file changes (a torn last line cut away, a header written) only after every batch
+    /// was read and taken: an error from `replay` or from the file leaves it as it was.
+    pub fn open_replaying<E: From<JournalError>>(
+        dir: &Path,
+        job: JobId,
+        config: &DispatcherConfig,
+        mut replay: impl FnMut(u64, Batch) -> Result<(), E>,
+    ) -> Result<Reopened, E> {
         let path = dir.join(JOURNAL_FILE);
         let io_err = |source| JournalError::Io {
             path: path.clone(),
@@ -295,16 +329,17 @@ impl Journal {
             }),
             writer: None,
         };
-        let scan = journal.scan()?;
         // Check everything before changing the file: a refused journal is left as it was.
-        let mut lines = scan.lines.into_iter();
-        let header = lines.next();
-        if let Some((line, text)) = &header {
-            journal.check_header(*line, text, job, config)?;
-        }
-        let batches = lines
-            .map(|(line, text)| Ok((line, journal.parse::<Batch>(line, &text)?)))
-            .collect::<Result<_, JournalError>>()?;
+        // The first good line is the header; every later one a batch.
+        let mut header = false;
+        let scan = journal.scan(|line, text| {
+            if header {
+                replay(line, journal.parse::<Batch>(line, &text)?)
+            } else {
+                header = true;
+                Ok(journal.check_header(line, &text, job, config)?)
+            }
+        })?;
         let mut torn = None;
         if let Some(bad) = scan.torn {
             let removed = scan.end.saturating_sub(bad.offset);
@@ -322,7 +357,7 @@ impl Journal {
                 reason: bad.reason,
             });
         }
-        if header.is_none() {
+        if !header {
             journal.write_header(job, config)?;
         }
         // What is in the file now is on disk (checked, truncated or synced above).
@@ -345,11 +380,7 @@ impl Journal {
             .synced
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = end;
-        Ok(Recovered {
-            journal,
-            batches,
-            torn,
-        })
+        Ok(Reopened { journal, torn })
     }
 
     pub fn path(&self) -> &Path {
@@ -438,9 +469,12 @@ impl Journal {
         self.sync.clone()
     }
 
-    /// Reads every complete line whose CRC holds, and finds a torn last line. The JSON is
-    /// parsed later, line by line, so that the whole file is never held twice.
-    fn scan(&self) -> Result<Scan, JournalError> {
+    /// Reads the file line by line, handing every complete line whose CRC holds to `good` (its
+    /// number and JSON text) as it is read, and finds a torn last line.
+    fn scan<E: From<JournalError>>(
+        &self,
+        mut good: impl FnMut(u64, String) -> Result<(), E>,
+    ) -> Result<Scan, E> {
         let mut reader = BufReader::new(&self.file);
         let mut out = Scan::default();
         // A bad line is torn if it is the last one, corruption if another follows it.
@@ -461,22 +495,24 @@ impl Journal {
             }
             line += 1;
             if let Some(bad) = suspect.take() {
-                return Err(self.corrupt(bad.line, bad.reason));
+                return Err(self.corrupt(bad.line, bad.reason).into());
             }
             let offset = out.end;
             out.end = out.end.saturating_add(n as u64);
             let verdict = match buf.strip_suffix(b"\n") {
                 None if buf.len() as u64 > MAX_LINE_BYTES => {
-                    return Err(self.corrupt(
-                        line,
-                        format!("longer than the {MAX_LINE_BYTES}-byte line limit"),
-                    ));
+                    return Err(self
+                        .corrupt(
+                            line,
+                            format!("longer than the {MAX_LINE_BYTES}-byte line limit"),
+                        )
+                        .into());
                 }
                 None => Err("no newline at its end".to_owned()),
                 Some(body) => check_line(body),
             };
             match verdict {
-                Ok(text) => out.lines.push((line, text)),
+                Ok(text) => good(line, text)?,
                 Err(reason) => {
                     suspect = Some(Bad {
                         line,
@@ -596,8 +632,6 @@ impl Journal {
 
 #[derive(Debug, Default)]
 struct Scan {
-    /// `(line number, JSON text)` of every good line.
-    lines: Vec<(u64, String)>,
     /// The bad last line, if any.
     torn: Option<Bad>,
     /// The file's length.
@@ -689,6 +723,15 @@ mod tests {
         dir.join(JOURNAL_FILE)
     }
 
+    /// A journal in `dir` holding `batch(1, 1)` to `batch(3, 3)`; its file.
+    fn three_batches(dir: &Path) -> PathBuf {
+        let mut rec = open(dir).expect("create");
+        for at in 1..=3 {
+            rec.journal.append(&batch(at, at)).expect("append");
+        }
+        file_of(dir)
+    }
+
     #[test]
     fn appended_batches_read_back_in_order() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -704,6 +747,50 @@ mod tests {
             .expect("append after reopen");
         drop(rec);
         assert_eq!(open(dir.path()).expect("reopen").batches.len(), 3);
+    }
+
+    #[test]
+    fn a_replay_takes_each_batch_as_it_is_read_and_its_refusal_changes_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = three_batches(dir.path());
+        // A torn last line, which a successful open cuts away.
+        let mut torn = std::fs::read(&path).expect("read");
+        torn.extend_from_slice(b"0123abcd {\"at\":4,\"rec");
+        std::fs::write(&path, &torn).expect("write");
+
+        // Refused at the second batch: the first was taken, the third never read, and the
+        // file keeps its torn line (nothing changes before every batch was taken).
+        let mut taken = Vec::new();
+        let err = Journal::open_replaying(dir.path(), JobId(1), &config(), |line, b| {
+            if line == 3 {
+                return Err(JournalError::Corrupt {
+                    path: PathBuf::from("replay"),
+                    line,
+                    reason: "refused".into(),
+                });
+            }
+            taken.push((line, b));
+            Ok(())
+        })
+        .expect_err("refused");
+        assert!(
+            matches!(err, JournalError::Corrupt { line: 3, .. }),
+            "{err}"
+        );
+        assert_eq!(taken, vec![(2, batch(1, 1))]);
+        assert_eq!(std::fs::read(&path).expect("read"), torn);
+
+        // Taken whole: every batch in order, then the torn line is cut.
+        let mut taken = Vec::new();
+        let reopened = Journal::open_replaying(dir.path(), JobId(1), &config(), |line, b| {
+            taken.push((line, b));
+            Ok::<(), JournalError>(())
+        })
+        .expect("replayed");
+        let expected: Vec<(u64, Batch)> = (1..=3).map(|at| (at + 1, batch(at, at))).collect();
+        assert_eq!(taken, expected);
+        assert_eq!(reopened.torn.map(|t| t.line), Some(5));
+        assert!(std::fs::read(&path).expect("read").len() < torn.len());
     }
 
     #[test]
@@ -802,12 +889,7 @@ mod tests {
     #[test]
     fn a_bad_line_before_the_end_is_an_error_naming_file_and_line() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut rec = open(dir.path()).expect("create");
-        for at in 1..=3 {
-            rec.journal.append(&batch(at, at)).expect("append");
-        }
-        drop(rec);
-        let path = file_of(dir.path());
+        let path = three_batches(dir.path());
         let text = std::fs::read_to_string(&path).expect("read");
         let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
         lines[2] = lines[2].replace("Registered", "Registerex");

@@ -257,19 +257,24 @@ impl DispatcherState {
     ) -> Result<Self> {
         let mut state = Self::new(config)?;
         for (index, event) in events.into_iter().enumerate() {
-            if let Event::LeaseGranted { step, records, .. } = event {
-                if state.batch(*step).ok().as_ref() != Some(records) {
-                    return Err(Error::Journal {
-                        index,
-                        reason: "the granted batch differs from the config's batch for that step",
-                    });
-                }
-            }
-            state
-                .apply_event(event)
-                .map_err(|reason| Error::Journal { index, reason })?;
+            state.replay_event(index, event)?;
         }
         Ok(state)
+    }
+
+    /// One step of [`Self::replay`]: checks and applies the journal's event number `index`
+    /// (which the error names), for a replay that reads the journal as it goes.
+    pub fn replay_event(&mut self, index: usize, event: &Event) -> Result<()> {
+        if let Event::LeaseGranted { step, records, .. } = event {
+            if self.batch(*step).ok().as_ref() != Some(records) {
+                return Err(Error::Journal {
+                    index,
+                    reason: "the granted batch differs from the config's batch for that step",
+                });
+            }
+        }
+        self.apply_event(event)
+            .map_err(|reason| Error::Journal { index, reason })
     }
 
     pub fn config(&self) -> &DispatcherConfig {

@@ -7,7 +7,7 @@ use std::path::Path;
 use lode_proto::step::steps_per_epoch;
 use tonic::Status;
 
-use crate::journal::{Batch, Journal, JournalError, Record};
+use crate::journal::{Batch, Journal, JournalError, Record, JOURNAL_FILE};
 use crate::service::ServeError;
 use crate::{
     Command, DispatcherConfig, DispatcherState, Error, Event, JobId, StageId, StepId, Time,
@@ -101,41 +101,46 @@ impl Core {
         job: JobId,
         config: &DispatcherConfig,
     ) -> Result<Restored, ServeError> {
-        let recovered = Journal::open(dir, job, config)?;
-        let journal = recovered.journal;
-        let mut core_events = Vec::new();
-        let mut lines = Vec::new();
+        // Replayed as the journal is read: the memory this takes is the state's, however long
+        // the job ran.
+        let path = dir.join(JOURNAL_FILE);
+        let mut state = DispatcherState::new(config.clone())?;
+        let mut events = 0usize;
         let mut resume_at = Time(0);
         let mut receiver_addr = String::new();
         let mut drained = BTreeSet::new();
         let mut next_worker = 1;
-        for (line, batch) in recovered.batches {
+        let reopened = Journal::open_replaying(dir, job, config, |line, batch| {
             resume_at = resume_at.max(batch.at);
             for record in batch.records {
                 match record {
                     Record::Event(event) => {
                         observe(&event, &mut drained, &mut next_worker);
-                        lines.push(line);
-                        core_events.push(event);
+                        state
+                            .replay_event(events, &event)
+                            .map_err(|err| match err {
+                                Error::Journal { reason, .. } => {
+                                    ServeError::Journal(JournalError::Corrupt {
+                                        path: path.clone(),
+                                        line,
+                                        reason: format!("the event does not replay: {reason}"),
+                                    })
+                                }
+                                other => ServeError::Dispatcher(other),
+                            })?;
+                        events += 1;
                     }
                     Record::Consumer {
                         receiver_addr: addr,
                     } => receiver_addr = addr,
                 }
             }
-        }
-        let state =
-            DispatcherState::replay(config.clone(), &core_events).map_err(|err| match err {
-                Error::Journal { index, reason } => ServeError::Journal(JournalError::Corrupt {
-                    path: journal.path().to_owned(),
-                    line: lines.get(index).copied().unwrap_or(0),
-                    reason: format!("the event does not replay: {reason}"),
-                }),
-                other => ServeError::Dispatcher(other),
-            })?;
+            Ok::<(), ServeError>(())
+        })?;
+        let journal = reopened.journal;
         tracing::info!(
             journal = %journal.path().display(),
-            events = core_events.len(),
+            events,
             resume_at = %resume_at,
             "journal replayed"
         );
