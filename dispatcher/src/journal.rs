@@ -12,6 +12,9 @@
 //!   applied. A batch is written with one `write`; [`SyncPoint::sync_to`] makes it durable
 //!   (group commit) for the requests that must be durable before their answer (the crate
 //!   docs' "Durability" says which).
+//! - A grant keeps its step's batch as a CRC of its record ids (format 2; format 1 listed the
+//!   ids, and is still read): the ids are recomputed from the config at replay and checked
+//!   against it (see [`crate::GrantedBatch`]).
 //!
 //! # Recovery
 //! A crash mid-write leaves a torn last line: without its newline, or failing its CRC or its
@@ -34,8 +37,14 @@ use crate::state::Event;
 /// The journal's file name inside the journal directory.
 pub const JOURNAL_FILE: &str = "journal.jsonl";
 
-/// The journal format this build writes and reads.
-pub const JOURNAL_FORMAT: u32 = 1;
+/// The journal format this build writes. Format 2 keeps a grant's batch as its CRC (see
+/// [`crate::GrantedBatch`]) where format 1 listed its record ids.
+pub const JOURNAL_FORMAT: u32 = 2;
+
+/// The oldest format this build reads. A journal of format 1 is read and appended to as it
+/// is (its header keeps saying 1; its later grants are written as format 2 writes them), so a
+/// job survives the upgrade; a build that reads only format 1 refuses those later lines.
+pub const OLDEST_JOURNAL_FORMAT: u32 = 1;
 
 /// The longest line read or written. A batch is at most one lease's records (bounded by the
 /// service's batch-size limit) and a few small events, far below this; a longer "line" is
@@ -81,7 +90,7 @@ pub enum JournalError {
         line: u64,
         reason: String,
     },
-    #[error("journal {} has format {found}; this build reads format {JOURNAL_FORMAT}", path.display())]
+    #[error("journal {} has format {found}; this build reads formats {OLDEST_JOURNAL_FORMAT} to {JOURNAL_FORMAT}", path.display())]
     Format { path: PathBuf, found: u32 },
     #[error("journal {} belongs to {found}, not {expected}", path.display())]
     OtherJob {
@@ -539,7 +548,7 @@ impl Journal {
             format: u32,
         }
         let Format { format } = self.parse(line, text)?;
-        if format != JOURNAL_FORMAT {
+        if !(OLDEST_JOURNAL_FORMAT..=JOURNAL_FORMAT).contains(&format) {
             return Err(JournalError::Format {
                 path: self.path.clone(),
                 found: format,

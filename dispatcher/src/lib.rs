@@ -106,8 +106,8 @@ pub use service::{
     serve, Clock, DispatcherThread, ManualClock, MonotonicClock, ServeError, ServiceConfig,
 };
 pub use state::{
-    Command, DispatcherState, Event, Lease, WorkerInfo, WorkerStatus, MIN_LEASE_SHARE,
-    PROTOCOL_VERSION,
+    Command, DispatcherState, Event, GrantedBatch, Lease, WorkerInfo, WorkerStatus,
+    MIN_LEASE_SHARE, PROTOCOL_VERSION,
 };
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -44,7 +44,11 @@ fn register(state: &mut DispatcherState, worker: WorkerId, stage: StageId) {
 fn lease(state: &mut DispatcherState, worker: WorkerId, now: u64) -> Result<(StepId, Vec<u64>)> {
     let events = state.apply(Command::RequestLease { worker }, t(now))?;
     match events.as_slice() {
-        [Event::LeaseGranted { step, records, .. }] => Ok((*step, records.clone())),
+        [Event::LeaseGranted {
+            step,
+            batch: GrantedBatch::Records(records),
+            ..
+        }] => Ok((*step, records.clone())),
         other => panic!("unexpected events {other:?}"),
     }
 }
@@ -361,21 +365,85 @@ fn replay_refuses_a_journal_of_another_seed_or_an_impossible_event() {
 
 #[test]
 fn events_round_trip_through_json() {
+    let grant = |batch| Event::LeaseGranted {
+        worker: W1,
+        stage: S0,
+        step: StepId::new(1, 2),
+        deadline: t(5),
+        batch,
+    };
     let events = vec![
-        Event::LeaseGranted {
-            worker: W1,
-            stage: S0,
-            step: StepId::new(1, 2),
-            deadline: t(5),
-            records: vec![3, 1],
-        },
+        grant(GrantedBatch::Records(vec![3, 1])),
         Event::EndOfData {
             last: StepId::new(1, 3),
         },
     ];
     let text = serde_json::to_string(&events).expect("serialize");
     let back: Vec<Event> = serde_json::from_str(&text).expect("deserialize");
+    // A grant keeps its batch's CRC only: the CRC-32C of the ids as little-endian u64s.
+    let crc = crc32c::crc32c(&[3u64.to_le_bytes(), 1u64.to_le_bytes()].concat());
+    assert_eq!(GrantedBatch::crc_of(&[3, 1]), crc);
+    assert_eq!(back, vec![grant(GrantedBatch::Crc(crc)), events[1].clone()]);
+    let written = format!("\"batch\":{crc}");
+    assert!(text.contains(&written), "{text}");
+    assert_eq!(serde_json::to_string(&back).expect("serialize again"), text);
+    // A format-1 line lists the ids, under `records`.
+    let old = text.replace(&written, "\"records\":[3,1]");
+    let back: Vec<Event> = serde_json::from_str(&old).expect("format 1");
     assert_eq!(back, events);
+    // Neither a CRC beyond 32 bits nor anything else is a batch.
+    for bad in [
+        "\"batch\":4294967296",
+        "\"batch\":\"3,1\"",
+        "\"batch\":[-1]",
+    ] {
+        let text = text.replace(&written, bad);
+        assert!(serde_json::from_str::<Vec<Event>>(&text).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn a_replay_checks_each_grant_by_its_crc_and_by_its_ids() {
+    let mut state = DispatcherState::new(config(1)).expect("state");
+    let mut journal = state
+        .apply(
+            Command::RegisterWorker {
+                worker: W1,
+                stage: S0,
+                protocol_version: PROTOCOL_VERSION,
+            },
+            t(0),
+        )
+        .expect("register");
+    journal.extend(
+        state
+            .apply(Command::RequestLeases { worker: W1, max: 2 }, t(0))
+            .expect("lease"),
+    );
+    // As a journal gives them back: CRCs, not ids.
+    let read_back: Vec<Event> =
+        serde_json::from_str(&serde_json::to_string(&journal).expect("serialize"))
+            .expect("deserialize");
+    assert!(read_back.iter().any(|e| matches!(
+        e,
+        Event::LeaseGranted {
+            batch: GrantedBatch::Crc(_),
+            ..
+        }
+    )));
+    assert_eq!(
+        DispatcherState::replay(config(1), &read_back).as_ref(),
+        Ok(&state)
+    );
+    // Another order (another seed) is refused by the CRC as by the ids.
+    let mut reseeded = config(1);
+    reseeded.shuffle = Shuffle::Seeded { seed: 8 };
+    for events in [&journal, &read_back] {
+        assert!(matches!(
+            DispatcherState::replay(reseeded.clone(), events),
+            Err(Error::Journal { index: 1, .. })
+        ));
+    }
 }
 
 // ---- property tests ----
@@ -705,7 +773,7 @@ proptest! {
             for event in events {
                 match event {
                     Event::StepCompleted { stage, step, .. } => *completions.entry((stage, step)).or_default() += 1,
-                    Event::LeaseGranted { step, records, .. } => {
+                    Event::LeaseGranted { step, batch: GrantedBatch::Records(records), .. } => {
                         let first = batches.entry(step).or_insert_with(|| records.clone());
                         prop_assert_eq!(&*first, &records, "a re-lease changed the batch of {}", step);
                     }
@@ -882,7 +950,12 @@ fn a_receiver_reset_leases_completed_unconsumed_steps_again_with_the_same_batche
             .apply(Command::RequestLease { worker: w }, t(1))
             .expect("lease")
         {
-            if let Event::LeaseGranted { step, records, .. } = e {
+            if let Event::LeaseGranted {
+                step,
+                batch: GrantedBatch::Records(records),
+                ..
+            } = e
+            {
                 first.push((step, records));
             }
         }
@@ -921,7 +994,7 @@ fn a_receiver_reset_leases_completed_unconsumed_steps_again_with_the_same_batche
             .apply(Command::RequestLease { worker: w }, t(5))
             .expect("lease");
         assert!(
-            again.iter().any(|e| matches!(e, Event::LeaseGranted { step: s, records: r, .. } if s == step && r == records)),
+            again.iter().any(|e| matches!(e, Event::LeaseGranted { step: s, batch, .. } if s == step && batch.records() == Some(records))),
             "{again:?}"
         );
     }

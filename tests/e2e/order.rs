@@ -11,8 +11,8 @@ use lode_dataworker::TensorData;
 use lode_decoupler::graph::Graph;
 use lode_decoupler::source::{describe, IndexOp};
 use lode_dispatcher::{
-    Command, DispatcherConfig, DispatcherState, Event, IndexChain, StageId, Time, WorkerId,
-    PROTOCOL_VERSION,
+    Command, DispatcherConfig, DispatcherState, Event, GrantedBatch, IndexChain, StageId, Time,
+    WorkerId, PROTOCOL_VERSION,
 };
 use lode_proto::view::GraphView;
 use serde_json::Value;
@@ -38,8 +38,12 @@ fn leased(config: DispatcherConfig) -> Vec<Vec<u64>> {
         .expect("register");
     let mut out = Vec::new();
     while let Ok(step) = state.lease_complete_consume(worker, now) {
-        let Some(Event::LeaseGranted { records, .. }) = step.first() else {
-            panic!("a step starts with its grant");
+        let Some(Event::LeaseGranted {
+            batch: GrantedBatch::Records(records),
+            ..
+        }) = step.first()
+        else {
+            panic!("a step starts with its grant, with its record ids");
         };
         out.push(records.clone());
         events.extend(step);

@@ -27,8 +27,8 @@ use std::time::Duration;
 use super::core::{ApplyError, Core};
 use crate::journal::JOURNAL_FILE;
 use crate::{
-    index_batch, Command, DispatcherConfig, Epoch, Error, Event, JobId, Shuffle, Step, StepId,
-    Time, WorkerId, PROTOCOL_VERSION,
+    index_batch, Command, DispatcherConfig, Epoch, Error, Event, GrantedBatch, JobId, Shuffle,
+    Step, StepId, Time, WorkerId, PROTOCOL_VERSION,
 };
 
 const LEASE_MS: u64 = 50;
@@ -127,7 +127,7 @@ fn granted(events: &[Event], worker: WorkerId) -> Vec<(StepId, Vec<u64>, bool)> 
             Event::LeaseGranted {
                 worker: w,
                 step,
-                records,
+                batch: GrantedBatch::Records(records),
                 ..
             } if *w == worker => Some((*step, records.clone(), false)),
             _ => None,

@@ -23,7 +23,9 @@ use super::{
     FINISHED_RETRY_AFTER, LEASE_RETRY_AFTER, MAX_ADDR_BYTES, MAX_MESSAGE_BYTES,
     MAX_STEPS_PER_REQUEST, MAX_WORKERS_PER_JOB, MAX_WORKER_NAME_BYTES,
 };
-use crate::{Command, Error, Event, JobId, StageId, StepId, Time, WorkerId, WorkerStatus};
+use crate::{
+    Command, Error, Event, GrantedBatch, JobId, StageId, StepId, Time, WorkerId, WorkerStatus,
+};
 
 /// The dispatcher's gRPC service for one job. Cheap to clone: clones share one [`Core`].
 #[derive(Clone)]
@@ -655,15 +657,20 @@ fn lease_outcome(
                         stage,
                         step,
                         deadline,
-                        records,
+                        batch: GrantedBatch::Records(records),
                         ..
-                    } => Some(v1::StepLease {
+                    } => Some(Ok(v1::StepLease {
                         generation,
                         ..convert::step_lease(stage, step, records, deadline, now)
-                    }),
+                    })),
+                    // A grant made now has its ids; only one read back from the journal
+                    // lacks them.
+                    Event::LeaseGranted { step, .. } => Some(Err(Status::internal(format!(
+                        "the grant of {step} came without its records"
+                    )))),
                     _ => None,
                 })
-                .collect();
+                .collect::<Result<_, Status>>()?;
             if batched {
                 // Consecutive steps granted together travel as runs.
                 Ok(Outcome::Leases(v1::StepLeases::from_leases(steps)))
