@@ -12,9 +12,11 @@
 //!   applied. A batch is written with one `write`; [`SyncPoint::sync_to`] makes it durable
 //!   (group commit) for the requests that must be durable before their answer (the crate
 //!   docs' "Durability" says which).
-//! - A grant keeps its step's batch as a CRC of its record ids (format 2; format 1 listed the
-//!   ids, and is still read): the ids are recomputed from the config at replay and checked
-//!   against it (see [`crate::GrantedBatch`]).
+//! - Format 2 (format 1 is still read): a grant keeps its step's batch as a CRC of its record
+//!   ids, which a replay recomputes from the config and checks (see [`crate::GrantedBatch`]);
+//!   grants of consecutive steps to one worker, and retirements of consecutive steps, go as
+//!   one [`Record::Granted`] or [`Record::Retired`] each (a lease request of 512 steps is one
+//!   record, not 512). Format 1 listed every grant's ids and wrote one record an event.
 //!
 //! # Recovery
 //! A crash mid-write leaves a torn last line: without its newline, or failing its CRC or its
@@ -30,9 +32,9 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::config::DispatcherConfig;
-use crate::ids::{JobId, Time};
+use crate::ids::{JobId, StageId, StepId, Time, WorkerId};
 use crate::order::PickedSeed;
-use crate::state::Event;
+use crate::state::{Event, GrantedBatch};
 
 /// The journal's file name inside the journal directory.
 pub const JOURNAL_FILE: &str = "journal.jsonl";
@@ -66,6 +68,207 @@ pub enum Record {
     Event(Event),
     /// The training side registered where data workers push step messages.
     Consumer { receiver_addr: String },
+    /// `LeaseGranted` events of consecutive steps (`first` and the steps after it in its
+    /// epoch, one a batch), one after another, to one worker of one stage with one deadline:
+    /// what a lease request of many steps grants, in one record (format 2).
+    Granted {
+        worker: WorkerId,
+        stage: StageId,
+        first: StepId,
+        deadline: Time,
+        batches: Vec<GrantedBatch>,
+    },
+    /// `LeaseRetired` events of `count` consecutive steps from `first`, one after another, of
+    /// one worker of one stage: what a watermark's advance retires, in one record (format 2).
+    Retired {
+        worker: WorkerId,
+        stage: StageId,
+        first: StepId,
+        count: u64,
+    },
+}
+
+impl Record {
+    /// `events` as records, in order: runs of grants and of retirements (consecutive steps,
+    /// one worker and stage; one deadline for grants) as one record each, every other event
+    /// as itself; grants with their batches' CRCs.
+    pub fn of_events(events: &[Event]) -> Vec<Record> {
+        let mut out: Vec<Record> = Vec::with_capacity(events.len().min(8));
+        for event in events {
+            let joined = match (out.last_mut(), event) {
+                (
+                    Some(Record::Granted {
+                        worker,
+                        stage,
+                        first,
+                        deadline,
+                        batches,
+                    }),
+                    Event::LeaseGranted {
+                        worker: w,
+                        stage: s,
+                        step,
+                        deadline: d,
+                        batch,
+                    },
+                ) if (*worker, *stage, *deadline) == (*w, *s, *d)
+                    && follows(*first, batches.len(), *step) =>
+                {
+                    batches.push(batch.to_crc());
+                    true
+                }
+                (
+                    Some(Record::Retired {
+                        worker,
+                        stage,
+                        first,
+                        count,
+                    }),
+                    Event::LeaseRetired {
+                        worker: w,
+                        stage: s,
+                        step,
+                    },
+                ) if (*worker, *stage) == (*w, *s)
+                    && usize::try_from(*count).is_ok_and(|n| follows(*first, n, *step)) =>
+                {
+                    *count += 1;
+                    true
+                }
+                _ => false,
+            };
+            if joined {
+                continue;
+            }
+            // A run starts as the event itself; a second step of it makes it a run.
+            let run = match (out.last(), event) {
+                (
+                    Some(Record::Event(Event::LeaseGranted {
+                        worker,
+                        stage,
+                        step: first,
+                        deadline,
+                        batch,
+                    })),
+                    Event::LeaseGranted {
+                        worker: w,
+                        stage: s,
+                        step,
+                        deadline: d,
+                        batch: next,
+                    },
+                ) if (worker, stage, deadline) == (w, s, d) && follows(*first, 1, *step) => {
+                    Some(Record::Granted {
+                        worker: *worker,
+                        stage: *stage,
+                        first: *first,
+                        deadline: *deadline,
+                        batches: vec![batch.to_crc(), next.to_crc()],
+                    })
+                }
+                (
+                    Some(Record::Event(Event::LeaseRetired {
+                        worker,
+                        stage,
+                        step: first,
+                    })),
+                    Event::LeaseRetired {
+                        worker: w,
+                        stage: s,
+                        step,
+                    },
+                ) if (worker, stage) == (w, s) && follows(*first, 1, *step) => {
+                    Some(Record::Retired {
+                        worker: *worker,
+                        stage: *stage,
+                        first: *first,
+                        count: 2,
+                    })
+                }
+                _ => None,
+            };
+            match run {
+                Some(run) => {
+                    if let Some(last) = out.last_mut() {
+                        *last = run;
+                    }
+                }
+                None => out.push(Record::Event(journaled(event))),
+            }
+        }
+        out
+    }
+
+    /// Hands the events this record stands for to `f`, in order (none for `Consumer`), until
+    /// `f` fails. A run's steps past the last a step number can hold are given as that last
+    /// one, which no state accepts.
+    pub fn each_event<E>(self, mut f: impl FnMut(Event) -> Result<(), E>) -> Result<(), E> {
+        let nth = |first: StepId, n: u64| StepId {
+            epoch: first.epoch,
+            step: crate::ids::Step(first.step.0.saturating_add(n)),
+        };
+        match self {
+            Record::Event(event) => f(event),
+            Record::Consumer { .. } => Ok(()),
+            Record::Granted {
+                worker,
+                stage,
+                first,
+                deadline,
+                batches,
+            } => (0u64..).zip(batches).try_for_each(|(n, batch)| {
+                f(Event::LeaseGranted {
+                    worker,
+                    stage,
+                    step: nth(first, n),
+                    deadline,
+                    batch,
+                })
+            }),
+            Record::Retired {
+                worker,
+                stage,
+                first,
+                count,
+            } => (0..count).try_for_each(|n| {
+                f(Event::LeaseRetired {
+                    worker,
+                    stage,
+                    step: nth(first, n),
+                })
+            }),
+        }
+    }
+}
+
+/// `event` as the journal keeps it: a grant with its batch's CRC, not its ids (which would
+/// be copied only to be summed when written).
+fn journaled(event: &Event) -> Event {
+    match event {
+        Event::LeaseGranted {
+            worker,
+            stage,
+            step,
+            deadline,
+            batch,
+        } => Event::LeaseGranted {
+            worker: *worker,
+            stage: *stage,
+            step: *step,
+            deadline: *deadline,
+            batch: batch.to_crc(),
+        },
+        other => other.clone(),
+    }
+}
+
+/// Whether `step` is the step `n` after `first` in its epoch.
+fn follows(first: StepId, n: usize, step: StepId) -> bool {
+    step.epoch == first.epoch
+        && u64::try_from(n)
+            .ok()
+            .and_then(|n| first.step.0.checked_add(n))
+            == Some(step.step.0)
 }
 
 /// The records of one request, applied at `at` on the dispatcher's clock.
@@ -694,9 +897,10 @@ fn differing_fields(a: &DispatcherConfig, b: &DispatcherConfig) -> Vec<String> {
 mod tests {
     use std::time::Duration;
 
+    use proptest::prelude::*;
+
     use super::*;
     use crate::config::Shuffle;
-    use crate::ids::{StageId, WorkerId};
 
     fn config() -> DispatcherConfig {
         DispatcherConfig {
@@ -756,6 +960,128 @@ mod tests {
             .expect("append after reopen");
         drop(rec);
         assert_eq!(open(dir.path()).expect("reopen").batches.len(), 3);
+    }
+
+    /// The events `records` stand for, in order.
+    fn events_of(records: Vec<Record>) -> Vec<Event> {
+        let mut out = Vec::new();
+        for r in records {
+            r.each_event(|e| {
+                out.push(e);
+                Ok::<(), ()>(())
+            })
+            .expect("collect");
+        }
+        out
+    }
+
+    #[test]
+    fn runs_of_grants_and_retirements_are_one_record_each() {
+        let (w, s) = (WorkerId(1), StageId(0));
+        let grant = |step, deadline, crc| Event::LeaseGranted {
+            worker: w,
+            stage: s,
+            step: StepId::new(0, step),
+            deadline: Time(deadline),
+            batch: GrantedBatch::Crc(crc),
+        };
+        let retire = |worker, step| Event::LeaseRetired {
+            worker: WorkerId(worker),
+            stage: s,
+            step: StepId::new(0, step),
+        };
+        let events = vec![
+            grant(4, 9, 40),
+            grant(5, 9, 50),
+            grant(6, 9, 60),
+            // Another deadline, then a gap: new records.
+            grant(7, 10, 70),
+            grant(9, 10, 90),
+            Event::WatermarkAdvanced {
+                watermark: StepId::new(0, 6),
+            },
+            retire(1, 4),
+            retire(1, 5),
+            retire(2, 6),
+        ];
+        let records = Record::of_events(&events);
+        assert_eq!(
+            records,
+            vec![
+                Record::Granted {
+                    worker: w,
+                    stage: s,
+                    first: StepId::new(0, 4),
+                    deadline: Time(9),
+                    batches: vec![
+                        GrantedBatch::Crc(40),
+                        GrantedBatch::Crc(50),
+                        GrantedBatch::Crc(60)
+                    ],
+                },
+                Record::Event(grant(7, 10, 70)),
+                Record::Event(grant(9, 10, 90)),
+                Record::Event(events[5].clone()),
+                Record::Retired {
+                    worker: w,
+                    stage: s,
+                    first: StepId::new(0, 4),
+                    count: 2,
+                },
+                Record::Event(retire(2, 6)),
+            ]
+        );
+        assert_eq!(events_of(records), events);
+    }
+
+    fn arb_event() -> impl Strategy<Value = Event> {
+        let step = (
+            0u64..2,
+            prop_oneof![0u64..6, Just(u64::MAX - 1), Just(u64::MAX)],
+        )
+            .prop_map(|(e, s)| StepId::new(e, s));
+        prop_oneof![
+            (0u64..2, 0u32..2, step.clone(), 0u64..2, any::<u32>()).prop_map(
+                |(w, s, step, d, crc)| Event::LeaseGranted {
+                    worker: WorkerId(w),
+                    stage: StageId(s),
+                    step,
+                    deadline: Time(d),
+                    batch: GrantedBatch::Crc(crc),
+                }
+            ),
+            (0u64..2, 0u32..2, step.clone()).prop_map(|(w, s, step)| Event::LeaseRetired {
+                worker: WorkerId(w),
+                stage: StageId(s),
+                step,
+            }),
+            (0u64..2, 0u32..2, step).prop_map(|(w, s, step)| Event::LeaseExpired {
+                worker: WorkerId(w),
+                stage: StageId(s),
+                step,
+            }),
+        ]
+    }
+
+    proptest! {
+        /// Whatever the events, their records stand for exactly them, in order, through the
+        /// journal's JSON too, and no two adjacent records could have been one run.
+        #[test]
+        fn records_stand_for_their_events(events in prop::collection::vec(arb_event(), 0..40)) {
+            let records = Record::of_events(&events);
+            prop_assert!(records.len() <= events.len());
+            let text = serde_json::to_string(&records).expect("serialize");
+            let back: Vec<Record> = serde_json::from_str(&text).expect("deserialize");
+            prop_assert_eq!(&back, &records);
+            prop_assert_eq!(events_of(back), events.clone());
+            for pair in records.windows(2) {
+                let mut both = Vec::new();
+                for r in pair {
+                    both.extend(events_of(vec![r.clone()]));
+                }
+                prop_assert_eq!(Record::of_events(&both).len(), 2, "{:?}", pair);
+            }
+        }
     }
 
     #[test]

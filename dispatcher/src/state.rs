@@ -99,6 +99,14 @@ impl GrantedBatch {
             .fold(0, |crc, r| crc32c::crc32c_append(crc, &r.to_le_bytes()))
     }
 
+    /// The batch as the journal keeps it: its CRC.
+    pub fn to_crc(&self) -> GrantedBatch {
+        match self {
+            GrantedBatch::Records(records) => GrantedBatch::Crc(Self::crc_of(records)),
+            GrantedBatch::Crc(crc) => GrantedBatch::Crc(*crc),
+        }
+    }
+
     /// The record ids, when this grant still has them (it was made here, not read back).
     pub fn records(&self) -> Option<&[u64]> {
         match self {

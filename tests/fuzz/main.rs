@@ -445,9 +445,10 @@ fn fuzz_plan_json() {
 #[test]
 fn fuzz_journal() {
     use lode_dispatcher::journal::{Batch, Journal, Record};
-    use lode_dispatcher::state::Event;
     use lode_dispatcher::WorkerId;
-    use lode_dispatcher::{DispatcherConfig, DispatcherState, JobId, Shuffle, StageId, Time};
+    use lode_dispatcher::{
+        Command, DispatcherConfig, DispatcherState, JobId, Shuffle, StageId, StepId, Time,
+    };
     let config = DispatcherConfig {
         records: 10,
         batch_size: 3,
@@ -462,21 +463,35 @@ fn fuzz_journal() {
     };
     let dir = scratch();
     {
+        // A real history, journaled as the service journals it: registrations, a run of
+        // grants, a watermark and the run of retirements it caused.
         let mut rec = Journal::open(dir.path(), JobId(1), &config).expect("create");
-        for w in 1..4 {
+        let mut state = DispatcherState::new(config.clone()).expect("state");
+        let commands = (1..4)
+            .map(|w| Command::RegisterWorker {
+                worker: WorkerId(w),
+                stage: StageId(0),
+                protocol_version: lode_dispatcher::PROTOCOL_VERSION,
+            })
+            .chain([
+                Command::RequestLeases {
+                    worker: WorkerId(1),
+                    max: 2,
+                },
+                Command::Consumed {
+                    watermark: StepId::new(0, 1),
+                },
+            ]);
+        for (at, command) in (1..).zip(commands) {
+            let events = state.apply(command, Time(at)).expect("apply");
+            let mut records = Record::of_events(&events);
+            records.push(Record::Consumer {
+                receiver_addr: "127.0.0.1:1".into(),
+            });
             rec.journal
                 .append(&Batch {
-                    at: Time(w),
-                    records: vec![
-                        Record::Event(Event::WorkerRegistered {
-                            worker: WorkerId(w),
-                            stage: StageId(0),
-                            at: Time(w),
-                        }),
-                        Record::Consumer {
-                            receiver_addr: "127.0.0.1:1".into(),
-                        },
-                    ],
+                    at: Time(at),
+                    records,
                 })
                 .expect("append");
         }
@@ -486,16 +501,17 @@ fn fuzz_journal() {
     fuzz("journal", seeds, Some(repair_journal), |bytes| {
         std::fs::write(&path, bytes).expect("write");
         if let Ok(rec) = Journal::open(dir.path(), JobId(1), &config) {
-            let events: Vec<&Event> = rec
-                .batches
-                .iter()
-                .flat_map(|(_, b)| &b.records)
-                .filter_map(|r| match r {
-                    Record::Event(e) => Some(e),
-                    Record::Consumer { .. } => None,
+            // Replayed as the dispatcher replays: event by event, to the first refusal.
+            let mut state = DispatcherState::new(config.clone()).expect("state");
+            let mut index = 0;
+            let _ = rec.batches.into_iter().try_for_each(|(_, b)| {
+                b.records.into_iter().try_for_each(|r| {
+                    r.each_event(|e| {
+                        index += 1;
+                        state.replay_event(index - 1, &e)
+                    })
                 })
-                .collect();
-            let _ = DispatcherState::replay(config.clone(), events);
+            });
         }
     });
 }

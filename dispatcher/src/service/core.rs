@@ -113,27 +113,30 @@ impl Core {
         let reopened = Journal::open_replaying(dir, job, config, |line, batch| {
             resume_at = resume_at.max(batch.at);
             for record in batch.records {
-                match record {
-                    Record::Event(event) => {
-                        observe(&event, &mut drained, &mut next_worker);
-                        state
-                            .replay_event(events, &event)
-                            .map_err(|err| match err {
-                                Error::Journal { reason, .. } => {
-                                    ServeError::Journal(JournalError::Corrupt {
-                                        path: path.clone(),
-                                        line,
-                                        reason: format!("the event does not replay: {reason}"),
-                                    })
-                                }
-                                other => ServeError::Dispatcher(other),
-                            })?;
-                        events += 1;
-                    }
-                    Record::Consumer {
-                        receiver_addr: addr,
-                    } => receiver_addr = addr,
+                if let Record::Consumer {
+                    receiver_addr: addr,
+                } = record
+                {
+                    receiver_addr = addr;
+                    continue;
                 }
+                record.each_event(|event| {
+                    observe(&event, &mut drained, &mut next_worker);
+                    state
+                        .replay_event(events, &event)
+                        .map_err(|err| match err {
+                            Error::Journal { reason, .. } => {
+                                ServeError::Journal(JournalError::Corrupt {
+                                    path: path.clone(),
+                                    line,
+                                    reason: format!("the event does not replay: {reason}"),
+                                })
+                            }
+                            other => ServeError::Dispatcher(other),
+                        })?;
+                    events += 1;
+                    Ok::<(), ServeError>(())
+                })?;
             }
             Ok::<(), ServeError>(())
         })?;
@@ -173,7 +176,7 @@ impl Core {
             for event in &events {
                 observe(event, &mut self.drained, &mut self.next_worker);
             }
-            let records = events.iter().cloned().map(Record::Event).collect();
+            let records = Record::of_events(&events);
             self.write(now, records)?;
         }
         Ok(events)
