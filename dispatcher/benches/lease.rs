@@ -5,7 +5,9 @@
 //! own connection) loop Lease → Complete as fast as they can, `k` steps per request (one
 //! `Lease` with `max_steps = k`, one `Complete` listing the k steps; `k = 1` is the one-step
 //! protocol); a consumer task reports the contiguous prefix of completed steps as consumed
-//! every 10 ms, as the training side would. "steps/s" counts leased steps; the latencies are
+//! every 10 ms, as the training side would, with a receiver's window of 1024 steps (a
+//! training side's default capacity of short steps; `LODE_BENCH_WINDOW=<steps>`), which the
+//! dispatcher shares out among the workers as their lease limits: 16 steps each for 64. "steps/s" counts leased steps; the latencies are
 //! per request. Workers that loop as fast as they can measure the most the dispatcher
 //! serves, and their latency is mostly queueing (64 requests always waiting on 2 cores);
 //! `LODE_BENCH_RATE=<steps/s>` (default `0,60000`: 0 is flat out) paces the workers instead,
@@ -56,6 +58,17 @@ fn max_leases(k: u32) -> u32 {
 const DEFAULT_WORKERS: usize = 64;
 const WARMUP: Duration = Duration::from_millis(500);
 const CONSUME_EVERY: Duration = Duration::from_millis(10);
+
+/// The receiver's window the consumer reports, in steps: a training side's receiver of short
+/// steps holds up to 1024 (`lode_dataworker::transfer::receiver::DEFAULT_CAPACITY`). Without
+/// a report the dispatcher assumes 64, and 64 workers would lease at most a few steps each.
+fn window() -> u64 {
+    std::env::var("LODE_BENCH_WINDOW")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .filter(|&w| w > 0)
+        .unwrap_or(1024)
+}
 
 /// `LODE_BENCH_ORDER`: `lode` (Lode's own seeded permutation, the default), `sequential`
 /// (TensorFlow's order of `batch(32)`) or `shuffle` (TensorFlow's order of
@@ -276,7 +289,7 @@ async fn consumer(
                             step: last % per_epoch,
                             busy_us: 0,
                             end_job: false,
-                            window: 0,
+                            window: window(),
                         })
                         .await
                         .expect("consumed");
@@ -464,7 +477,8 @@ fn main() {
         cases.push(("/dev/shm", shm.path().to_owned()));
     }
     println!(
-        "lease bench: {workers} workers, {RECORDS} records, batch {BATCH}, max_leases max(2k, 4), {secs} s per case, order {}, journal under {}",
+        "lease bench: {workers} workers, {RECORDS} records, batch {BATCH}, max_leases max(2k, 4), receiver's window {} steps, {secs} s per case, order {}, journal under {}",
+        window(),
         std::env::var("LODE_BENCH_ORDER").unwrap_or_else(|_| "lode".into()),
         base.display()
     );
