@@ -68,197 +68,167 @@ pub enum Record {
     Event(Event),
     /// The training side registered where data workers push step messages.
     Consumer { receiver_addr: String },
-    /// `LeaseGranted` events of consecutive steps (`first` and the steps after it in its
-    /// epoch, one a batch), one after another, to one worker of one stage with one deadline:
-    /// what a lease request of many steps grants, in one record (format 2).
-    Granted {
-        worker: WorkerId,
-        stage: StageId,
-        first: StepId,
-        deadline: Time,
-        batches: Vec<GrantedBatch>,
-    },
-    /// `LeaseRetired` events of `count` consecutive steps from `first`, one after another, of
-    /// one worker of one stage: what a watermark's advance retires, in one record (format 2).
-    Retired {
-        worker: WorkerId,
-        stage: StageId,
-        first: StepId,
-        count: u64,
-    },
+    /// `LeaseGranted` events of consecutive steps, in one record (format 2): what a lease
+    /// request of many steps grants.
+    Granted(GrantRun),
+    /// `LeaseRetired` events of consecutive steps, in one record (format 2): what a
+    /// watermark's advance retires.
+    Retired(RetireRun),
+}
+
+/// Grants of `first` and the steps after it in its epoch (one a batch, in order) to one
+/// worker of one stage with one deadline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantRun {
+    pub worker: WorkerId,
+    pub stage: StageId,
+    pub first: StepId,
+    pub deadline: Time,
+    pub batches: Vec<GrantedBatch>,
+}
+
+/// Retirements of `count` steps from `first` in its epoch, of one worker of one stage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetireRun {
+    pub worker: WorkerId,
+    pub stage: StageId,
+    pub first: StepId,
+    pub count: u64,
 }
 
 impl Record {
     /// `events` as records, in order: runs of grants and of retirements (consecutive steps,
     /// one worker and stage; one deadline for grants) as one record each, every other event
-    /// as itself; grants with their batches' CRCs.
+    /// (and a run of one) as itself; grants with their batches' CRCs.
     pub fn of_events(events: &[Event]) -> Vec<Record> {
         let mut out: Vec<Record> = Vec::with_capacity(events.len().min(8));
         for event in events {
-            let joined = match (out.last_mut(), event) {
-                (
-                    Some(Record::Granted {
-                        worker,
-                        stage,
-                        first,
-                        deadline,
-                        batches,
-                    }),
-                    Event::LeaseGranted {
-                        worker: w,
-                        stage: s,
-                        step,
-                        deadline: d,
-                        batch,
-                    },
-                ) if (*worker, *stage, *deadline) == (*w, *s, *d)
-                    && follows(*first, batches.len(), *step) =>
-                {
-                    batches.push(batch.to_crc());
-                    true
-                }
-                (
-                    Some(Record::Retired {
-                        worker,
-                        stage,
-                        first,
-                        count,
-                    }),
-                    Event::LeaseRetired {
-                        worker: w,
-                        stage: s,
-                        step,
-                    },
-                ) if (*worker, *stage) == (*w, *s)
-                    && usize::try_from(*count).is_ok_and(|n| follows(*first, n, *step)) =>
-                {
-                    *count += 1;
-                    true
-                }
-                _ => false,
-            };
-            if joined {
-                continue;
-            }
-            // A run starts as the event itself; a second step of it makes it a run.
-            let run = match (out.last(), event) {
-                (
-                    Some(Record::Event(Event::LeaseGranted {
-                        worker,
-                        stage,
-                        step: first,
-                        deadline,
-                        batch,
-                    })),
-                    Event::LeaseGranted {
-                        worker: w,
-                        stage: s,
-                        step,
-                        deadline: d,
-                        batch: next,
-                    },
-                ) if (worker, stage, deadline) == (w, s, d) && follows(*first, 1, *step) => {
-                    Some(Record::Granted {
-                        worker: *worker,
-                        stage: *stage,
-                        first: *first,
-                        deadline: *deadline,
-                        batches: vec![batch.to_crc(), next.to_crc()],
-                    })
-                }
-                (
-                    Some(Record::Event(Event::LeaseRetired {
-                        worker,
-                        stage,
-                        step: first,
-                    })),
-                    Event::LeaseRetired {
-                        worker: w,
-                        stage: s,
-                        step,
-                    },
-                ) if (worker, stage) == (w, s) && follows(*first, 1, *step) => {
-                    Some(Record::Retired {
-                        worker: *worker,
-                        stage: *stage,
-                        first: *first,
-                        count: 2,
-                    })
-                }
-                _ => None,
-            };
-            match run {
-                Some(run) => {
-                    if let Some(last) = out.last_mut() {
-                        *last = run;
-                    }
-                }
-                None => out.push(Record::Event(journaled(event))),
+            if !out.last_mut().is_some_and(|last| last.join(event)) {
+                out.push(Record::run_of(event));
             }
         }
-        out
+        out.into_iter().map(Record::unless_single).collect()
+    }
+
+    /// A run of `event` alone, when it can start one; else the event as its record.
+    fn run_of(event: &Event) -> Record {
+        match event {
+            &Event::LeaseGranted {
+                worker,
+                stage,
+                step,
+                deadline,
+                ref batch,
+            } => Record::Granted(GrantRun {
+                worker,
+                stage,
+                first: step,
+                deadline,
+                batches: vec![batch.to_crc()],
+            }),
+            &Event::LeaseRetired {
+                worker,
+                stage,
+                step,
+            } => Record::Retired(RetireRun {
+                worker,
+                stage,
+                first: step,
+                count: 1,
+            }),
+            other => Record::Event(other.clone()),
+        }
+    }
+
+    /// Adds `event` to this run when it is the run's next step; whether it did.
+    fn join(&mut self, event: &Event) -> bool {
+        match (self, event) {
+            (
+                Record::Granted(run),
+                &Event::LeaseGranted {
+                    worker,
+                    stage,
+                    step,
+                    deadline,
+                    ref batch,
+                },
+            ) if (run.worker, run.stage, run.deadline) == (worker, stage, deadline)
+                && follows(run.first, run.batches.len(), step) =>
+            {
+                run.batches.push(batch.to_crc());
+                true
+            }
+            (
+                Record::Retired(run),
+                &Event::LeaseRetired {
+                    worker,
+                    stage,
+                    step,
+                },
+            ) if (run.worker, run.stage) == (worker, stage)
+                && usize::try_from(run.count).is_ok_and(|n| follows(run.first, n, step)) =>
+            {
+                run.count += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A run of one step as the event it stands for; any other record as it is.
+    fn unless_single(self) -> Record {
+        match self {
+            Record::Granted(run) if run.batches.len() == 1 => match run.batches.first().cloned() {
+                Some(batch) => Record::Event(run.event(0, batch)),
+                None => Record::Granted(run),
+            },
+            Record::Retired(run) if run.count == 1 => Record::Event(run.event(0)),
+            other => other,
+        }
     }
 
     /// Hands the events this record stands for to `f`, in order (none for `Consumer`), until
     /// `f` fails. A run's steps past the last a step number can hold are given as that last
     /// one, which no state accepts.
     pub fn each_event<E>(self, mut f: impl FnMut(Event) -> Result<(), E>) -> Result<(), E> {
-        let nth = |first: StepId, n: u64| StepId {
-            epoch: first.epoch,
-            step: crate::ids::Step(first.step.0.saturating_add(n)),
-        };
         match self {
             Record::Event(event) => f(event),
             Record::Consumer { .. } => Ok(()),
-            Record::Granted {
-                worker,
-                stage,
-                first,
-                deadline,
-                batches,
-            } => (0u64..).zip(batches).try_for_each(|(n, batch)| {
-                f(Event::LeaseGranted {
-                    worker,
-                    stage,
-                    step: nth(first, n),
-                    deadline,
-                    batch,
-                })
-            }),
-            Record::Retired {
-                worker,
-                stage,
-                first,
-                count,
-            } => (0..count).try_for_each(|n| {
-                f(Event::LeaseRetired {
-                    worker,
-                    stage,
-                    step: nth(first, n),
-                })
-            }),
+            Record::Granted(run) => {
+                let head = GrantRun {
+                    batches: Vec::new(),
+                    ..run
+                };
+                (0..)
+                    .zip(run.batches)
+                    .try_for_each(|(n, batch)| f(head.event(n, batch)))
+            }
+            Record::Retired(run) => (0..run.count).try_for_each(|n| f(run.event(n))),
         }
     }
 }
 
-/// `event` as the journal keeps it: a grant with its batch's CRC, not its ids (which would
-/// be copied only to be summed when written).
-fn journaled(event: &Event) -> Event {
-    match event {
+impl GrantRun {
+    /// The grant of the run's step `n` (counted from `first`), with `batch`.
+    fn event(&self, n: impl TryInto<u64>, batch: GrantedBatch) -> Event {
         Event::LeaseGranted {
-            worker,
-            stage,
-            step,
-            deadline,
+            worker: self.worker,
+            stage: self.stage,
+            step: nth(self.first, n),
+            deadline: self.deadline,
             batch,
-        } => Event::LeaseGranted {
-            worker: *worker,
-            stage: *stage,
-            step: *step,
-            deadline: *deadline,
-            batch: batch.to_crc(),
-        },
-        other => other.clone(),
+        }
+    }
+}
+
+impl RetireRun {
+    /// The retirement of the run's step `n` (counted from `first`).
+    fn event(&self, n: impl TryInto<u64>) -> Event {
+        Event::LeaseRetired {
+            worker: self.worker,
+            stage: self.stage,
+            step: nth(self.first, n),
+        }
     }
 }
 
@@ -269,6 +239,16 @@ fn follows(first: StepId, n: usize, step: StepId) -> bool {
             .ok()
             .and_then(|n| first.step.0.checked_add(n))
             == Some(step.step.0)
+}
+
+/// The step `n` steps after `first` in its epoch; past the last a step number can hold, that
+/// last one.
+fn nth(first: StepId, n: impl TryInto<u64>) -> StepId {
+    let n = n.try_into().unwrap_or(u64::MAX);
+    StepId {
+        epoch: first.epoch,
+        step: crate::ids::Step(first.step.0.saturating_add(n)),
+    }
 }
 
 /// The records of one request, applied at `at` on the dispatcher's clock.
@@ -1008,7 +988,7 @@ mod tests {
         assert_eq!(
             records,
             vec![
-                Record::Granted {
+                Record::Granted(GrantRun {
                     worker: w,
                     stage: s,
                     first: StepId::new(0, 4),
@@ -1018,16 +998,16 @@ mod tests {
                         GrantedBatch::Crc(50),
                         GrantedBatch::Crc(60)
                     ],
-                },
+                }),
                 Record::Event(grant(7, 10, 70)),
                 Record::Event(grant(9, 10, 90)),
                 Record::Event(events[5].clone()),
-                Record::Retired {
+                Record::Retired(RetireRun {
                     worker: w,
                     stage: s,
                     first: StepId::new(0, 4),
                     count: 2,
-                },
+                }),
                 Record::Event(retire(2, 6)),
             ]
         );

@@ -81,10 +81,11 @@ pub enum Command {
 /// A granted step's index batch: its record ids when granted, only their CRC once read back
 /// from a journal. The ids are the config's batch for the step, a function of the config and
 /// the step alone, so the journal keeps a CRC-32C of them (of the ids as little-endian u64s,
-/// one after another) against which a replay checks the batch it recomputes: a grant's line
-/// is about 150 bytes instead of 360, and a build whose data order differs from the one that
-/// wrote the journal is still refused. In JSON, the ids as an array (format 1) or the CRC as
-/// a number (format 2, which is what is written).
+/// one after another) against which a replay checks the batch it recomputes: a grant takes
+/// about 11 bytes of a run's line (see [`crate::journal::Record::Granted`]) where its ids took
+/// over 200, and a build whose data order differs from the one that wrote the journal is
+/// still refused. In JSON, the ids as an array (format 1) or the CRC as a number (format 2,
+/// which is what is written).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GrantedBatch {
     Records(Vec<u64>),
@@ -99,12 +100,17 @@ impl GrantedBatch {
             .fold(0, |crc, r| crc32c::crc32c_append(crc, &r.to_le_bytes()))
     }
 
+    /// The CRC of the batch's ids.
+    pub fn crc(&self) -> u32 {
+        match self {
+            GrantedBatch::Records(records) => Self::crc_of(records),
+            GrantedBatch::Crc(crc) => *crc,
+        }
+    }
+
     /// The batch as the journal keeps it: its CRC.
     pub fn to_crc(&self) -> GrantedBatch {
-        match self {
-            GrantedBatch::Records(records) => GrantedBatch::Crc(Self::crc_of(records)),
-            GrantedBatch::Crc(crc) => GrantedBatch::Crc(*crc),
-        }
+        GrantedBatch::Crc(self.crc())
     }
 
     /// The record ids, when this grant still has them (it was made here, not read back).
@@ -129,11 +135,7 @@ impl Serialize for GrantedBatch {
         &self,
         serializer: S,
     ) -> std::result::Result<S::Ok, S::Error> {
-        let crc = match self {
-            GrantedBatch::Records(records) => Self::crc_of(records),
-            GrantedBatch::Crc(crc) => *crc,
-        };
-        serializer.serialize_u32(crc)
+        serializer.serialize_u32(self.crc())
     }
 }
 
