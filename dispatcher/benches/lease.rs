@@ -269,6 +269,7 @@ async fn consumer(
     let mut next = 0u64;
     let mut reported = None;
     let mut reports = 0;
+    let window = window();
     let mut tick = tokio::time::interval(CONSUME_EVERY);
     loop {
         tokio::select! {
@@ -289,7 +290,7 @@ async fn consumer(
                             step: last % per_epoch,
                             busy_us: 0,
                             end_job: false,
-                            window: window(),
+                            window,
                         })
                         .await
                         .expect("consumed");

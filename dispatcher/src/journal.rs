@@ -103,9 +103,12 @@ impl Record {
     pub fn of_events(events: &[Event]) -> Vec<Record> {
         let mut out: Vec<Record> = Vec::with_capacity(events.len().min(8));
         for event in events {
-            if !out.last_mut().is_some_and(|last| last.join(event)) {
-                out.push(Record::run_of(event));
-            }
+            let record = Record::run_of(event);
+            let unjoined = match out.last_mut() {
+                Some(last) => last.join(record).err(),
+                None => Some(record),
+            };
+            out.extend(unjoined);
         }
         out.into_iter().map(Record::unless_single).collect()
     }
@@ -140,38 +143,27 @@ impl Record {
         }
     }
 
-    /// Adds `event` to this run when it is the run's next step; whether it did.
-    fn join(&mut self, event: &Event) -> bool {
-        match (self, event) {
-            (
-                Record::Granted(run),
-                &Event::LeaseGranted {
-                    worker,
-                    stage,
-                    step,
-                    deadline,
-                    ref batch,
-                },
-            ) if (run.worker, run.stage, run.deadline) == (worker, stage, deadline)
-                && follows(run.first, run.batches.len(), step) =>
+    /// Adds `next` (a run of one step, see [`Record::run_of`]) to this run when it is the
+    /// run's next step; else gives it back.
+    fn join(&mut self, next: Record) -> Result<(), Record> {
+        match (self, next) {
+            (Record::Granted(run), Record::Granted(next))
+                if (run.worker, run.stage, run.deadline)
+                    == (next.worker, next.stage, next.deadline)
+                    && follows(run.first, run.batches.len(), next.first) =>
             {
-                run.batches.push(batch.to_crc());
-                true
+                run.batches.extend(next.batches);
+                Ok(())
             }
-            (
-                Record::Retired(run),
-                &Event::LeaseRetired {
-                    worker,
-                    stage,
-                    step,
-                },
-            ) if (run.worker, run.stage) == (worker, stage)
-                && usize::try_from(run.count).is_ok_and(|n| follows(run.first, n, step)) =>
+            (Record::Retired(run), Record::Retired(next))
+                if (run.worker, run.stage) == (next.worker, next.stage)
+                    && usize::try_from(run.count)
+                        .is_ok_and(|n| follows(run.first, n, next.first)) =>
             {
-                run.count += 1;
-                true
+                run.count += next.count;
+                Ok(())
             }
-            _ => false,
+            (_, next) => Err(next),
         }
     }
 

@@ -31,13 +31,14 @@ fn t(ms: u64) -> Time {
     Time::from_millis(ms)
 }
 
-fn register(state: &mut DispatcherState, worker: WorkerId, stage: StageId) {
+/// Registers `worker` for `stage`; the events.
+fn register(state: &mut DispatcherState, worker: WorkerId, stage: StageId) -> Vec<Event> {
     let command = Command::RegisterWorker {
         worker,
         stage,
         protocol_version: PROTOCOL_VERSION,
     };
-    state.apply(command, t(0)).expect("register");
+    state.apply(command, t(0)).expect("register")
 }
 
 /// Requests a lease and returns the granted step and records.
@@ -321,19 +322,7 @@ fn hostile_commands_are_rejected_without_change() {
 #[test]
 fn replay_refuses_a_journal_of_another_seed_or_an_impossible_event() {
     let mut state = DispatcherState::new(config(1)).expect("config");
-    let mut journal = Vec::new();
-    journal.extend(
-        state
-            .apply(
-                Command::RegisterWorker {
-                    worker: W1,
-                    stage: S0,
-                    protocol_version: PROTOCOL_VERSION,
-                },
-                t(0),
-            )
-            .expect("register"),
-    );
+    let mut journal = register(&mut state, W1, S0);
     journal.extend(
         state
             .apply(Command::RequestLease { worker: W1 }, t(0))
@@ -405,16 +394,7 @@ fn events_round_trip_through_json() {
 #[test]
 fn a_replay_checks_each_grant_by_its_crc_and_by_its_ids() {
     let mut state = DispatcherState::new(config(1)).expect("state");
-    let mut journal = state
-        .apply(
-            Command::RegisterWorker {
-                worker: W1,
-                stage: S0,
-                protocol_version: PROTOCOL_VERSION,
-            },
-            t(0),
-        )
-        .expect("register");
+    let mut journal = register(&mut state, W1, S0);
     journal.extend(
         state
             .apply(Command::RequestLeases { worker: W1, max: 2 }, t(0))
