@@ -8,8 +8,8 @@ Starts one job (`lode dispatcher`, one `lode worker --metrics`, `lode consume --
 lets it warm up, then over a window reads the worker's counters at both edges and its CPU
 (`/proc/PID/stat`), and prints per step: the worker's CPU, its stage, the freeing of the sent
 tensors, the rest (overhead), and the stage and the freeing over the worker's CPU (the steady
-figure of `peer.py worker-eff`). With perf (the default), the window is also sampled
-(`perf record -g`, 2999 Hz) and every sample is put in the first part whose function is on
+figure of `peer.py worker-eff`); and the dispatcher's CPU and the journal's growth. With
+perf (the default), the window is also sampled (`perf record -g`, 2999 Hz) and every sample is put in the first part whose function is on
 its stack, in this order: the stage, the freeing, the frame encoder, the data-plane send, the
 push answers, the lease answers, the dispatcher RPCs (tonic, h2, hyper, prost: the lease
 requests with their reports and the heartbeat), the rest of `compute_step`, the worker's
@@ -115,9 +115,10 @@ def main():
 
     try:
         addr_file = os.path.join(work, "dispatcher.addr")
-        spawn("dispatcher", [args.lode, "dispatcher", "--plan", args.plan, "--journal",
-                             os.path.join(work, "journal"), "--token", "profile",
-                             "--addr-file", addr_file, "-q"])
+        journal = os.path.join(work, "journal", "journal.jsonl")
+        dispatcher = spawn("dispatcher", [args.lode, "dispatcher", "--plan", args.plan,
+                                          "--journal", os.path.dirname(journal), "--token",
+                                          "profile", "--addr-file", addr_file, "-q"])
         wait_for("dispatcher address", lambda: os.path.exists(addr_file)
                  and os.path.getsize(addr_file) > 0, procs, work)
         with open(addr_file) as f:
@@ -139,6 +140,7 @@ def main():
             "lode_worker_steps_computed_total", 0) > 0, procs, work)
         time.sleep(args.warmup)
         m0, c0, t0 = worker_counters(metrics), cpu_ticks(worker.pid) / TICK, time.monotonic()
+        d0, j0 = cpu_ticks(dispatcher.pid) / TICK, os.path.getsize(journal)
         perf_data = os.path.join(work, "perf.data")
         if perf:
             record = subprocess.run(["perf", "record", "-F", "2999", "-g", "-p",
@@ -151,6 +153,7 @@ def main():
         else:
             time.sleep(args.seconds)
         m1, c1, t1 = worker_counters(metrics), cpu_ticks(worker.pid) / TICK, time.monotonic()
+        d1, j1 = cpu_ticks(dispatcher.pid) / TICK, os.path.getsize(journal)
         for name, p in procs:
             if p.poll() is not None:
                 die(f"the {name} exited ({p.returncode}) during the window")
@@ -169,6 +172,10 @@ def main():
               f"{cpu:.1f} us, stage {stage:.1f} us, freeing {freeing:.1f} us, overhead "
               f"{cpu - stage - freeing:.1f} us, {sent:.0f} bytes sent; stage and freeing over "
               f"the worker's CPU {(stage + freeing) / cpu:.3f}")
+        # The journal grows in the window by what the dispatcher's writer thread wrote (a
+        # line or two may still be on their way at either edge).
+        print(f"  the dispatcher: {(d1 - d0) * us:.2f} us of CPU and {(j1 - j0) / steps:.0f} "
+              f"journal bytes a step")
         sampled = m1.get("lode_worker_stage_cpu_steps_total", 0) - m0.get(
             "lode_worker_stage_cpu_steps_total", 0)
         if sampled > 0:
