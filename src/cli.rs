@@ -247,6 +247,32 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     std::time::Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
 }
 
+/// A size in bytes like `64MiB`, `512KiB`, `1GiB`, `100B` or `0`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let (number, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => (&t[..i], &t[i..]),
+        None => (t, "B"),
+    };
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size like 64MiB or 512KiB"))?;
+    let scale: u64 = match unit {
+        "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "{text:?}: unknown unit {unit:?} (B, KiB, MiB, GiB)"
+            ))
+        }
+    };
+    value
+        .checked_mul(scale)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
 /// TLS for a port this command serves: certificate and key together, or neither (plaintext).
 #[derive(Debug, Clone, Default, Args)]
 pub struct ServerTlsArgs {
@@ -279,6 +305,11 @@ pub struct DispatcherArgs {
     /// Directory of the journal (created; a restart resumes from it).
     #[arg(long)]
     pub journal: PathBuf,
+    /// Rewrite the journal as a snapshot of the state each time it has grown by this much
+    /// (a restart then reads the snapshot and what followed it, not the whole job's
+    /// history), like 64MiB or 512KiB; 0 never compacts.
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
+    pub journal_compact: u64,
     /// The job's token (also LODE_TOKEN); generated and printed when absent.
     #[arg(long, env = "LODE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -607,4 +638,22 @@ pub enum SimPolicyArg {
     Maxtp,
     Srtf,
     Fair,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_take_binary_units_and_refuse_anything_else() {
+        assert_eq!(parse_size("0"), Ok(0));
+        assert_eq!(parse_size("100B"), Ok(100));
+        assert_eq!(parse_size("512KiB"), Ok(512 << 10));
+        assert_eq!(parse_size(" 64MiB "), Ok(64 << 20));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        for bad in ["", "MiB", "1.5MiB", "64MB", "-1", "99999999999GiB"] {
+            let err = parse_size(bad).expect_err(bad);
+            assert!(err.contains(&format!("{bad:?}")), "{bad}: {err}");
+        }
+    }
 }

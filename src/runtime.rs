@@ -154,6 +154,7 @@ pub fn run_dispatcher(args: DispatcherArgs, out: &mut dyn std::io::Write) -> any
         ServiceConfig::for_plan(&plan, JobId(args.job), &token, config, &args.journal)?;
     service.tls = tls;
     service.stop_at_end = !args.keep_serving;
+    service.journal_compact_bytes = args.journal_compact;
     runtime()?.block_on(async {
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await

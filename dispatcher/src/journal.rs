@@ -17,6 +17,11 @@
 //!   grants of consecutive steps to one worker, and retirements of consecutive steps, go as
 //!   one [`Record::Granted`] or [`Record::Retired`] each (a lease request of 512 steps is one
 //!   record, not 512). Format 1 listed every grant's ids and wrote one record an event.
+//! - Format 3 (formats 1 and 2 are still read): a compacted journal. Once the lines appended
+//!   since the last compaction pass a size ([`crate::service::DEFAULT_COMPACT_BYTES`]), the
+//!   service rewrites the journal as its header and one batch holding a [`Record::Snapshot`]
+//!   of its state ([`Journal::compact`]): the file, and what a restart reads, stay in
+//!   proportion to the state, not to the job's history.
 //!
 //! # Recovery
 //! A crash mid-write leaves a torn last line: without its newline, or failing its CRC or its
@@ -34,18 +39,24 @@ use serde::{Deserialize, Serialize};
 use crate::config::DispatcherConfig;
 use crate::ids::{JobId, StageId, StepId, Time, WorkerId};
 use crate::order::PickedSeed;
-use crate::state::{Event, GrantedBatch};
+use crate::state::{Event, GrantedBatch, StateSnapshot};
 
 /// The journal's file name inside the journal directory.
 pub const JOURNAL_FILE: &str = "journal.jsonl";
 
-/// The journal format this build writes. Format 2 keeps a grant's batch as its CRC (see
-/// [`crate::GrantedBatch`]) where format 1 listed its record ids.
-pub const JOURNAL_FORMAT: u32 = 2;
+/// Where [`Journal::compact`] writes the compacted journal before renaming it over
+/// [`JOURNAL_FILE`]; a leftover (a crash before the rename) is removed on open.
+pub const COMPACTING_FILE: &str = "journal.jsonl.compacting";
 
-/// The oldest format this build reads. A journal of format 1 is read and appended to as it
-/// is (its header keeps saying 1; its later grants are written as format 2 writes them), so a
-/// job survives the upgrade; a build that reads only format 1 refuses those later lines.
+/// The journal format this build writes. Format 2 keeps a grant's batch as its CRC (see
+/// [`crate::GrantedBatch`]) where format 1 listed its record ids; format 3 may open with a
+/// [`Record::Snapshot`].
+pub const JOURNAL_FORMAT: u32 = 3;
+
+/// The oldest format this build reads. A journal of an older format is read and appended to
+/// as it is (its header keeps its format; its later records are written as this build writes
+/// them), so a job survives the upgrade; a build that reads only the older format refuses
+/// those later lines. Its first compaction rewrites it in this build's format.
 pub const OLDEST_JOURNAL_FORMAT: u32 = 1;
 
 /// The longest line read or written. A batch is at most one lease's records (bounded by the
@@ -74,6 +85,22 @@ pub enum Record {
     /// `LeaseRetired` events of consecutive steps, in one record (format 2): what a
     /// watermark's advance retires.
     Retired(RetireRun),
+    /// Everything the records before it built (format 3): the only record of a compacted
+    /// journal's first batch. Boxed: every other record is small.
+    Snapshot(Box<Snapshot>),
+}
+
+/// The service's state at a compaction: the state machine's, and what the service derives
+/// from the journal's records besides it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub state: StateSnapshot,
+    /// Where data workers push step messages (the last [`Record::Consumer`]); empty if none.
+    pub receiver_addr: String,
+    /// Workers removed by a drain rather than lost.
+    pub drained: Vec<WorkerId>,
+    /// The next worker id to hand out: above every id ever registered in the job.
+    pub next_worker: u64,
 }
 
 /// Grants of `first` and the steps after it in its epoch (one a batch, in order) to one
@@ -179,13 +206,13 @@ impl Record {
         }
     }
 
-    /// Hands the events this record stands for to `f`, in order (none for `Consumer`), until
-    /// `f` fails. A run's steps past the last a step number can hold are given as that last
+    /// Hands the events this record stands for to `f`, in order (none for `Consumer` or
+    /// `Snapshot`, which a replay takes as they are), until `f` fails. A run's steps past the last a step number can hold are given as that last
     /// one, which no state accepts.
     pub fn each_event<E>(self, mut f: impl FnMut(Event) -> Result<(), E>) -> Result<(), E> {
         match self {
             Record::Event(event) => f(event),
-            Record::Consumer { .. } => Ok(()),
+            Record::Consumer { .. } | Record::Snapshot(_) => Ok(()),
             Record::Granted(run) => {
                 let head = GrantRun {
                     batches: Vec::new(),
@@ -317,9 +344,24 @@ pub struct Reopened {
 pub struct Journal {
     path: PathBuf,
     file: File,
+    /// What line 1 says (the format this build writes, once compacted).
+    header: Header,
     sync: std::sync::Arc<SyncPoint>,
     /// After [`Journal::write_behind`]: lines go to the writer thread, in order.
-    writer: Option<std::sync::mpsc::SyncSender<String>>,
+    writer: Option<std::sync::mpsc::SyncSender<ToWriter>>,
+    /// Bytes of the lines after the header and the snapshot (the file's whole length when
+    /// opened): what a compaction would save.
+    grown: u64,
+    /// The last compaction's header and snapshot lines, in bytes (0 before the first).
+    compacted: u64,
+}
+
+/// What the writer thread is handed, in order.
+#[derive(Debug)]
+enum ToWriter {
+    Line(String),
+    /// From now on, lines go to this file (a compaction renamed it over the journal).
+    Switch(File),
 }
 
 /// The most lines waiting for the writer thread. When the disk falls this far behind, an
@@ -335,7 +377,8 @@ const WRITE_BEHIND_BYTES: usize = 1 << 20;
 /// sequential, so a sync that covers a line covers every line before it.
 #[derive(Debug)]
 pub struct SyncPoint {
-    file: File,
+    /// The journal's file; a compaction replaces it (under `synced`'s lock, then its own).
+    file: std::sync::Mutex<File>,
     /// Bytes appended so far (written, or queued for the writer thread): the offset the
     /// last appended line ends at.
     written: std::sync::atomic::AtomicU64,
@@ -408,7 +451,11 @@ impl SyncPoint {
         }
         // Everything on the file before this sync starts is covered by it.
         let target = self.wait_on_file(offset)?;
-        if let Err(e) = self.file.sync_data() {
+        let file = self
+            .file
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Err(e) = file.sync_data() {
             self.failed.store(true, std::sync::atomic::Ordering::SeqCst);
             return Err(e);
         }
@@ -493,6 +540,11 @@ impl Journal {
             source,
         };
         std::fs::create_dir_all(dir).map_err(io_err)?;
+        let leftover = dir.join(COMPACTING_FILE);
+        remove_leftover(&leftover).map_err(|source| JournalError::Io {
+            path: leftover.clone(),
+            source,
+        })?;
         let file = OpenOptions::new()
             .read(true)
             .append(true)
@@ -503,8 +555,15 @@ impl Journal {
         let mut journal = Journal {
             path,
             file,
+            header: Header {
+                format: JOURNAL_FORMAT,
+                job,
+                config: config.clone(),
+            },
+            grown: 0,
+            compacted: 0,
             sync: std::sync::Arc::new(SyncPoint {
-                file: sync_file,
+                file: std::sync::Mutex::new(sync_file),
                 written: std::sync::atomic::AtomicU64::new(0),
                 on_file: std::sync::Mutex::new(0),
                 written_out: std::sync::Condvar::new(),
@@ -550,6 +609,7 @@ impl Journal {
             .metadata()
             .map_err(|source| journal.io(source))?
             .len();
+        journal.grown = end;
         journal
             .sync
             .written
@@ -590,9 +650,10 @@ impl Journal {
             .written
             .fetch_add(bytes, std::sync::atomic::Ordering::SeqCst)
             + bytes;
+        self.grown = self.grown.saturating_add(bytes);
         match &self.writer {
             Some(writer) => {
-                if writer.send(line).is_err() {
+                if writer.send(ToWriter::Line(line)).is_err() {
                     self.sync.fail();
                     return Err(self.io(std::io::Error::other("the journal writer stopped")));
                 }
@@ -621,17 +682,30 @@ impl Journal {
         }
         let mut file = self.file.try_clone().map_err(|source| self.io(source))?;
         let sync = self.sync.clone();
-        let (tx, rx) = std::sync::mpsc::sync_channel::<String>(WRITE_BEHIND_LINES);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<ToWriter>(WRITE_BEHIND_LINES);
         std::thread::Builder::new()
             .name("lode-journal".into())
             .spawn(move || {
                 let mut buf = Vec::new();
-                while let Ok(line) = rx.recv() {
+                let mut next = rx.recv().ok();
+                while let Some(first) = next.take() {
                     buf.clear();
-                    buf.extend_from_slice(line.as_bytes());
+                    match first {
+                        ToWriter::Switch(to) => {
+                            file = to;
+                            next = rx.recv().ok();
+                            continue;
+                        }
+                        ToWriter::Line(line) => buf.extend_from_slice(line.as_bytes()),
+                    }
+                    // Gather what else waits, up to a switch (it is next round's first).
                     while buf.len() < WRITE_BEHIND_BYTES {
                         match rx.try_recv() {
-                            Ok(more) => buf.extend_from_slice(more.as_bytes()),
+                            Ok(ToWriter::Line(more)) => buf.extend_from_slice(more.as_bytes()),
+                            Ok(switch) => {
+                                next = Some(switch);
+                                break;
+                            }
                             Err(_) => break,
                         }
                     }
@@ -641,6 +715,9 @@ impl Journal {
                         return;
                     }
                     sync.wrote(buf.len() as u64);
+                    if next.is_none() {
+                        next = rx.recv().ok();
+                    }
                 }
             })
             .map_err(|source| self.io(source))?;
@@ -651,6 +728,87 @@ impl Journal {
     /// The journal's durability point (see [`SyncPoint`]).
     pub fn sync_point(&self) -> std::sync::Arc<SyncPoint> {
         self.sync.clone()
+    }
+
+    /// Bytes of the lines after the header and the last snapshot (all of the file's when it
+    /// was opened): what [`Journal::compact`] would replace.
+    pub fn grown(&self) -> u64 {
+        self.grown
+    }
+
+    /// The last compaction's header and snapshot lines, in bytes; 0 before the first.
+    pub fn compacted(&self) -> u64 {
+        self.compacted
+    }
+
+    /// Replaces the journal by its header and one batch at `at` holding `snapshot`, which
+    /// must be what every line so far built. Everything appended before is synced first; the
+    /// compacted journal is written beside the journal ([`COMPACTING_FILE`]), synced, and
+    /// renamed over it, and the directory synced: a crash at any instant leaves either the
+    /// old journal (and perhaps a leftover that the next open removes) or the new one, and
+    /// both replay to the same state. Appends from then on go to the new file.
+    ///
+    /// A failure before the rename leaves the old journal in use, whole: the caller may go on
+    /// and try again later. A failure after it (syncing the directory, taking the new file
+    /// into use) fails the journal like a failed write: [`SyncPoint::has_failed`] says so.
+    pub fn compact(&mut self, at: Time, snapshot: Snapshot) -> Result<(), JournalError> {
+        if self.sync.has_failed() {
+            return Err(self.io(io::Error::other("an earlier journal write failed")));
+        }
+        let mut text = self.encode(&self.header)?;
+        text.push_str(&self.encode(&Batch {
+            at,
+            records: vec![Record::Snapshot(Box::new(snapshot))],
+        })?);
+        // Until the rename, the old file is the journal: everything appended so far must be
+        // on it, and on disk, for a crash before the rename to lose nothing answered.
+        let end = self.sync.written();
+        self.sync.sync_to(end).map_err(|source| self.io(source))?;
+        let temp = self.path.with_file_name(COMPACTING_FILE);
+        let written = remove_leftover(&temp).and_then(|()| {
+            let mut file = OpenOptions::new()
+                .read(true)
+                .append(true)
+                .create_new(true)
+                .open(&temp)?;
+            file.write_all(text.as_bytes())?;
+            file.sync_all()?;
+            std::fs::rename(&temp, &self.path)?;
+            Ok(file)
+        });
+        let file = match written {
+            Ok(file) => file,
+            Err(source) => {
+                let _ = std::fs::remove_file(&temp);
+                return Err(JournalError::Io { path: temp, source });
+            }
+        };
+        // The new file is the journal now: a failure from here on fails the journal.
+        let switched = self.sync_dir().and_then(|()| {
+            let (for_sync, for_writer) = file
+                .try_clone()
+                .and_then(|a| Ok((a, file.try_clone()?)))
+                .map_err(|source| self.io(source))?;
+            if let Some(writer) = &self.writer {
+                writer
+                    .send(ToWriter::Switch(for_writer))
+                    .map_err(|_| self.io(io::Error::other("the journal writer stopped")))?;
+            }
+            *self
+                .sync
+                .file
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = for_sync;
+            Ok(())
+        });
+        if let Err(err) = switched {
+            self.sync.fail();
+            return Err(err);
+        }
+        self.file = file;
+        self.grown = 0;
+        self.compacted = text.len() as u64;
+        Ok(())
     }
 
     /// Reads the file line by line, handing every complete line whose CRC holds to `good` (its
@@ -811,6 +969,18 @@ impl Journal {
             path: self.path.clone(),
             source,
         }
+    }
+}
+
+/// Removes a compaction's leftover at `path`, if any (a crash before its rename).
+fn remove_leftover(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {
+            tracing::warn!(file = %path.display(), "removed a compaction's leftover (a crash before it finished; the journal is whole)");
+            Ok(())
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -1145,6 +1315,128 @@ mod tests {
         let rec = open(dir.path()).expect("reopen");
         let expected: Vec<(u64, Batch)> = (1..=200).map(|at| (at + 1, batch(at, at))).collect();
         assert_eq!(rec.batches, expected);
+    }
+
+    /// A snapshot standing for `batches`.
+    fn snapshot_of(batches: &[Batch]) -> Snapshot {
+        let mut state = crate::DispatcherState::new(config()).expect("config");
+        for batch in batches {
+            for record in batch.records.clone() {
+                record
+                    .each_event(|e| state.apply_event(&e))
+                    .expect("applies");
+            }
+        }
+        Snapshot {
+            state: state.snapshot(),
+            receiver_addr: "http://127.0.0.1:9".into(),
+            drained: vec![],
+            next_worker: 2,
+        }
+    }
+
+    /// `batch(1, 1)`, then worker 1's heartbeats at 2 to `n`: a long history, a small state.
+    fn heartbeats(n: u64) -> Vec<Batch> {
+        let beat = |at| Batch {
+            at: Time(at),
+            records: vec![Record::Event(Event::WorkerHeartbeat {
+                worker: WorkerId(1),
+                at: Time(at),
+            })],
+        };
+        std::iter::once(batch(1, 1))
+            .chain((2..=n).map(beat))
+            .collect()
+    }
+
+    /// The journal's lines, without their CRCs.
+    fn lines(dir: &Path) -> Vec<String> {
+        std::fs::read_to_string(file_of(dir))
+            .expect("read")
+            .lines()
+            .map(|l| l.split_once(' ').expect("crc").1.to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn a_compacted_journal_is_its_header_and_snapshot_and_appends_follow_them() {
+        for behind in [false, true] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mut rec = open(dir.path()).expect("create");
+            if behind {
+                rec.journal.write_behind().expect("writer thread");
+            }
+            let history = heartbeats(50);
+            for batch in &history {
+                rec.journal.append_unsynced(batch).expect("append");
+            }
+            let grown = rec.journal.grown();
+            assert!(grown > 50 * 60, "{grown}");
+            let snapshot = snapshot_of(&history);
+            rec.journal
+                .compact(Time(50), snapshot.clone())
+                .expect("compact");
+            assert_eq!(rec.journal.grown(), 0);
+            let compacted = std::fs::metadata(file_of(dir.path())).expect("stat").len();
+            assert_eq!(rec.journal.compacted(), compacted);
+            assert!(compacted < grown / 4, "{compacted} of {grown}");
+            let sync = rec.journal.sync_point();
+            let end = rec.journal.append_unsynced(&batch(51, 2)).expect("append");
+            sync.sync_to(end).expect("sync");
+            drop(rec);
+            assert!(!dir.path().join(COMPACTING_FILE).exists());
+            let header: Header = serde_json::from_str(&lines(dir.path())[0]).expect("header");
+            assert_eq!(header.format, JOURNAL_FORMAT);
+            let rec = open(dir.path()).expect("reopen");
+            let compacted = Batch {
+                at: Time(50),
+                records: vec![Record::Snapshot(Box::new(snapshot))],
+            };
+            assert_eq!(
+                rec.batches,
+                vec![(2, compacted), (3, batch(51, 2))],
+                "write behind: {behind}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_compaction_that_fails_before_its_rename_leaves_the_journal_in_use() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = three_batches(dir.path());
+        let mut rec = open(dir.path()).expect("reopen");
+        // A directory where the compacted file goes: it can be neither removed nor written.
+        let blocker = dir.path().join(COMPACTING_FILE);
+        std::fs::create_dir(&blocker).expect("mkdir");
+        std::fs::write(blocker.join("x"), b"x").expect("fill");
+        let before = std::fs::read(&path).expect("read");
+        let err = rec
+            .journal
+            .compact(Time(3), snapshot_of(&[]))
+            .expect_err("cannot compact");
+        assert!(err.to_string().contains(COMPACTING_FILE), "{err}");
+        assert!(!rec.journal.sync_point().has_failed());
+        assert_eq!(std::fs::read(&path).expect("read"), before);
+        rec.journal.append(&batch(4, 4)).expect("append goes on");
+        drop(rec);
+        // A leftover that cannot be removed stops the open, naming it.
+        let err = open(dir.path()).expect_err("blocked");
+        assert!(err.to_string().contains(COMPACTING_FILE), "{err}");
+        std::fs::remove_dir_all(&blocker).expect("rm");
+        let rec = open(dir.path()).expect("reopen");
+        let expected: Vec<(u64, Batch)> = (1..=4).map(|at| (at + 1, batch(at, at))).collect();
+        assert_eq!(rec.batches, expected);
+    }
+
+    #[test]
+    fn a_leftover_of_a_crashed_compaction_is_removed_and_the_journal_read_as_it_is() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        three_batches(dir.path());
+        let leftover = dir.path().join(COMPACTING_FILE);
+        std::fs::write(&leftover, b"0000 {\"format\":3,").expect("leftover");
+        let rec = open(dir.path()).expect("reopen");
+        assert!(!leftover.exists());
+        assert_eq!(rec.batches.len(), 3);
     }
 
     #[test]

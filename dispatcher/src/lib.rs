@@ -82,6 +82,20 @@
 //! against
 //! a receiver and workers that remember more than the journal, and checks that every step of
 //! every epoch is delivered exactly once, in order, with its batch.
+//!
+//! # Compaction
+//! The journal grows with the job's history (about 30 bytes a step), and a restart replays all
+//! of it. Once it has grown by [`service::ServiceConfig::journal_compact_bytes`] (64 MiB by
+//! default, or four times the last snapshot if that is more), the service replaces it by its
+//! header and one [`journal::Record::Snapshot`] of the state, under its lock, between two
+//! requests ([`journal::Journal::compact`]): everything appended before is synced, the new
+//! file is written beside the old one, synced, renamed over it, and the directory synced. A
+//! crash at any instant leaves the old journal whole (a leftover beside it is removed on open)
+//! or the new one, and both replay to the same state; since the rename follows a sync of
+//! everything before it, a compaction is a sync point too. A snapshot is checked on replay as
+//! events are: [`DispatcherState::restore`] refuses any snapshot no run of events could have
+//! built. The crash-point test runs with a compacting journal as well, every compaction
+//! included, and a kill while the new file is half written.
 
 pub mod batch;
 pub mod config;
@@ -106,8 +120,8 @@ pub use service::{
     serve, Clock, DispatcherThread, ManualClock, MonotonicClock, ServeError, ServiceConfig,
 };
 pub use state::{
-    Command, DispatcherState, Event, GrantedBatch, Lease, WorkerInfo, WorkerStatus,
-    MIN_LEASE_SHARE, PROTOCOL_VERSION,
+    Command, DispatcherState, Event, GrantedBatch, Lease, StageSnapshot, StateSnapshot, WorkerInfo,
+    WorkerSnapshot, WorkerStatus, MIN_LEASE_SHARE, PROTOCOL_VERSION,
 };
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -162,6 +176,9 @@ pub enum Error {
     },
     #[error("journal event {index}: {reason}")]
     Journal { index: usize, reason: &'static str },
+    /// A compacted journal's snapshot describes no state the events could have built.
+    #[error("journal snapshot: {reason}")]
+    Snapshot { reason: &'static str },
     /// A bug in this crate: `apply` emitted an event that its own checks refuse. The events
     /// before it in the same command were applied but are not returned; tests pin that this
     /// never happens.

@@ -432,7 +432,11 @@ impl DispatcherState {
         self.workers.iter().map(|(w, info)| (*w, info))
     }
 
-    /// The steps `worker` holds, in order.
+    /// Workers that drained or were lost: their ids are never accepted again.
+    pub fn retired(&self) -> impl Iterator<Item = WorkerId> + '_ {
+        self.retired.iter().copied()
+    }
+
     /// A worker of `stage`'s lease limit when the training side's receiver buffers `window`
     /// steps: the window shared among the stage's active workers (so that their leases
     /// together are not too far ahead of it), at least [`MIN_LEASE_SHARE`], at most the
@@ -451,6 +455,7 @@ impl DispatcherState {
             .clamp(MIN_LEASE_SHARE.min(max), max)
     }
 
+    /// The steps `worker` holds, in order.
     pub fn leases_of(&self, worker: WorkerId) -> Vec<StepId> {
         self.workers
             .get(&worker)
@@ -1106,5 +1111,215 @@ impl DispatcherState {
     fn step_of(&self, seq: u64) -> StepId {
         // An empty epoch has no steps; its sequence numbers stay in epoch 0.
         StepId::from_global(seq, self.per_epoch).unwrap_or(StepId::new(0, seq))
+    }
+}
+
+/// The whole of a [`DispatcherState`] but its config, as a compacted journal keeps it (see
+/// [`crate::journal::Record::Snapshot`]): what replaying every event before it would build.
+/// Steps are sequence numbers (`epoch · steps_per_epoch + step`, under the journal header's
+/// config); a worker's own lease set is not kept, since its stage's leases name it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateSnapshot {
+    pub stages: Vec<StageSnapshot>,
+    pub workers: Vec<WorkerSnapshot>,
+    pub retired: Vec<WorkerId>,
+    pub watermark: Option<u64>,
+    pub end_of_data: bool,
+    pub generation: u64,
+}
+
+/// One stage's lease table in a [`StateSnapshot`]; every list in increasing step order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageSnapshot {
+    pub next: u64,
+    pub pending: Vec<u64>,
+    /// `(step, worker, deadline)` of each leased step.
+    pub leases: Vec<(u64, WorkerId, Time)>,
+    pub completed: Vec<u64>,
+}
+
+/// One registered worker in a [`StateSnapshot`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerSnapshot {
+    pub worker: WorkerId,
+    pub stage: StageId,
+    pub draining: bool,
+    pub last_seen: Time,
+}
+
+impl DispatcherState {
+    /// The state without its config, for a compacted journal.
+    pub fn snapshot(&self) -> StateSnapshot {
+        StateSnapshot {
+            stages: self
+                .stages
+                .iter()
+                .map(|st| StageSnapshot {
+                    next: st.next,
+                    pending: st.pending.iter().copied().collect(),
+                    leases: st
+                        .leases
+                        .iter()
+                        .map(|(seq, l)| (*seq, l.worker, l.deadline))
+                        .collect(),
+                    completed: st.completed.iter().copied().collect(),
+                })
+                .collect(),
+            workers: self
+                .workers
+                .iter()
+                .map(|(worker, info)| WorkerSnapshot {
+                    worker: *worker,
+                    stage: info.stage,
+                    draining: info.status == WorkerStatus::Draining,
+                    last_seen: info.last_seen,
+                })
+                .collect(),
+            retired: self.retired.iter().copied().collect(),
+            watermark: self.watermark,
+            end_of_data: self.end_of_data,
+            generation: self.generation,
+        }
+    }
+
+    /// The state `snapshot` describes under `config`. Everything a run of events could not
+    /// have built is refused ([`Error::Snapshot`] says what), so that a restored state keeps
+    /// every invariant the state machine's checks rely on; a snapshot comes from a file.
+    pub fn restore(config: DispatcherConfig, snapshot: StateSnapshot) -> Result<Self> {
+        let refuse = |reason| Error::Snapshot { reason };
+        let mut state = Self::new(config)?;
+        if snapshot.stages.len() != state.stages.len() {
+            return Err(refuse("its number of stages differs from the config's"));
+        }
+        for worker in snapshot.workers {
+            if state.stage(worker.stage).is_none() {
+                return Err(refuse("a worker of an unknown stage"));
+            }
+            let info = WorkerInfo {
+                stage: worker.stage,
+                status: if worker.draining {
+                    WorkerStatus::Draining
+                } else {
+                    WorkerStatus::Active
+                },
+                last_seen: worker.last_seen,
+                leases: BTreeSet::new(),
+            };
+            if state.workers.insert(worker.worker, info).is_some() {
+                return Err(refuse("a worker listed twice"));
+            }
+        }
+        for worker in snapshot.retired {
+            if state.workers.contains_key(&worker) || !state.retired.insert(worker) {
+                return Err(refuse("a retired worker listed twice, or also registered"));
+            }
+        }
+        for (index, stage) in snapshot.stages.into_iter().enumerate() {
+            let id = StageId(u32::try_from(index).map_err(|_| refuse("too many stages"))?);
+            let mut st = StageState {
+                next: stage.next,
+                ..StageState::default()
+            };
+            for seq in stage.pending {
+                if !st.pending.insert(seq) {
+                    return Err(refuse("a pending step listed twice"));
+                }
+            }
+            for seq in stage.completed {
+                if !st.completed.insert(seq) {
+                    return Err(refuse("a completed step listed twice"));
+                }
+            }
+            for (seq, worker, deadline) in stage.leases {
+                let info = state
+                    .workers
+                    .get_mut(&worker)
+                    .ok_or(refuse("a step leased to an unknown worker"))?;
+                if info.stage != id {
+                    return Err(refuse("a step leased to a worker of another stage"));
+                }
+                info.leases.insert(seq);
+                if st.leases.insert(seq, Lease { worker, deadline }).is_some() {
+                    return Err(refuse("a leased step listed twice"));
+                }
+            }
+            state.stages[index] = st;
+        }
+        state.watermark = snapshot.watermark;
+        state.end_of_data = snapshot.end_of_data;
+        state.generation = snapshot.generation;
+        state.check_invariants().map_err(refuse)?;
+        if let (Some(order), Some(seq)) = (&mut state.order, state.watermark) {
+            order.forget_through(seq);
+        }
+        Ok(state)
+    }
+
+    /// What every state the events build satisfies (and [`Self::restore`] checks): steps
+    /// inside the job and below their stage's next; a step pending, leased or completed at
+    /// most one of these; nothing pending or completed at or before the watermark, which is
+    /// below every stage's next; leases held by registered workers of their stage, within
+    /// their limit, and each worker's lease set its stage's leases naming it; no retired
+    /// worker registered.
+    pub fn check_invariants(&self) -> Result<(), &'static str> {
+        let max = usize::try_from(self.config.max_leases_per_worker).unwrap_or(usize::MAX);
+        for (index, st) in self.stages.iter().enumerate() {
+            if self.total.is_some_and(|t| st.next > t) {
+                return Err("a stage's next step is past the job's end");
+            }
+            if self.watermark.is_some_and(|w| st.next <= w) {
+                return Err("a stage's next step is at or before the watermark");
+            }
+            let below_next = |set: &BTreeSet<u64>| set.last().is_none_or(|s| *s < st.next);
+            if !below_next(&st.pending)
+                || !below_next(&st.completed)
+                || st
+                    .leases
+                    .last_key_value()
+                    .is_some_and(|(s, _)| *s >= st.next)
+            {
+                return Err("a step at or past its stage's next step");
+            }
+            let after_watermark =
+                |set: &BTreeSet<u64>| set.first().is_none_or(|s| self.watermark < Some(*s));
+            if !after_watermark(&st.pending) || !after_watermark(&st.completed) {
+                return Err("a step pending or completed at or before the watermark");
+            }
+            if st.pending.iter().any(|s| st.completed.contains(s))
+                || st
+                    .leases
+                    .keys()
+                    .any(|s| st.pending.contains(s) || st.completed.contains(s))
+            {
+                return Err("a step both pending, leased or completed");
+            }
+            for (seq, lease) in &st.leases {
+                let held = self.workers.get(&lease.worker).is_some_and(|info| {
+                    usize::try_from(info.stage.0) == Ok(index) && info.leases.contains(seq)
+                });
+                if !held {
+                    return Err("a lease its worker does not hold");
+                }
+            }
+        }
+        for (worker, info) in &self.workers {
+            if self.retired.contains(worker) {
+                return Err("a retired worker is registered");
+            }
+            if info.leases.len() > max {
+                return Err("a worker holds more leases than its limit");
+            }
+            let st = self
+                .stage(info.stage)
+                .ok_or("a worker of an unknown stage")?;
+            if info
+                .leases
+                .iter()
+                .any(|seq| st.leases.get(seq).map(|l| l.worker) != Some(*worker))
+            {
+                return Err("a worker holds a step its stage does not lease to it");
+            }
+        }
+        Ok(())
     }
 }

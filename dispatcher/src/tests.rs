@@ -680,7 +680,12 @@ fn apply_checked(
 ) -> std::result::Result<Vec<Event>, TestCaseError> {
     let before = state.clone();
     match state.apply(command.clone(), t(now)) {
-        Ok(events) => Ok(events),
+        Ok(events) => {
+            if let Err(reason) = state.check_invariants() {
+                prop_assert!(false, "{:?} broke an invariant: {}", command, reason);
+            }
+            Ok(events)
+        }
         Err(err) => {
             prop_assert!(
                 !matches!(err, Error::Invariant { .. }),
@@ -727,6 +732,38 @@ proptest! {
         }
         let replayed = DispatcherState::replay(config, &journal).expect("replay");
         prop_assert_eq!(replayed, state);
+    }
+
+    /// A compacted journal's snapshot, taken anywhere in any command sequence, restores the
+    /// state exactly (through its JSON), and the restored state answers every later command
+    /// with the live state's events.
+    #[test]
+    fn a_snapshot_restores_the_state_and_what_follows_alike(
+        config in job_config(),
+        forever: bool,
+        ops in proptest::collection::vec(op(), 0..150),
+        cut in 0usize..150,
+    ) {
+        let config = DispatcherConfig { epochs: if forever { None } else { config.epochs }, ..config };
+        let mut live = DispatcherState::new(config.clone()).expect("valid config");
+        let mut driver = Driver::default();
+        let cut = cut.min(ops.len());
+        for op in &ops[..cut] {
+            let command = driver.command(&live, op);
+            apply_checked(&mut live, command, driver.now)?;
+        }
+        let json = serde_json::to_string(&live.snapshot()).expect("to json");
+        let snapshot: StateSnapshot = serde_json::from_str(&json).expect("from json");
+        let mut restored = DispatcherState::restore(config, snapshot).expect("restore");
+        prop_assert_eq!(&restored, &live);
+        for op in &ops[cut..] {
+            let command = driver.command(&live, op);
+            let now = t(driver.now);
+            let expected = live.apply(command.clone(), now);
+            let got = restored.apply(command, now);
+            prop_assert_eq!(format!("{got:?}"), format!("{expected:?}"));
+            prop_assert_eq!(&restored, &live);
+        }
     }
 
     /// Issue 5's invariant at the state-machine level: under crashes, expiries, drains and new
@@ -1129,4 +1166,60 @@ fn a_rewind_moves_the_watermark_to_a_checkpoint_and_leases_from_it_again() {
     }
     let replayed = DispatcherState::replay(live.config().clone(), &journal).expect("replay");
     assert_eq!(replayed, live);
+}
+
+/// A snapshot describing no state the events could build is refused with what is wrong, and
+/// restoring never panics; the unbroken snapshot restores.
+#[test]
+fn a_snapshot_no_run_of_events_could_build_is_refused() {
+    let mut state = DispatcherState::new(config(2)).expect("config");
+    register(&mut state, W1, S0);
+    register(&mut state, W2, S1);
+    let (a, _) = lease(&mut state, W1, 0).expect("lease");
+    lease(&mut state, W1, 0).expect("lease");
+    complete(&mut state, W1, S0, a).expect("complete");
+    let good = state.snapshot();
+    assert_eq!(
+        DispatcherState::restore(config(2), good.clone()).expect("restores"),
+        state
+    );
+    assert_eq!(good.stages[0].completed, vec![0]);
+    assert_eq!(good.stages[0].leases, vec![(1, W1, t(100))]);
+
+    type Break = fn(&mut StateSnapshot);
+    let broken: [(&str, Break); 12] = [
+        ("number of stages", |s| {
+            s.stages.pop();
+        }),
+        ("unknown stage", |s| s.workers[1].stage = StageId(2)),
+        ("worker listed twice", |s| {
+            s.workers.push(s.workers[0].clone());
+        }),
+        ("also registered", |s| s.retired.push(W2)),
+        ("unknown worker", |s| s.stages[0].leases[0].1 = WorkerId(9)),
+        ("another stage", |s| s.stages[0].leases[0].1 = W2),
+        ("leased step listed twice", |s| {
+            s.stages[0].leases.push((1, W1, t(5)));
+        }),
+        ("at or past its stage's next", |s| s.stages[0].next = 1),
+        ("past the job's end", |s| s.stages[0].next = 99),
+        ("both pending, leased or completed", |s| {
+            s.stages[0].pending.push(1);
+        }),
+        ("at or before the watermark", |s| s.watermark = Some(0)),
+        ("more leases than its limit", |s| {
+            s.stages[0].next = 4;
+            s.stages[0].leases.extend([(2, W1, t(1)), (3, W1, t(1))]);
+        }),
+    ];
+    for (what, break_it) in broken {
+        let mut snapshot = good.clone();
+        break_it(&mut snapshot);
+        match DispatcherState::restore(config(2), snapshot) {
+            Err(Error::Snapshot { reason }) => {
+                assert!(reason.contains(what), "{what}: refused as {reason:?}");
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+    }
 }

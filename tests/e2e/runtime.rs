@@ -392,7 +392,10 @@ fn dispatcher_and_consumer_restarts_lose_and_repeat_nothing() {
     let listen = format!("127.0.0.1:{port}");
     let journal = tmp.path().join("journal");
     let log = tmp.path().join("restarts.jsonl");
-    let (mut disp, addr) = dispatcher(&plan, &journal, &listen);
+    // A journal compacted every few KB: the restarted dispatcher reads a snapshot and what
+    // followed it.
+    let compact = ["--journal-compact", "4KiB"];
+    let (mut disp, addr) = dispatcher_with(&plan, &journal, &listen, &compact);
     // The first consumer must die mid-job: at 2 ms a step it cannot reach the job's last step
     // (and end the job, and the dispatcher with it) between the log's 500th line and its kill
     // below. Its window (up to 1,024 steps) holds the whole epoch, so the workers finish their
@@ -403,7 +406,16 @@ fn dispatcher_and_consumer_restarts_lose_and_repeat_nothing() {
     // The dispatcher dies mid-epoch and comes back from its journal on the same address.
     wait_for_lines(&log, 200, Duration::from_secs(120));
     kill(&mut disp);
-    let (d, _) = dispatcher(&plan, &journal, &listen);
+    let second_line = |what: &str| {
+        let text = std::fs::read_to_string(journal.join("journal.jsonl")).expect("journal");
+        let line = text.lines().nth(1).unwrap_or_default().to_owned();
+        assert!(
+            line.contains("\"Snapshot\""),
+            "{what}: no snapshot: {line:.200}"
+        );
+    };
+    second_line("killed");
+    let (d, _) = dispatcher_with(&plan, &journal, &listen, &compact);
     disp = d;
 
     // The training side dies; it restarts from the dispatcher's consumed watermark, dropping
@@ -423,6 +435,7 @@ fn dispatcher_and_consumer_restarts_lose_and_repeat_nothing() {
         kill(&mut w);
     }
     kill(&mut disp);
+    second_line("at the end");
     assert_exactly_once(&lines(&log), &want, rows);
 }
 

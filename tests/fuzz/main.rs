@@ -444,7 +444,7 @@ fn fuzz_plan_json() {
 
 #[test]
 fn fuzz_journal() {
-    use lode_dispatcher::journal::{Batch, Journal, Record};
+    use lode_dispatcher::journal::{Batch, Journal, Record, Snapshot};
     use lode_dispatcher::WorkerId;
     use lode_dispatcher::{
         Command, DispatcherConfig, DispatcherState, JobId, Shuffle, StageId, StepId, Time,
@@ -462,9 +462,13 @@ fn fuzz_journal() {
         stages: 1,
     };
     let dir = scratch();
-    {
+    let path = dir.path().join(lode_dispatcher::journal::JOURNAL_FILE);
+    let mut seeds = Vec::new();
+    for compacted in [false, true] {
+        let _ = std::fs::remove_file(&path);
         // A real history, journaled as the service journals it: registrations, a run of
-        // grants, a watermark and the run of retirements it caused.
+        // grants, a watermark and the run of retirements it caused; the second seed is
+        // compacted after the registrations.
         let mut rec = Journal::open(dir.path(), JobId(1), &config).expect("create");
         let mut state = DispatcherState::new(config.clone()).expect("state");
         let commands = (1..4)
@@ -483,6 +487,15 @@ fn fuzz_journal() {
                 },
             ]);
         for (at, command) in (1..).zip(commands) {
+            if compacted && at == 4 {
+                let snapshot = Snapshot {
+                    state: state.snapshot(),
+                    receiver_addr: "127.0.0.1:1".into(),
+                    drained: vec![],
+                    next_worker: 4,
+                };
+                rec.journal.compact(Time(3), snapshot).expect("compact");
+            }
             let events = state.apply(command, Time(at)).expect("apply");
             let mut records = Record::of_events(&events);
             records.push(Record::Consumer {
@@ -495,21 +508,26 @@ fn fuzz_journal() {
                 })
                 .expect("append");
         }
+        drop(rec);
+        seeds.push(std::fs::read(&path).expect("journal"));
     }
-    let path = dir.path().join(lode_dispatcher::journal::JOURNAL_FILE);
-    let seeds = vec![std::fs::read(&path).expect("journal")];
     fuzz("journal", seeds, Some(repair_journal), |bytes| {
         std::fs::write(&path, bytes).expect("write");
         if let Ok(rec) = Journal::open(dir.path(), JobId(1), &config) {
-            // Replayed as the dispatcher replays: event by event, to the first refusal.
+            // Replayed as the dispatcher replays: a snapshot restored, every other record
+            // event by event, to the first refusal.
             let mut state = DispatcherState::new(config.clone()).expect("state");
             let mut index = 0;
             let _ = rec.batches.into_iter().try_for_each(|(_, b)| {
-                b.records.into_iter().try_for_each(|r| {
-                    r.each_event(|e| {
+                b.records.into_iter().try_for_each(|r| match r {
+                    Record::Snapshot(snapshot) => {
+                        state = DispatcherState::restore(config.clone(), snapshot.state)?;
+                        Ok(())
+                    }
+                    r => r.each_event(|e| {
                         index += 1;
                         state.replay_event(index - 1, &e)
-                    })
+                    }),
                 })
             });
         }

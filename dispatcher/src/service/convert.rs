@@ -35,9 +35,10 @@ impl From<Error> for Status {
             Error::LeaseLimit { .. } => Code::ResourceExhausted,
             Error::NoStepReady { .. } => Code::Unavailable,
             Error::StageFinished { .. } => Code::OutOfRange,
-            Error::InvalidConfig { .. } | Error::Journal { .. } | Error::Invariant { .. } => {
-                Code::Internal
-            }
+            Error::InvalidConfig { .. }
+            | Error::Journal { .. }
+            | Error::Snapshot { .. }
+            | Error::Invariant { .. } => Code::Internal,
         };
         Status::new(code, err.to_string())
     }

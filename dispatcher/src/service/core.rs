@@ -7,7 +7,7 @@ use std::path::Path;
 use lode_proto::step::steps_per_epoch;
 use tonic::Status;
 
-use crate::journal::{Batch, Journal, JournalError, Record, JOURNAL_FILE};
+use crate::journal::{Batch, Journal, JournalError, Record, Snapshot, JOURNAL_FILE};
 use crate::service::ServeError;
 use crate::{
     Command, DispatcherConfig, DispatcherState, Error, Event, JobId, StageId, StepId, Time,
@@ -53,6 +53,11 @@ pub(crate) struct Core {
     /// A journal write failed: the live state may be ahead of the file, so nothing more is
     /// accepted; a restart replays the file and continues from what was answered.
     failed: bool,
+    /// Compact the journal once it has grown this much since the last compaction (0: never;
+    /// see [`Core::compact_every`]).
+    compact_bytes: u64,
+    /// The journal's growth at which the next compaction is due.
+    compact_due: u64,
     /// Queue counters for the scheduler; not journaled (they restart at zero).
     pub(crate) counters: Counters,
     /// Names workers registered with; not journaled.
@@ -110,33 +115,66 @@ impl Core {
         let mut receiver_addr = String::new();
         let mut drained = BTreeSet::new();
         let mut next_worker = 1;
+        let mut first = true;
         let reopened = Journal::open_replaying(dir, job, config, |line, batch| {
             resume_at = resume_at.max(batch.at);
+            let corrupt = |reason: String| {
+                ServeError::Journal(JournalError::Corrupt {
+                    path: path.clone(),
+                    line,
+                    reason,
+                })
+            };
+            let opens = std::mem::take(&mut first) && batch.records.len() == 1;
             for record in batch.records {
-                if let Record::Consumer {
-                    receiver_addr: addr,
-                } = record
-                {
-                    receiver_addr = addr;
-                    continue;
-                }
-                record.each_event(|event| {
-                    observe(&event, &mut drained, &mut next_worker);
-                    state
-                        .replay_event(events, &event)
-                        .map_err(|err| match err {
-                            Error::Journal { reason, .. } => {
-                                ServeError::Journal(JournalError::Corrupt {
-                                    path: path.clone(),
-                                    line,
-                                    reason: format!("the event does not replay: {reason}"),
-                                })
-                            }
-                            other => ServeError::Dispatcher(other),
+                let snapshot = match record {
+                    Record::Consumer {
+                        receiver_addr: addr,
+                    } => {
+                        receiver_addr = addr;
+                        continue;
+                    }
+                    Record::Snapshot(snapshot) => snapshot,
+                    record => {
+                        record.each_event(|event| {
+                            observe(&event, &mut drained, &mut next_worker);
+                            state
+                                .replay_event(events, &event)
+                                .map_err(|err| match err {
+                                    Error::Journal { reason, .. } => {
+                                        corrupt(format!("the event does not replay: {reason}"))
+                                    }
+                                    other => ServeError::Dispatcher(other),
+                                })?;
+                            events += 1;
+                            Ok::<(), ServeError>(())
                         })?;
-                    events += 1;
-                    Ok::<(), ServeError>(())
-                })?;
+                        continue;
+                    }
+                };
+                if !opens {
+                    return Err(corrupt(
+                        "a snapshot that is not the only record of the first batch".into(),
+                    ));
+                }
+                let Snapshot {
+                    state: saved,
+                    receiver_addr: addr,
+                    drained: gone,
+                    next_worker: next,
+                } = *snapshot;
+                state =
+                    DispatcherState::restore(config.clone(), saved).map_err(|err| match err {
+                        Error::Snapshot { reason } => {
+                            corrupt(format!("the snapshot does not restore: {reason}"))
+                        }
+                        other => ServeError::Dispatcher(other),
+                    })?;
+                receiver_addr = addr;
+                drained = gone.into_iter().collect();
+                // Never below an id the state knows, whatever the line says.
+                let known = state.workers().map(|(w, _)| w).chain(state.retired());
+                next_worker = known.fold(next.max(1), |n, w| n.max(w.0.saturating_add(1)));
             }
             Ok::<(), ServeError>(())
         })?;
@@ -156,6 +194,8 @@ impl Core {
                 receiver_window: super::DEFAULT_RECEIVER_WINDOW,
                 next_worker,
                 failed: false,
+                compact_bytes: 0,
+                compact_due: 0,
                 counters: Counters::default(),
                 names: std::collections::BTreeMap::new(),
                 worker_counters: std::collections::BTreeMap::new(),
@@ -239,13 +279,66 @@ impl Core {
 
     /// Appends to the journal; the caller acknowledges only after [`Core::sync_point`]
     /// reaches the journal's written offset (group commit, see `journal::SyncPoint`).
+    /// Compacts the journal when it is due.
     fn write(&mut self, at: Time, records: Vec<Record>) -> Result<(), ApplyError> {
         if let Err(err) = self.journal.append_unsynced(&Batch { at, records }) {
             tracing::error!(cause = %err, "journal append failed; refusing further changes until restart");
             self.failed = true;
             return Err(ApplyError::JournalFailed);
         }
+        if self.compact_bytes > 0 && self.journal.grown() >= self.compact_due {
+            self.compact(at)?;
+        }
         Ok(())
+    }
+
+    /// Compacts the journal once it has grown by `bytes` since its last compaction (or
+    /// since it was opened: a long journal is compacted at the first change after a
+    /// restart), or by four times the compacted journal's size if that is more, so that a
+    /// large state is not rewritten over and over. 0 never compacts.
+    pub(crate) fn compact_every(&mut self, bytes: u64) {
+        self.compact_bytes = bytes;
+        self.compact_due = self.due_after_compaction();
+    }
+
+    fn due_after_compaction(&self) -> u64 {
+        self.compact_bytes
+            .max(self.journal.compacted().saturating_mul(4))
+    }
+
+    /// Replaces the journal by a snapshot of the state (see [`Journal::compact`]). A failure
+    /// that leaves the old journal in use is logged and tried again after as much growth
+    /// again; one that broke the journal refuses every later change.
+    fn compact(&mut self, at: Time) -> Result<(), ApplyError> {
+        let before = self.journal.grown();
+        let snapshot = Snapshot {
+            state: self.state.snapshot(),
+            receiver_addr: self.receiver_addr.clone(),
+            drained: self.drained.iter().copied().collect(),
+            next_worker: self.next_worker,
+        };
+        match self.journal.compact(at, snapshot) {
+            Ok(()) => {
+                self.compact_due = self.due_after_compaction();
+                tracing::info!(
+                    journal = %self.journal.path().display(),
+                    replaced_bytes = before,
+                    bytes = self.journal.compacted(),
+                    "journal compacted"
+                );
+                Ok(())
+            }
+            Err(err) if self.journal.sync_point().has_failed() => {
+                tracing::error!(cause = %err, "journal compaction failed after its rename; refusing further changes until restart");
+                self.failed = true;
+                Err(ApplyError::JournalFailed)
+            }
+            Err(err) => {
+                self.compact_due = before.saturating_add(self.compact_bytes);
+                tracing::warn!(cause = %err, "journal compaction failed; the journal stays as it was and grows on");
+                Ok(())
+            }
+        }
     }
 
     /// Hands journal writes to a thread of their own (see [`Journal::write_behind`]).
@@ -396,6 +489,11 @@ mod tests {
         }
     }
 
+    /// The core of the journal in `dir` under [`config`].
+    fn open(dir: &Path) -> Core {
+        Core::open(dir, JobId(1), &config()).expect("open").core
+    }
+
     fn register(core: &mut Core, stage: StageId, at: u64) -> WorkerId {
         let worker = core.allocate_worker();
         let command = Command::RegisterWorker {
@@ -410,9 +508,7 @@ mod tests {
     #[test]
     fn a_silent_worker_is_lost_its_leases_return_and_the_journal_agrees() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut core = Core::open(dir.path(), JobId(1), &config())
-            .expect("open")
-            .core;
+        let mut core = open(dir.path());
         assert_eq!(core.least_staffed_stage(), StageId(0));
         let quiet = register(&mut core, StageId(0), 0);
         assert_eq!(core.least_staffed_stage(), StageId(1));
@@ -439,5 +535,87 @@ mod tests {
         assert_eq!(restored.resume_at, Time(5_001));
         let mut core = restored.core;
         assert!(core.allocate_worker().0 > chatty.0, "ids are never reused");
+    }
+
+    #[test]
+    fn a_compacting_core_stays_small_and_restarts_with_all_it_knew() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut core = open(dir.path());
+        core.compact_every(2048);
+        core.register_consumer("http://127.0.0.1:7".into(), None, Time(0))
+            .expect("consumer");
+        let gone = register(&mut core, StageId(1), 0);
+        core.apply(Command::Drain { worker: gone }, Time(0))
+            .expect("drain");
+        assert!(core.is_drained(gone));
+        let workers = [
+            register(&mut core, StageId(0), 0),
+            register(&mut core, StageId(1), 0),
+        ];
+        let worker = workers[1];
+        let file = dir.path().join(JOURNAL_FILE);
+        let mut largest = 0;
+        for at in 1..=400 {
+            let mut step = StepId::new(0, 0);
+            for (stage, worker) in (0..).map(StageId).zip(workers) {
+                let events = core
+                    .apply(Command::RequestLease { worker }, Time(at))
+                    .expect("lease");
+                let Some(Event::LeaseGranted { step: leased, .. }) = events.first().cloned() else {
+                    panic!("no grant: {events:?}");
+                };
+                step = leased;
+                let command = Command::Complete {
+                    worker,
+                    stage,
+                    step,
+                };
+                core.apply(command, Time(at)).expect("complete");
+            }
+            core.apply(Command::Consumed { watermark: step }, Time(at))
+                .expect("consume");
+            largest = largest.max(std::fs::metadata(&file).expect("stat").len());
+        }
+        // The file never held more than its header and snapshot, the growth at which the
+        // next compaction is due (4x the snapshot's size, which is above 2 KB) and one
+        // request's line; 400 steps journal some 30 KB.
+        let compacted = core.journal.compacted();
+        assert_eq!(core.compact_due, 2048.max(4 * compacted));
+        assert!(largest <= compacted + core.compact_due + 256, "{largest}");
+        let second = std::fs::read_to_string(&file).expect("read");
+        assert!(second
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.contains("\"Snapshot\"")));
+        let live = core.state().clone();
+        drop(core);
+
+        let mut core = open(dir.path());
+        assert_eq!(core.state(), &live);
+        assert_eq!(core.receiver_addr(), "http://127.0.0.1:7");
+        assert!(core.is_drained(gone));
+        assert!(core.allocate_worker().0 > worker.0, "ids are never reused");
+    }
+
+    #[test]
+    fn a_snapshot_after_other_records_is_corruption_naming_its_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut core = open(dir.path());
+        register(&mut core, StageId(0), 0);
+        let snapshot = Snapshot {
+            state: core.state().snapshot(),
+            receiver_addr: String::new(),
+            drained: vec![],
+            next_worker: 2,
+        };
+        core.write(Time(1), vec![Record::Snapshot(Box::new(snapshot))])
+            .expect("write");
+        drop(core);
+        let err = Core::open(dir.path(), JobId(1), &config()).expect_err("refused");
+        let text = err.to_string();
+        assert!(
+            text.contains("line 3") && text.contains("snapshot"),
+            "{text}"
+        );
     }
 }

@@ -25,7 +25,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::core::{ApplyError, Core};
-use crate::journal::JOURNAL_FILE;
+use crate::journal::{COMPACTING_FILE, JOURNAL_FILE};
 use crate::{
     index_batch, Command, DispatcherConfig, Epoch, Error, Event, GrantedBatch, JobId, Shuffle,
     Step, StepId, Time, WorkerId, PROTOCOL_VERSION,
@@ -343,23 +343,57 @@ fn line_ends(bytes: &[u8]) -> Vec<usize> {
         .collect()
 }
 
-fn restart_at(prefix: &[u8], world: &World, context: &str) -> Receiver {
+/// Restarts the dispatcher from a journal holding `prefix` (and a compaction's leftover
+/// holding `leftover`) and runs the job to its end with `world`.
+fn restart_at(prefix: &[u8], leftover: Option<&[u8]>, world: &World, context: &str) -> Receiver {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join(JOURNAL_FILE), prefix).expect("write prefix");
+    let leftover_path = dir.path().join(COMPACTING_FILE);
+    if let Some(bytes) = leftover {
+        std::fs::write(&leftover_path, bytes).expect("write leftover");
+    }
     let restored = Core::open(dir.path(), JobId(1), &config())
         .unwrap_or_else(|err| panic!("{context}: the prefix does not open: {err}"));
     let mut world = world.clone();
     world.now = world.now.max(restored.resume_at.as_millis());
+    assert!(
+        !leftover_path.exists(),
+        "{context}: the leftover was not removed"
+    );
     let mut core = restored.core;
     finish(&mut core, world, context)
 }
 
-/// One recorded run: the journal, and after each request the journal's length, the world and
-/// how the request was answered.
-fn record(seed: u64, dir: &Path, batches: bool) -> (Vec<u8>, Vec<(usize, World, Answer)>) {
+/// A point of the recorded run: after a request, which journal file was current (0 for the
+/// first, one more at each compaction) and its length, the world, and how the request was
+/// answered.
+#[derive(Debug, Clone)]
+struct Point {
+    file: usize,
+    len: usize,
+    world: World,
+    answer: Answer,
+}
+
+/// One recorded run: every journal file it went through (each as it was when a compaction
+/// replaced it, the last as the run left it), and the points after each request. With
+/// `compact_bytes`, the journal is compacted as the service does it.
+fn record(
+    seed: u64,
+    dir: &Path,
+    batches: bool,
+    compact_bytes: Option<u64>,
+) -> (Vec<Vec<u8>>, Vec<Point>) {
+    use std::os::unix::fs::MetadataExt;
     let mut core = Core::open(dir, JobId(1), &config()).expect("open").core;
+    if let Some(bytes) = compact_bytes {
+        core.compact_every(bytes);
+    }
     let path = dir.join(JOURNAL_FILE);
-    let len = |p: &Path| usize::try_from(std::fs::metadata(p).expect("stat").len()).expect("len");
+    // A link to the current file keeps it, whole, once a compaction renames another over it.
+    let kept = dir.join("kept");
+    let stat = |p: &Path| std::fs::metadata(p).expect("stat");
+    let len = |p: &Path| usize::try_from(stat(p).len()).expect("len");
     let mut world = World {
         now: 0,
         workers: Vec::new(),
@@ -367,62 +401,105 @@ fn record(seed: u64, dir: &Path, batches: bool) -> (Vec<u8>, Vec<(usize, World, 
         acknowledged: None,
     };
     let mut rng = Rng(seed);
-    let mut points = vec![(len(&path), world.clone(), Answer::Synced)];
+    let mut files = Vec::new();
+    let mut points = vec![Point {
+        file: 0,
+        len: len(&path),
+        world: world.clone(),
+        answer: Answer::Synced,
+    }];
     for _ in 0..160 {
         if core.state().is_end_of_data() {
             break;
         }
-        if let Some(answer) = step_world(&mut core, &mut world, &mut rng, batches) {
-            points.push((len(&path), world.clone(), answer));
+        let _ = std::fs::remove_file(&kept);
+        std::fs::hard_link(&path, &kept).expect("link");
+        if let Some(mut answer) = step_world(&mut core, &mut world, &mut rng, batches) {
+            if stat(&path).ino() != stat(&kept).ino() {
+                files.push(std::fs::read(&kept).expect("read the replaced journal"));
+                // A compaction syncs everything before it.
+                answer = Answer::Synced;
+            }
+            points.push(Point {
+                file: files.len(),
+                len: len(&path),
+                world: world.clone(),
+                answer,
+            });
         }
     }
-    let bytes = std::fs::read(&path).expect("read journal");
-    (bytes, points)
+    files.push(std::fs::read(&path).expect("read journal"));
+    (files, points)
 }
 
-fn crash_everywhere(seed: u64, batches: bool) {
+fn crash_everywhere(seed: u64, batches: bool, compact_bytes: Option<u64>) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (bytes, points) = record(seed, dir.path(), batches);
-    let ends = line_ends(&bytes);
-    let header_end = ends[0];
-    let mut cuts = Vec::new();
-    let mut start = header_end;
-    for &end in &ends[1..] {
-        cuts.push(start);
-        let len = end - start;
-        cuts.extend([start + 1, start + len / 2, end - 1]);
-        start = end;
+    let (files, points) = record(seed, dir.path(), batches, compact_bytes);
+    let context = format!("seed {seed} batches {batches} compaction {compact_bytes:?}");
+    if compact_bytes.is_some() {
+        assert!(
+            files.len() > 2,
+            "{context}: the run compacted only {} time(s)",
+            files.len() - 1
+        );
     }
-    cuts.push(bytes.len());
-    let total = config().total_steps().expect("finite");
     let mut recovered = 0;
-    for cut in cuts {
-        // SIGKILL: the world as it was when the last whole line in the prefix was answered
-        // (a torn line's request was never answered).
-        let killed = points
-            .iter()
-            .rposition(|(len, _, _)| *len <= cut)
-            .expect("the header is always there");
-        // OS crash: the prefix may be as old as the last sync before the world went on, so
-        // the world may have gone on up to (not including) the next synced answer.
-        let synced_after = points
-            .iter()
-            .skip(killed + 1)
-            .position(|(_, _, a)| *a == Answer::Synced)
-            .map_or(points.len() - 1, |i| killed + i);
-        for (what, at) in [("kill", killed), ("os crash", synced_after)] {
-            let context = format!("seed {seed} batches {batches}: {what} at byte {cut}");
-            let receiver = restart_at(&bytes[..cut], &points[at].1, &context);
+    for (file, bytes) in files.iter().enumerate() {
+        let ends = line_ends(bytes);
+        // A compacted file's first two lines (header and snapshot) were whole before it was
+        // renamed into place; the first file's header was synced before anything else.
+        let first = if file == 0 { ends[0] } else { ends[1] };
+        let mut cuts = Vec::new();
+        let mut start = first;
+        for &end in ends.iter().filter(|&&end| end > first) {
+            cuts.push(start);
+            let len = end - start;
+            cuts.extend([start + 1, start + len / 2, end - 1]);
+            start = end;
+        }
+        cuts.push(bytes.len());
+        for cut in cuts {
+            // SIGKILL: the world as it was when the last whole line in the prefix was
+            // answered (a torn line's request was never answered).
+            let killed = points
+                .iter()
+                .rposition(|p| (p.file, p.len) <= (file, cut))
+                .expect("the header is always there");
+            // OS crash: the prefix may be as old as the last sync before the world went on,
+            // so the world may have gone on up to (not including) the next synced answer.
+            let synced_after = points
+                .iter()
+                .skip(killed + 1)
+                .position(|p| p.answer == Answer::Synced)
+                .map_or(points.len() - 1, |i| killed + i);
+            for (what, at) in [("kill", killed), ("os crash", synced_after)] {
+                let context = format!("{context}: {what} at byte {cut} of file {file}");
+                let receiver = restart_at(&bytes[..cut], None, &points[at].world, &context);
+                check_exactly_once(&config(), &receiver, &context);
+                recovered += 1;
+            }
+        }
+        // Killed while writing the next compacted file: the old one is whole beside its
+        // leftover, which the restart removes.
+        if let Some(next) = files.get(file + 1) {
+            let killed = points
+                .iter()
+                .rposition(|p| p.file == file)
+                .expect("a point of every file");
+            let partial = &next[..next.len() / 2];
+            let context = format!("{context}: kill while compacting file {file}");
+            let receiver = restart_at(bytes, Some(partial), &points[killed].world, &context);
             check_exactly_once(&config(), &receiver, &context);
             recovered += 1;
         }
     }
-    assert!(recovered > 20, "seed {seed}: too few crash points");
+    assert!(recovered > 20, "{context}: too few crash points");
     // The recorded run itself got somewhere, or the test proves little.
-    let last = &points.last().expect("points").1;
+    let total = config().total_steps().expect("finite");
+    let last = &points.last().expect("points").world;
     assert!(
         last.receiver.next > total / 2,
-        "seed {seed}: the run delivered only {} of {total} steps",
+        "{context}: the run delivered only {} of {total} steps",
         last.receiver.next
     );
 }
@@ -430,14 +507,21 @@ fn crash_everywhere(seed: u64, batches: bool) {
 #[test]
 fn exactly_once_holds_when_the_dispatcher_is_killed_at_any_journal_write() {
     for seed in 0..6 {
-        crash_everywhere(seed, false);
+        crash_everywhere(seed, false, None);
     }
 }
 
 #[test]
 fn exactly_once_holds_with_batched_leases_at_any_journal_write() {
     for seed in 100..106 {
-        crash_everywhere(seed, true);
+        crash_everywhere(seed, true, None);
+    }
+}
+
+#[test]
+fn exactly_once_holds_with_a_compacting_journal_at_any_write_and_any_compaction() {
+    for seed in 200..206 {
+        crash_everywhere(seed, seed % 2 == 0, Some(1024));
     }
 }
 

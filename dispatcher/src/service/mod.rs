@@ -105,6 +105,10 @@ pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 /// Missed heartbeats after which [`ServiceConfig::new`]'s service declares a worker lost.
 pub const DEFAULT_MISSED_HEARTBEATS: u32 = 5;
 
+/// The journal's growth after which [`ServiceConfig::new`]'s service compacts it (see
+/// [`crate::journal::Journal::compact`]): at about 30 bytes a step, some two million steps.
+pub const DEFAULT_COMPACT_BYTES: u64 = 64 << 20;
+
 /// Room for everything in a registration answer besides the plan and the stage graph.
 const REGISTER_OVERHEAD_BYTES: usize = 64 << 10;
 
@@ -122,6 +126,9 @@ pub struct ServiceConfig {
     /// Where the journal lives; created if missing. A restart with the same directory
     /// continues the job.
     pub journal_dir: PathBuf,
+    /// Compact the journal once it grew by this many bytes since its last compaction (0:
+    /// never; see [`crate::journal::Journal::compact`]).
+    pub journal_compact_bytes: u64,
     /// How often workers are told to heartbeat.
     pub heartbeat_interval: Duration,
     /// A worker silent for this many heartbeat intervals is lost and its leases re-leased.
@@ -152,6 +159,7 @@ impl ServiceConfig {
             plan_json,
             stage_graphs,
             journal_dir: journal_dir.into(),
+            journal_compact_bytes: DEFAULT_COMPACT_BYTES,
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
             missed_heartbeats: DEFAULT_MISSED_HEARTBEATS,
             clock: Arc::new(MonotonicClock::new()),
@@ -232,6 +240,7 @@ impl fmt::Debug for ServiceConfig {
             .field("plan_json_bytes", &self.plan_json.len())
             .field("stage_graph_bytes", &graph_bytes)
             .field("journal_dir", &self.journal_dir)
+            .field("journal_compact_bytes", &self.journal_compact_bytes)
             .field("heartbeat_interval", &self.heartbeat_interval)
             .field("missed_heartbeats", &self.missed_heartbeats)
             .field("clock", &self.clock)
@@ -354,6 +363,7 @@ pub async fn serve(
         plan_json,
         stage_graphs,
         journal_dir,
+        journal_compact_bytes,
         heartbeat_interval,
         missed_heartbeats,
         clock,
@@ -366,6 +376,7 @@ pub async fn serve(
             .await
             .map_err(ServeError::Task)??;
     restored.core.write_behind()?;
+    restored.core.compact_every(journal_compact_bytes);
     let parts = Parts {
         job: job_id,
         token,
