@@ -2,7 +2,8 @@
 """Where a `lode worker`'s CPU goes, part by part, on a running job (issue 17's last target).
 
     python3 bench/worker_profile.py --plan target/bench-data/peer/deepfm/plan-simple \
-        [--lode BIN] [--seconds 5] [--warmup 2] [--no-perf] [--keep perf.data]
+        [--lode BIN] [--seconds 5] [--warmup 2] [--no-perf] [--keep perf.data] \
+        [--journal-compact SIZE] [--restart]
 
 Starts one job (`lode dispatcher`, one `lode worker --metrics`, `lode consume --step-time 0`),
 lets it warm up, then over a window reads the worker's counters at both edges and its CPU
@@ -18,6 +19,9 @@ whole stacks:
 
     RUSTFLAGS="-C force-frame-pointers=yes" CARGO_TARGET_DIR=/work/tprof \
         cargo build --profile profiling --bin lode
+
+With --restart, the dispatcher is SIGKILLed after the window and a new one started on its
+journal: the journal's size, and the restart's CPU and peak RSS until it serves (its replay).
 
 Only the standard library; perf must be installed for the split (not for the counters).
 """
@@ -88,6 +92,49 @@ def split(perf_data):
     return parts, rest, total
 
 
+def restart(args, dispatcher, journal, work):
+    """Kills the dispatcher, then restarts one on its journal: the replay's CPU and memory."""
+    dispatcher.kill()
+    dispatcher.wait()
+    with open(journal, "rb") as f:
+        data = f.read()
+    lines = data.count(b"\n")
+    print(f"  restart: the journal holds {len(data)} bytes in {lines} lines")
+    log = os.path.join(work, "restarted.err")
+    cmd = [args.lode, "dispatcher", "--plan", args.plan, "--journal", os.path.dirname(journal),
+           "--token", "profile"]
+    if args.journal_compact:
+        cmd += ["--journal-compact", args.journal_compact]
+    started = time.monotonic()
+    env = dict(os.environ, RUST_LOG="info", NO_COLOR="1")
+    with open(log, "wb") as err:
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+
+    def logged(what):
+        with open(log, "rb") as f:
+            return what in f.read()
+
+    # Its address is printed before the replay; "dispatcher serving" is logged after it.
+    while not logged(b"dispatcher serving"):
+        if p.poll() is not None:
+            die(f"the restarted dispatcher exited ({p.returncode}) before serving")
+        if time.monotonic() - started > 120:
+            p.kill()
+            die("the restarted dispatcher did not serve within 120 s")
+        time.sleep(0.01)
+    serving = time.monotonic() - started
+    # SIGINT until it stops: one sent before it watches for signals is lost.
+    while True:
+        os.kill(p.pid, 2)  # not p.send_signal: it would reap the child before wait4 does
+        pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+        if pid:
+            break
+        time.sleep(0.2)
+    print(f"  restart: serving after {serving:.2f} s; {usage.ru_utime:.2f} s user, "
+          f"{usage.ru_stime:.2f} s sys, {usage.ru_maxrss / 1024:.0f} MB peak RSS "
+          f"(exit status {os.waitstatus_to_exitcode(status)})")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--plan", required=True)
@@ -96,6 +143,11 @@ def main():
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--no-perf", action="store_true")
+    ap.add_argument("--journal-compact", metavar="SIZE",
+                    help="the dispatcher's --journal-compact (default: its own)")
+    ap.add_argument("--restart", action="store_true",
+                    help="after the window, SIGKILL the dispatcher and time a restart on its "
+                         "journal (CPU and peak RSS until it serves, then SIGINT)")
     ap.add_argument("--keep", metavar="PATH",
                     help="keep perf's recording at PATH (for perf report), instead of deleting it")
     args = ap.parse_args()
@@ -118,7 +170,9 @@ def main():
         journal = os.path.join(work, "journal", "journal.jsonl")
         dispatcher = spawn("dispatcher", [args.lode, "dispatcher", "--plan", args.plan,
                                           "--journal", os.path.dirname(journal), "--token",
-                                          "profile", "--addr-file", addr_file, "-q"])
+                                          "profile", "--addr-file", addr_file, "-q"]
+                           + (["--journal-compact", args.journal_compact]
+                              if args.journal_compact else []))
         wait_for("dispatcher address", lambda: os.path.exists(addr_file)
                  and os.path.getsize(addr_file) > 0, procs, work)
         with open(addr_file) as f:
@@ -140,7 +194,7 @@ def main():
             "lode_worker_steps_computed_total", 0) > 0, procs, work)
         time.sleep(args.warmup)
         m0, c0, t0 = worker_counters(metrics), cpu_ticks(worker.pid) / TICK, time.monotonic()
-        d0, j0 = cpu_ticks(dispatcher.pid) / TICK, os.path.getsize(journal)
+        d0, j0, i0 = cpu_ticks(dispatcher.pid) / TICK, os.path.getsize(journal), os.stat(journal).st_ino
         perf_data = os.path.join(work, "perf.data")
         if perf:
             record = subprocess.run(["perf", "record", "-F", "2999", "-g", "-p",
@@ -153,7 +207,7 @@ def main():
         else:
             time.sleep(args.seconds)
         m1, c1, t1 = worker_counters(metrics), cpu_ticks(worker.pid) / TICK, time.monotonic()
-        d1, j1 = cpu_ticks(dispatcher.pid) / TICK, os.path.getsize(journal)
+        d1, j1, i1 = cpu_ticks(dispatcher.pid) / TICK, os.path.getsize(journal), os.stat(journal).st_ino
         for name, p in procs:
             if p.poll() is not None:
                 die(f"the {name} exited ({p.returncode}) during the window")
@@ -174,8 +228,10 @@ def main():
               f"the worker's CPU {(stage + freeing) / cpu:.3f}")
         # The journal grows in the window by what the dispatcher's writer thread wrote (a
         # line or two may still be on their way at either edge).
-        print(f"  the dispatcher: {(d1 - d0) * us:.2f} us of CPU and {(j1 - j0) / steps:.0f} "
-              f"journal bytes a step")
+        # A compaction in the window replaces the file: its growth says nothing then.
+        growth = (f"{(j1 - j0) / steps:.0f} journal bytes a step" if i1 == i0 else
+                  f"a journal compacted in the window ({j0} -> {j1} bytes)")
+        print(f"  the dispatcher: {(d1 - d0) * us:.2f} us of CPU and {growth}")
         sampled = m1.get("lode_worker_stage_cpu_steps_total", 0) - m0.get(
             "lode_worker_stage_cpu_steps_total", 0)
         if sampled > 0:
@@ -197,6 +253,8 @@ def main():
             if args.keep:
                 shutil.move(perf_data, args.keep)
                 print(f"perf's recording: {args.keep}")
+        if args.restart:
+            restart(args, dispatcher, journal, work)
     finally:
         stop_all(procs, work)
 
