@@ -207,8 +207,8 @@ impl Record {
     }
 
     /// Hands the events this record stands for to `f`, in order (none for `Consumer` or
-    /// `Snapshot`, which a replay takes as they are), until `f` fails. A run's steps past the last a step number can hold are given as that last
-    /// one, which no state accepts.
+    /// `Snapshot`, which a replay takes as they are), until `f` fails. A run's steps past the
+    /// last a step number can hold are given as that last one, which no state accepts.
     pub fn each_event<E>(self, mut f: impl FnMut(Event) -> Result<(), E>) -> Result<(), E> {
         match self {
             Record::Event(event) => f(event),

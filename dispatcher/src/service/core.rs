@@ -218,6 +218,7 @@ impl Core {
             }
             let records = Record::of_events(&events);
             self.write(now, records)?;
+            self.compact_if_due(now)?;
         }
         Ok(events)
     }
@@ -273,19 +274,25 @@ impl Core {
                 }],
             )?;
             self.receiver_addr = receiver_addr;
+            self.compact_if_due(now)?;
         }
         Ok(())
     }
 
     /// Appends to the journal; the caller acknowledges only after [`Core::sync_point`]
     /// reaches the journal's written offset (group commit, see `journal::SyncPoint`).
-    /// Compacts the journal when it is due.
     fn write(&mut self, at: Time, records: Vec<Record>) -> Result<(), ApplyError> {
         if let Err(err) = self.journal.append_unsynced(&Batch { at, records }) {
             tracing::error!(cause = %err, "journal append failed; refusing further changes until restart");
             self.failed = true;
             return Err(ApplyError::JournalFailed);
         }
+        Ok(())
+    }
+
+    /// Compacts the journal when it is due. Called once a change is whole: written, and
+    /// taken into the state and everything derived from it, which the snapshot holds.
+    fn compact_if_due(&mut self, at: Time) -> Result<(), ApplyError> {
         if self.compact_bytes > 0 && self.journal.grown() >= self.compact_due {
             self.compact(at)?;
         }
@@ -595,6 +602,19 @@ mod tests {
         assert_eq!(core.receiver_addr(), "http://127.0.0.1:7");
         assert!(core.is_drained(gone));
         assert!(core.allocate_worker().0 > worker.0, "ids are never reused");
+    }
+
+    #[test]
+    fn a_compaction_in_the_consumers_registration_keeps_its_address() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut core = open(dir.path());
+        // Due at once: the header alone is more than a byte.
+        core.compact_every(1);
+        core.register_consumer("http://127.0.0.1:7".into(), None, Time(0))
+            .expect("consumer");
+        assert!(core.journal.compacted() > 0, "it compacted");
+        drop(core);
+        assert_eq!(open(dir.path()).receiver_addr(), "http://127.0.0.1:7");
     }
 
     #[test]
