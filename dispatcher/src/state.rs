@@ -924,7 +924,11 @@ impl DispatcherState {
                 if self.stages.iter().any(|st| !st.leases.is_empty()) {
                     return Err("leases reset while steps are leased");
                 }
-                self.generation += 1;
+                // Only a snapshot from a file can hold the last generation.
+                self.generation = self
+                    .generation
+                    .checked_add(1)
+                    .ok_or("the lease generation is exhausted")?;
             }
             Event::Rewound { next } => {
                 let seq = self.seq_or_end(*next).ok_or("rewind outside the job")?;
@@ -1128,7 +1132,8 @@ pub struct StateSnapshot {
     pub generation: u64,
 }
 
-/// One stage's lease table in a [`StateSnapshot`]; every list in increasing step order.
+/// One stage's lease table in a [`StateSnapshot`]; [`DispatcherState::snapshot`] writes every
+/// list in increasing step order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StageSnapshot {
     pub next: u64,

@@ -1212,6 +1212,22 @@ fn a_snapshot_no_run_of_events_could_build_is_refused() {
             s.stages[0].leases.extend([(2, W1, t(1)), (3, W1, t(1))]);
         }),
     ];
+    // The last lease generation restores, and a reset past it is refused, not a panic.
+    let last = StateSnapshot {
+        generation: u64::MAX,
+        ..good.clone()
+    };
+    let mut state = DispatcherState::restore(config(2), last).expect("restores");
+    for worker in [W1, W2] {
+        state
+            .apply(Command::WorkerLost { worker }, t(1))
+            .expect("lost");
+    }
+    assert!(matches!(
+        state.apply(Command::ReceiverReset, t(1)),
+        Err(Error::Invariant { .. })
+    ));
+    assert_eq!(state.generation(), u64::MAX);
     for (what, break_it) in broken {
         let mut snapshot = good.clone();
         break_it(&mut snapshot);
