@@ -247,6 +247,7 @@ fn durable(mut status: v1::StatusResponse) -> v1::StatusResponse {
     status.steps_computed = 0;
     status.compute_us = 0;
     status.consumer_busy_us = 0;
+    status.journal_compactions = 0;
     status
 }
 

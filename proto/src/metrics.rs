@@ -169,7 +169,7 @@ pub fn render_dispatcher(job: u64, s: &StatusResponse) -> String {
         .iter()
         .filter(|w| w.status == crate::service::v1::WorkerStatus::Draining as i32)
         .count();
-    let rows: [(&str, &str, &str, f64); 10] = [
+    let rows: [(&str, &str, &str, f64); 12] = [
         (
             "lode_dispatcher_epoch",
             "gauge",
@@ -223,6 +223,18 @@ pub fn render_dispatcher(job: u64, s: &StatusResponse) -> String {
             "counter",
             "Time the training side reported training (not waiting for data).",
             count(s.consumer_busy_us) / 1e6,
+        ),
+        (
+            "lode_dispatcher_journal_bytes",
+            "gauge",
+            "The journal file's length (a restart reads it all).",
+            count(s.journal_bytes),
+        ),
+        (
+            "lode_dispatcher_journal_compactions_total",
+            "counter",
+            "Journal compactions since the dispatcher started.",
+            count(s.journal_compactions),
         ),
         (
             "lode_dispatcher_end_of_data",

@@ -42,6 +42,8 @@ pub fn to_json(status: &StatusResponse) -> serde_json::Value {
         "steps_computed": status.steps_computed,
         "compute_us": status.compute_us,
         "consumer_busy_us": status.consumer_busy_us,
+        "journal_bytes": status.journal_bytes,
+        "journal_compactions": status.journal_compactions,
     })
 }
 
@@ -82,6 +84,11 @@ pub fn to_text(job: u64, status: &StatusResponse) -> String {
         );
     }
     let _ = writeln!(out, "leases {}", status.leases.len());
+    let _ = writeln!(
+        out,
+        "journal {} bytes, {} compaction(s) since the dispatcher started",
+        status.journal_bytes, status.journal_compactions
+    );
     out
 }
 
@@ -105,6 +112,8 @@ mod tests {
                 last_seen_ms: 40,
                 ..WorkerEntry::default()
             }],
+            journal_bytes: 4096,
+            journal_compactions: 3,
             ..StatusResponse::default()
         }
     }
@@ -124,6 +133,10 @@ mod tests {
             text.contains("  worker-3 \"w\" stage 0 draining leases 2 last seen 40 ms"),
             "{text}"
         );
+        assert!(
+            text.contains("journal 4096 bytes, 3 compaction(s) since the dispatcher started"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -131,6 +144,8 @@ mod tests {
         let json = to_json(&status());
         assert_eq!(json["watermark"]["step"], 7);
         assert_eq!(json["steps_consumed"], 19);
+        assert_eq!(json["journal_bytes"], 4096);
+        assert_eq!(json["journal_compactions"], 3);
         assert_eq!(json["workers"][0]["status"], "draining");
         assert_eq!(worker_status(99), "unknown");
     }

@@ -89,6 +89,7 @@ pub(crate) struct Counters {
     pub(crate) steps_computed: u64,
     pub(crate) compute_us: u64,
     pub(crate) consumer_busy_us: u64,
+    pub(crate) journal_compactions: u64,
 }
 
 /// A core rebuilt from its journal.
@@ -327,6 +328,8 @@ impl Core {
         match self.journal.compact(at, snapshot) {
             Ok(()) => {
                 self.compact_due = self.due_after_compaction();
+                self.counters.journal_compactions =
+                    self.counters.journal_compactions.saturating_add(1);
                 tracing::info!(
                     journal = %self.journal.path().display(),
                     replaced_bytes = before,
@@ -360,6 +363,13 @@ impl Core {
 
     pub(crate) fn state(&self) -> &DispatcherState {
         &self.state
+    }
+
+    /// The journal file's length now: what a restart would read.
+    pub(crate) fn journal_bytes(&self) -> u64 {
+        self.journal
+            .compacted()
+            .saturating_add(self.journal.grown())
     }
 
     pub(crate) fn receiver_addr(&self) -> &str {
@@ -588,6 +598,14 @@ mod tests {
         // request's line; 400 steps journal some 30 KB.
         let compacted = core.journal.compacted();
         assert_eq!(core.compact_due, 2048.max(4 * compacted));
+        // What the status answer reports: the file's length, and how often it was compacted.
+        let now = std::fs::metadata(&file).expect("stat").len();
+        assert_eq!(core.journal_bytes(), now);
+        assert!(
+            core.counters.journal_compactions > 5,
+            "{}",
+            core.counters.journal_compactions
+        );
         assert!(largest <= compacted + core.compact_due + 256, "{largest}");
         let second = std::fs::read_to_string(&file).expect("read");
         assert!(second

@@ -525,6 +525,8 @@ impl Dispatcher for DispatcherService {
                     compute_us: core.counters.compute_us,
                     consumer_busy_us: core.counters.consumer_busy_us,
                     stages: state.config().stages,
+                    journal_bytes: core.journal_bytes(),
+                    journal_compactions: core.counters.journal_compactions,
                 }
             })
             .await;
