@@ -56,7 +56,8 @@ pub const JOURNAL_FORMAT: u32 = 3;
 /// The oldest format this build reads. A journal of an older format is read and appended to
 /// as it is (its header keeps its format; its later records are written as this build writes
 /// them), so a job survives the upgrade; a build that reads only the older format refuses
-/// those later lines. Its first compaction rewrites it in this build's format.
+/// those later lines. The service compacts it at its first change (unless compaction is off),
+/// which rewrites it in this build's format.
 pub const OLDEST_JOURNAL_FORMAT: u32 = 1;
 
 /// The longest line read or written. A batch is at most one lease's records (bounded by the
@@ -354,6 +355,9 @@ pub struct Journal {
     grown: u64,
     /// The last compaction's header and snapshot lines, in bytes (0 before the first).
     compacted: u64,
+    /// The format line 1 says: an older one for a journal an older build wrote, until its
+    /// first compaction rewrites it.
+    format_on_file: u32,
 }
 
 /// What the writer thread is handed, in order.
@@ -562,6 +566,7 @@ impl Journal {
             },
             grown: 0,
             compacted: 0,
+            format_on_file: JOURNAL_FORMAT,
             sync: std::sync::Arc::new(SyncPoint {
                 file: std::sync::Mutex::new(sync_file),
                 written: std::sync::atomic::AtomicU64::new(0),
@@ -574,13 +579,13 @@ impl Journal {
         };
         // Check everything before changing the file: a refused journal is left as it was.
         // The first good line is the header; every later one a batch.
-        let mut header = false;
+        let mut header = None;
         let scan = journal.scan(|line, text| {
-            if header {
+            if header.is_some() {
                 replay(line, journal.parse::<Batch>(line, &text)?)
             } else {
-                header = true;
-                Ok(journal.check_header(line, &text, job, config)?)
+                header = Some(journal.check_header(line, &text, job, config)?);
+                Ok(())
             }
         })?;
         let mut torn = None;
@@ -600,8 +605,9 @@ impl Journal {
                 reason: bad.reason,
             });
         }
-        if !header {
-            journal.write_header(job, config)?;
+        match header {
+            Some(format) => journal.format_on_file = format,
+            None => journal.write_header(job, config)?,
         }
         // What is in the file now is on disk (checked, truncated or synced above).
         let end = journal
@@ -741,6 +747,12 @@ impl Journal {
         self.compacted
     }
 
+    /// The format the file's header says: [`JOURNAL_FORMAT`] unless an older build wrote it
+    /// and it was not compacted since.
+    pub fn format_on_file(&self) -> u32 {
+        self.format_on_file
+    }
+
     /// Replaces the journal by its header and one batch at `at` holding `snapshot`, which
     /// must be what every line so far built. Everything appended before is synced first; the
     /// compacted journal is written beside the journal ([`COMPACTING_FILE`]), synced, and
@@ -808,6 +820,7 @@ impl Journal {
         self.file = file;
         self.grown = 0;
         self.compacted = text.len() as u64;
+        self.format_on_file = JOURNAL_FORMAT;
         Ok(())
     }
 
@@ -874,7 +887,7 @@ impl Journal {
         text: &str,
         job: JobId,
         config: &DispatcherConfig,
-    ) -> Result<(), JournalError> {
+    ) -> Result<u32, JournalError> {
         // The format first, alone: a later format may have changed the rest of the header.
         #[derive(Deserialize)]
         struct Format {
@@ -901,7 +914,7 @@ impl Journal {
                 fields: differing_fields(&header.config, config),
             });
         }
-        Ok(())
+        Ok(format)
     }
 
     fn write_header(&mut self, job: JobId, config: &DispatcherConfig) -> Result<(), JournalError> {

@@ -303,10 +303,16 @@ impl Core {
     /// Compacts the journal once it has grown by `bytes` since its last compaction (or
     /// since it was opened: a long journal is compacted at the first change after a
     /// restart), or by four times the compacted journal's size if that is more, so that a
-    /// large state is not rewritten over and over. 0 never compacts.
+    /// large state is not rewritten over and over. 0 never compacts. A journal an older build
+    /// wrote is compacted at the first change, so that its header names the format its lines
+    /// are written in from then on.
     pub(crate) fn compact_every(&mut self, bytes: u64) {
         self.compact_bytes = bytes;
-        self.compact_due = self.due_after_compaction();
+        self.compact_due = if self.journal.format_on_file() < crate::journal::JOURNAL_FORMAT {
+            0
+        } else {
+            self.due_after_compaction()
+        };
     }
 
     fn due_after_compaction(&self) -> u64 {
@@ -633,6 +639,43 @@ mod tests {
         assert!(core.journal.compacted() > 0, "it compacted");
         drop(core);
         assert_eq!(open(dir.path()).receiver_addr(), "http://127.0.0.1:7");
+    }
+
+    #[test]
+    fn a_journal_an_older_build_wrote_is_compacted_at_the_first_change() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut core = open(dir.path());
+        let worker = register(&mut core, StageId(0), 0);
+        drop(core);
+        // Line 1 as format 2 said it (formats 2 and 3 differ only in the snapshot record).
+        let file = dir.path().join(JOURNAL_FILE);
+        let text = std::fs::read_to_string(&file).expect("read");
+        let (first, rest) = text.split_once('\n').expect("lines");
+        let json = first
+            .split_once(' ')
+            .expect("crc")
+            .1
+            .replace("\"format\":3", "\"format\":2");
+        let line = format!("{:08x} {json}", crc32c::crc32c(json.as_bytes()));
+        std::fs::write(&file, format!("{line}\n{rest}")).expect("write");
+
+        let mut core = open(dir.path());
+        assert_eq!(core.journal.format_on_file(), 2);
+        core.compact_every(super::super::DEFAULT_COMPACT_BYTES);
+        core.apply(Command::Heartbeat { worker }, Time(5))
+            .expect("heartbeat");
+        assert_eq!(
+            core.journal.format_on_file(),
+            crate::journal::JOURNAL_FORMAT
+        );
+        let live = core.state().clone();
+        drop(core);
+        let text = std::fs::read_to_string(&file).expect("read");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(lines[0].contains("\"format\":3"), "{}", lines[0]);
+        assert!(lines[1].contains("\"Snapshot\""), "{}", lines[1]);
+        assert_eq!(open(dir.path()).state(), &live);
     }
 
     #[test]
