@@ -1612,7 +1612,22 @@ mod tests {
             .expect("needed");
         assert_eq!((read.seed, read.recorded), (picked.seed, true));
         assert_eq!(again, first);
-        Journal::open(dir.path(), JobId(1), &again).expect("the same config reopens");
+        let mut rec = Journal::open(dir.path(), JobId(1), &again).expect("the same config reopens");
+        // A compaction rewrites the header with the seed in it.
+        let state = crate::DispatcherState::new(again.clone()).expect("state");
+        let snapshot = Snapshot {
+            state: state.snapshot(),
+            receiver_addr: String::new(),
+            drained: vec![],
+            next_worker: 1,
+        };
+        rec.journal.compact(Time(1), snapshot).expect("compact");
+        drop(rec);
+        let mut after = unseeded();
+        let read = pick_seed(&mut after, dir.path())
+            .expect("pick")
+            .expect("needed");
+        assert_eq!((read.seed, read.recorded), (picked.seed, true));
         // A seeded chain needs none.
         assert_eq!(pick_seed(&mut again, dir.path()).expect("pick"), None);
     }
