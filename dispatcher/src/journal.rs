@@ -1237,6 +1237,45 @@ mod tests {
                 prop_assert_eq!(Record::of_events(&both).len(), 2, "{:?}", pair);
             }
         }
+
+        /// Appends and compactions in any order, with or without the writer thread: a reopen
+        /// reads the last compaction's snapshot and exactly the batches appended after it.
+        #[test]
+        fn a_reopen_reads_the_last_snapshot_and_what_followed(
+            behind: bool,
+            ops in prop::collection::vec(0u8..8, 0..40),
+        ) {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mut rec = open(dir.path()).expect("create");
+            if behind {
+                rec.journal.write_behind().expect("writer thread");
+            }
+            let mut expected = Vec::new();
+            for (n, op) in (1..).zip(ops) {
+                if op == 0 {
+                    let snapshot = Snapshot { next_worker: n, ..snapshot_of(&[]) };
+                    rec.journal.compact(Time(n), snapshot.clone()).expect("compact");
+                    expected = vec![Batch {
+                        at: Time(n),
+                        records: vec![Record::Snapshot(Box::new(snapshot))],
+                    }];
+                } else {
+                    rec.journal.append_unsynced(&batch(n, n)).expect("append");
+                    expected.push(batch(n, n));
+                }
+            }
+            let sync = rec.journal.sync_point();
+            sync.sync_to(sync.written()).expect("sync");
+            drop(rec);
+            let got: Vec<Batch> = open(dir.path())
+                .expect("reopen")
+                .batches
+                .into_iter()
+                .map(|(_, b)| b)
+                .collect();
+            prop_assert_eq!(got, expected);
+            prop_assert!(!dir.path().join(COMPACTING_FILE).exists());
+        }
     }
 
     #[test]
