@@ -484,6 +484,10 @@ pub struct RunArgs {
     /// removed at the end). A journal of an earlier run of the same plan resumes that run.
     #[arg(long, value_name = "DIR")]
     pub journal: Option<PathBuf>,
+    /// Compact the dispatcher's journal each time it has grown by this much (see `lode
+    /// dispatcher --journal-compact`); 0 never compacts.
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
+    pub journal_compact: u64,
     /// Announce the job to `lode scheduler --jobs DIR`: write DIR/NAME.json (dispatcher
     /// address, job id and token; readable by this user only) while the job runs.
     #[arg(long, value_name = "DIR")]
@@ -589,6 +593,10 @@ pub struct TrainArgs {
     /// Lease duration of a step, in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub lease_ms: u64,
+    /// Compact the dispatcher's journal each time it has grown by this much (see `lode
+    /// dispatcher --journal-compact`); 0 never compacts.
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
+    pub journal_compact: u64,
     // TLS on every connection of the job (all three TLS flags, or none): the dispatcher and the
     // training process's receiver serve --tls-cert, workers and the training side trust --tls-ca.
     #[command(flatten)]

@@ -361,6 +361,7 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
     let (mut service, _) =
         ServiceConfig::for_plan(&plan, JobId(1), &generate_token(), config, &journal)?;
     service.tls = tls.clone();
+    service.journal_compact_bytes = args.journal_compact;
     let log = (args.log.clone()).unwrap_or_else(|| scratch.path().join("consumer.jsonl"));
     let stem = input.file_stem().map(|s| s.to_string_lossy().into_owned());
     let name = (args.name.clone()).unwrap_or_else(|| {

@@ -75,6 +75,7 @@ struct Settings {
     threads: u32,
     simple: bool,
     lease: Duration,
+    journal_compact: u64,
     dir: PathBuf,
     announce: Option<PathBuf>,
     name: String,
@@ -108,6 +109,7 @@ pub fn run_train(args: TrainArgs, out: &mut dyn std::io::Write) -> anyhow::Resul
         threads: u32::try_from(args.threads.max(1)).context("--threads")?,
         simple: args.simple,
         lease: Duration::from_millis(args.lease_ms.max(1)),
+        journal_compact: args.journal_compact,
         dir,
         announce: args.announce.clone(),
         name: (args.name.clone()).unwrap_or_else(|| format!("train-{}", std::process::id())),
@@ -200,6 +202,7 @@ fn start_job(request: &GraphRequest, settings: &Settings) -> Result<(LocalJob, A
     let journal = settings.dir.join("journal");
     let (mut service, _) = ServiceConfig::for_plan(&plan, JobId(1), &token, config, &journal)?;
     service.tls = settings.tls.as_ref().map(|t| t.server.clone());
+    service.journal_compact_bytes = settings.journal_compact;
     let mut job = LocalJob::start(service, settings.announce.as_deref(), &settings.name)
         .map_err(|e| format!("{e:#}"))?;
     // Each worker takes the least staffed stage: with fewer workers than stages, a stage would

@@ -143,6 +143,18 @@ def over_tls(lode, expected, tmp):
     return check_cut("tls", done.stderr, cut) + compare("regression_monitored over TLS", expected, losses(path))
 
 
+# A journal compacted every few KB: the runs below go through many compactions, and the
+# restarted program's dispatcher replays a compacted journal.
+COMPACT = ["--journal-compact", "4KiB"]
+
+
+def compacted(job_dir):
+    """Whether the job's dispatcher journal was compacted (its second line is a snapshot)."""
+    with open(os.path.join(job_dir, "journal", "journal.jsonl")) as f:
+        f.readline()
+        return '"Snapshot"' in f.readline()
+
+
 def with_worker_kills(lode, tmp):
     """wide_deep_session over 40 epochs while a data worker is SIGKILLed every half second."""
     name = "wide_deep_session"
@@ -154,7 +166,7 @@ def with_worker_kills(lode, tmp):
     path = os.path.join(tmp, "kills.lode.txt")
     program = subprocess.Popen(
         [lode, "train", "--workers", "0", "--announce", announce, "--name", "killed", "--lease-ms", "1000",
-         "--journal", os.path.join(tmp, "kills.job"), "--",
+         *COMPACT, "--journal", os.path.join(tmp, "kills.job"), "--",
          sys.executable, os.path.join(PROGRAMS, script), *args, "--losses", path],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=QUIET)
     card = os.path.join(announce, "killed.json")
@@ -188,6 +200,8 @@ def with_worker_kills(lode, tmp):
         return [f"kills: lode train exited {program.returncode}: {stderr[-2000:]}"]
     if kills < 3:
         return [f"kills: only {kills} worker(s) were killed; the run was too short to judge"]
+    if not compacted(os.path.join(tmp, "kills.job")):
+        return ["kills: the dispatcher's journal was never compacted"]
     print(f"note  kills: {kills} data workers SIGKILLed and replaced")
     return check_cut("kills", stderr, True) + compare(
         f"wide_deep_session with a worker SIGKILLed every half second ({kills} kills)",
@@ -195,17 +209,20 @@ def with_worker_kills(lode, tmp):
 
 
 def checkpoint_restart(lode, expected, tmp):
-    """regression_monitored killed after step 70, restarted from its step-60 checkpoint."""
+    """regression_monitored killed after step 70, restarted from its step-60 checkpoint, its
+    journal compacted on the way (the restart replays a snapshot)."""
     script, args, _ = CASES["regression_monitored"]
     ckpt = os.path.join(tmp, "ckpt")
     job = os.path.join(tmp, "restart.job")
     path = os.path.join(tmp, "restart.lode.txt")
-    cmd = [lode, "train", "--workers", "2", "--journal", job, "--", sys.executable,
+    cmd = [lode, "train", "--workers", "2", *COMPACT, "--journal", job, "--", sys.executable,
            os.path.join(PROGRAMS, script), *args, "--losses", path, "--checkpoint-dir", ckpt,
            "--save-steps", "20"]
     first = run(cmd + ["--crash-at", "70"], check=False)
     if first.returncode != 17:
         return [f"restart: the crashing run exited {first.returncode}, not 17: {first.stderr[-2000:]}"]
+    if not compacted(job):
+        return ["restart: the crashed run's journal was never compacted"]
     run(cmd)
     with open(path) as f:
         steps = [int(line.split(" ", 1)[0]) for line in f]
