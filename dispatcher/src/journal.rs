@@ -17,7 +17,8 @@
 //!   grants of consecutive steps to one worker, and retirements of consecutive steps, go as
 //!   one [`Record::Granted`] or [`Record::Retired`] each (a lease request of 512 steps is one
 //!   record, not 512). Format 1 listed every grant's ids and wrote one record an event.
-//! - Format 3 (formats 1 and 2 are still read): a compacted journal. Once the lines appended
+//! - Format 3 (formats 1 and 2 are still read): completions of consecutive steps go as one
+//!   [`Record::Completed`] each too, and a journal may be compacted. Once the lines appended
 //!   since the last compaction pass a size ([`crate::service::DEFAULT_COMPACT_BYTES`]), the
 //!   service rewrites the journal as its header and one batch holding a [`Record::Snapshot`]
 //!   of its state ([`Journal::compact`]): the file, and what a restart reads, stay in
@@ -85,7 +86,11 @@ pub enum Record {
     Granted(GrantRun),
     /// `LeaseRetired` events of consecutive steps, in one record (format 2): what a
     /// watermark's advance retires.
-    Retired(RetireRun),
+    Retired(StepRun),
+    /// `StepCompleted` events of consecutive steps, in one record (format 3): what a worker's
+    /// report of several steps completes, when the training side has not consumed them yet
+    /// (a training side slower than its workers: every step).
+    Completed(StepRun),
     /// Everything the records before it built (format 3): the only record of a compacted
     /// journal's first batch. Boxed: every other record is small.
     Snapshot(Box<Snapshot>),
@@ -115,9 +120,10 @@ pub struct GrantRun {
     pub batches: Vec<GrantedBatch>,
 }
 
-/// Retirements of `count` steps from `first` in its epoch, of one worker of one stage.
+/// Events of one kind (the record's) for `count` steps from `first` in its epoch, of one
+/// worker of one stage.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RetireRun {
+pub struct StepRun {
     pub worker: WorkerId,
     pub stage: StageId,
     pub first: StepId,
@@ -125,9 +131,9 @@ pub struct RetireRun {
 }
 
 impl Record {
-    /// `events` as records, in order: runs of grants and of retirements (consecutive steps,
-    /// one worker and stage; one deadline for grants) as one record each, every other event
-    /// (and a run of one) as itself; grants with their batches' CRCs.
+    /// `events` as records, in order: runs of grants, of retirements and of completions
+    /// (consecutive steps, one worker and stage; one deadline for grants) as one record each,
+    /// every other event (and a run of one) as itself; grants with their batches' CRCs.
     pub fn of_events(events: &[Event]) -> Vec<Record> {
         let mut out: Vec<Record> = Vec::with_capacity(events.len().min(8));
         for event in events {
@@ -161,12 +167,12 @@ impl Record {
                 worker,
                 stage,
                 step,
-            } => Record::Retired(RetireRun {
+            } => Record::Retired(StepRun::one(worker, stage, step)),
+            &Event::StepCompleted {
                 worker,
                 stage,
-                first: step,
-                count: 1,
-            }),
+                step,
+            } => Record::Completed(StepRun::one(worker, stage, step)),
             other => Record::Event(other.clone()),
         }
     }
@@ -184,9 +190,8 @@ impl Record {
                 Ok(())
             }
             (Record::Retired(run), Record::Retired(next))
-                if (run.worker, run.stage) == (next.worker, next.stage)
-                    && usize::try_from(run.count)
-                        .is_ok_and(|n| follows(run.first, n, next.first)) =>
+            | (Record::Completed(run), Record::Completed(next))
+                if run.is_followed_by(&next) =>
             {
                 run.count += next.count;
                 Ok(())
@@ -202,7 +207,8 @@ impl Record {
                 Some(batch) => Record::Event(run.event(0, batch)),
                 None => Record::Granted(run),
             },
-            Record::Retired(run) if run.count == 1 => Record::Event(run.event(0)),
+            Record::Retired(run) if run.count == 1 => Record::Event(run.retired(0)),
+            Record::Completed(run) if run.count == 1 => Record::Event(run.completed(0)),
             other => other,
         }
     }
@@ -223,7 +229,8 @@ impl Record {
                     .zip(run.batches)
                     .try_for_each(|(n, batch)| f(head.event(n, batch)))
             }
-            Record::Retired(run) => (0..run.count).try_for_each(|n| f(run.event(n))),
+            Record::Retired(run) => (0..run.count).try_for_each(|n| f(run.retired(n))),
+            Record::Completed(run) => (0..run.count).try_for_each(|n| f(run.completed(n))),
         }
     }
 }
@@ -241,10 +248,36 @@ impl GrantRun {
     }
 }
 
-impl RetireRun {
+impl StepRun {
+    /// A run of `step` alone.
+    fn one(worker: WorkerId, stage: StageId, step: StepId) -> StepRun {
+        StepRun {
+            worker,
+            stage,
+            first: step,
+            count: 1,
+        }
+    }
+
+    /// Whether `next` continues this run: the same worker and stage, from this run's next
+    /// step on.
+    fn is_followed_by(&self, next: &StepRun) -> bool {
+        (self.worker, self.stage) == (next.worker, next.stage)
+            && usize::try_from(self.count).is_ok_and(|n| follows(self.first, n, next.first))
+    }
+
     /// The retirement of the run's step `n` (counted from `first`).
-    fn event(&self, n: impl TryInto<u64>) -> Event {
+    fn retired(&self, n: impl TryInto<u64>) -> Event {
         Event::LeaseRetired {
+            worker: self.worker,
+            stage: self.stage,
+            step: nth(self.first, n),
+        }
+    }
+
+    /// The completion of the run's step `n` (counted from `first`).
+    fn completed(&self, n: impl TryInto<u64>) -> Event {
+        Event::StepCompleted {
             worker: self.worker,
             stage: self.stage,
             step: nth(self.first, n),
@@ -1131,7 +1164,7 @@ mod tests {
     }
 
     #[test]
-    fn runs_of_grants_and_retirements_are_one_record_each() {
+    fn runs_of_grants_retirements_and_completions_are_one_record_each() {
         let (w, s) = (WorkerId(1), StageId(0));
         let grant = |step, deadline, crc| Event::LeaseGranted {
             worker: w,
@@ -1144,6 +1177,11 @@ mod tests {
             worker: WorkerId(worker),
             stage: s,
             step: StepId::new(0, step),
+        };
+        let complete = |epoch, step| Event::StepCompleted {
+            worker: w,
+            stage: s,
+            step: StepId::new(epoch, step),
         };
         let events = vec![
             grant(4, 9, 40),
@@ -1158,6 +1196,12 @@ mod tests {
             retire(1, 4),
             retire(1, 5),
             retire(2, 6),
+            complete(0, 7),
+            complete(0, 8),
+            complete(0, 9),
+            // A new epoch starts a new run.
+            complete(1, 0),
+            complete(1, 1),
         ];
         let records = Record::of_events(&events);
         assert_eq!(
@@ -1177,13 +1221,25 @@ mod tests {
                 Record::Event(grant(7, 10, 70)),
                 Record::Event(grant(9, 10, 90)),
                 Record::Event(events[5].clone()),
-                Record::Retired(RetireRun {
+                Record::Retired(StepRun {
                     worker: w,
                     stage: s,
                     first: StepId::new(0, 4),
                     count: 2,
                 }),
                 Record::Event(retire(2, 6)),
+                Record::Completed(StepRun {
+                    worker: w,
+                    stage: s,
+                    first: StepId::new(0, 7),
+                    count: 3,
+                }),
+                Record::Completed(StepRun {
+                    worker: w,
+                    stage: s,
+                    first: StepId::new(1, 0),
+                    count: 2,
+                }),
             ]
         );
         assert_eq!(events_of(records), events);
@@ -1206,6 +1262,11 @@ mod tests {
                 }
             ),
             (0u64..2, 0u32..2, step.clone()).prop_map(|(w, s, step)| Event::LeaseRetired {
+                worker: WorkerId(w),
+                stage: StageId(s),
+                step,
+            }),
+            (0u64..2, 0u32..2, step.clone()).prop_map(|(w, s, step)| Event::StepCompleted {
                 worker: WorkerId(w),
                 stage: StageId(s),
                 step,

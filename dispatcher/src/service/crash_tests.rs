@@ -521,7 +521,7 @@ fn exactly_once_holds_with_batched_leases_at_any_journal_write() {
 #[test]
 fn exactly_once_holds_with_a_compacting_journal_at_any_write_and_any_compaction() {
     for seed in 200..206 {
-        crash_everywhere(seed, seed % 2 == 0, Some(1024));
+        crash_everywhere(seed, seed % 2 == 0, Some(256));
     }
 }
 
