@@ -3,7 +3,7 @@
 
     python3 bench/worker_profile.py --plan target/bench-data/peer/deepfm/plan-simple \
         [--lode BIN] [--seconds 5] [--warmup 2] [--no-perf] [--keep perf.data] \
-        [--journal-compact SIZE] [--restart]
+        [--step-time D] [--journal-compact SIZE] [--restart]
 
 Starts one job (`lode dispatcher`, one `lode worker --metrics`, `lode consume --step-time 0`),
 lets it warm up, then over a window reads the worker's counters at both edges and its CPU
@@ -143,6 +143,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--no-perf", action="store_true")
+    ap.add_argument("--step-time", default="0",
+                    help="the consumer's --step-time (default 0: as fast as it can)")
     ap.add_argument("--journal-compact", metavar="SIZE",
                     help="the dispatcher's --journal-compact (default: its own)")
     ap.add_argument("--restart", action="store_true",
@@ -182,7 +184,7 @@ def main():
                                   "profile", "--name", "profile", "--metrics", "127.0.0.1:0"],
                        stdout=open(worker_out, "wb"))
         spawn("consumer", [args.lode, "consume", "--dispatcher", addr, "--token", "profile",
-                           "--log", os.devnull, "--step-time", "0", "-q"])
+                           "--log", os.devnull, "--step-time", args.step_time, "-q"])
 
         def url():
             with open(worker_out) as f:
