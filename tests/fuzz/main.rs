@@ -466,9 +466,9 @@ fn fuzz_journal() {
     let mut seeds = Vec::new();
     for compacted in [false, true] {
         let _ = std::fs::remove_file(&path);
-        // A real history, journaled as the service journals it: registrations, a run of
-        // grants, a watermark and the run of retirements it caused; the second seed is
-        // compacted after the registrations.
+        // A real history, journaled as the service journals it: registrations, runs of
+        // grants, a run of completions, a watermark and the run of retirements it caused; the
+        // second seed is compacted after the registrations.
         let mut rec = Journal::open(dir.path(), JobId(1), &config).expect("create");
         let mut state = DispatcherState::new(config.clone()).expect("state");
         let commands = (1..4)
@@ -481,6 +481,15 @@ fn fuzz_journal() {
                 Command::RequestLeases {
                     worker: WorkerId(1),
                     max: 2,
+                },
+                Command::RequestLeases {
+                    worker: WorkerId(2),
+                    max: 2,
+                },
+                Command::CompleteSteps {
+                    worker: WorkerId(2),
+                    stage: StageId(0),
+                    steps: vec![StepId::new(0, 2), StepId::new(0, 3)],
                 },
                 Command::Consumed {
                     watermark: StepId::new(0, 1),
@@ -510,6 +519,13 @@ fn fuzz_journal() {
         }
         drop(rec);
         seeds.push(std::fs::read(&path).expect("journal"));
+    }
+    for (seed, kind) in seeds
+        .iter()
+        .flat_map(|s| ["\"Granted\"", "\"Completed\"", "\"Retired\""].map(|k| (s, k)))
+    {
+        let text = String::from_utf8_lossy(seed);
+        assert!(text.contains(kind), "the seed holds no {kind} run: {text}");
     }
     fuzz("journal", seeds, Some(repair_journal), |bytes| {
         std::fs::write(&path, bytes).expect("write");
