@@ -403,9 +403,8 @@ fn dispatcher_and_consumer_restarts_lose_and_repeat_nothing() {
     let mut cons = consumer(&addr, &log, &["--step-time", "2ms"]);
     let mut workers: Vec<Proc> = (0..4).map(|i| worker(&addr, &format!("w{i}"))).collect();
 
-    // The dispatcher dies mid-epoch and comes back from its journal on the same address.
-    wait_for_lines(&log, 200, Duration::from_secs(120));
-    kill(&mut disp);
+    // The dispatcher dies mid-epoch, three times, and comes back from its journal on the
+    // same address.
     let second_line = |what: &str| {
         let text = std::fs::read_to_string(journal.join("journal.jsonl")).expect("journal");
         let line = text.lines().nth(1).unwrap_or_default().to_owned();
@@ -414,9 +413,13 @@ fn dispatcher_and_consumer_restarts_lose_and_repeat_nothing() {
             "{what}: no snapshot: {line:.200}"
         );
     };
-    second_line("killed");
-    let (d, _) = dispatcher_with(&plan, &journal, &listen, &compact);
-    disp = d;
+    for lines in [150, 250, 350] {
+        wait_for_lines(&log, lines, Duration::from_secs(120));
+        kill(&mut disp);
+        second_line(&format!("killed after {lines} steps"));
+        let (d, _) = dispatcher_with(&plan, &journal, &listen, &compact);
+        disp = d;
+    }
 
     // The training side dies; it restarts from the dispatcher's consumed watermark, dropping
     // what it logged past it (a checkpointed trainer would not have those steps either).
