@@ -28,7 +28,9 @@
 //! A crash mid-write leaves a torn last line: without its newline, or failing its CRC or its
 //! parse. [`Journal::open`] truncates such a last line away (its request was never answered)
 //! and says so in [`Recovered::torn`]; a bad line anywhere else is corruption, an error naming
-//! the file and line. Nothing in a journal can make opening it panic.
+//! the file and line. A crash during a compaction leaves the old journal whole, or the new
+//! one, and perhaps a [`COMPACTING_FILE`] beside it, which opening removes. Nothing in a
+//! journal can make opening it panic.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Read, Write};

@@ -603,7 +603,7 @@ mod tests {
         }
         // The file never held more than its header and snapshot, the growth at which the
         // next compaction is due (4x the snapshot's size, which is above 2 KB) and one
-        // request's line; 400 steps journal some 30 KB.
+        // request's line.
         let compacted = core.journal.compacted();
         assert_eq!(core.compact_due, 2048.max(4 * compacted));
         // What the status answer reports: the file's length, and how often it was compacted.
