@@ -454,6 +454,11 @@ enum Op {
     },
     /// A new receiver registered (what the old one buffered is redone).
     ReceiverReset,
+    /// The training side restarted from a checkpoint before `step` of `epoch`.
+    Rewind {
+        epoch: u64,
+        step: u64,
+    },
     /// The training side ends the job at its watermark (or, `stray`, at another step).
     EndJob {
         stray: bool,
@@ -504,6 +509,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => w.prop_map(Op::Lost),
         2 => (0u64..150).prop_map(Op::Tick),
         1 => Just(Op::ReceiverReset),
+        1 => (0u64..3, 0u64..12).prop_map(|(epoch, step)| Op::Rewind { epoch, step }),
         1 => prop::bool::weighted(0.2).prop_map(|stray| Op::EndJob { stray }),
     ]
 }
@@ -659,6 +665,9 @@ impl Driver {
                 Command::Tick
             }
             Op::ReceiverReset => Command::ReceiverReset,
+            Op::Rewind { epoch, step } => Command::Rewind {
+                next: StepId::new(epoch, step),
+            },
             Op::EndJob { stray } => {
                 let last = state.watermark().unwrap_or(StepId::new(0, 0));
                 let last = if stray {
@@ -819,7 +828,11 @@ proptest! {
         let ops = ops.iter().filter(|op| {
             !matches!(
                 op,
-                Op::ConsumeAny { .. } | Op::ConsumeNext | Op::ReceiverReset | Op::EndJob { .. }
+                Op::ConsumeAny { .. }
+                    | Op::ConsumeNext
+                    | Op::ReceiverReset
+                    | Op::Rewind { .. }
+                    | Op::EndJob { .. }
             )
         });
         for op in ops {
