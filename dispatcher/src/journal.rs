@@ -136,12 +136,12 @@ impl Record {
     /// `events` as records, in order: runs of grants, of retirements and of completions
     /// (consecutive steps, one worker and stage; one deadline for grants) as one record each,
     /// every other event (and a run of one) as itself; grants with their batches' CRCs.
-    pub fn of_events(events: &[Event]) -> Vec<Record> {
+    pub fn of_events(events: &[Event], per_epoch: u64) -> Vec<Record> {
         let mut out: Vec<Record> = Vec::with_capacity(events.len().min(8));
         for event in events {
             let record = Record::run_of(event);
             let unjoined = match out.last_mut() {
-                Some(last) => last.join(record).err(),
+                Some(last) => last.join(record, per_epoch).err(),
                 None => Some(record),
             };
             out.extend(unjoined);
@@ -181,19 +181,19 @@ impl Record {
 
     /// Adds `next` (a run of one step, see [`Record::run_of`]) to this run when it is the
     /// run's next step; else gives it back.
-    fn join(&mut self, next: Record) -> Result<(), Record> {
+    fn join(&mut self, next: Record, per_epoch: u64) -> Result<(), Record> {
         match (self, next) {
             (Record::Granted(run), Record::Granted(next))
                 if (run.worker, run.stage, run.deadline)
                     == (next.worker, next.stage, next.deadline)
-                    && follows(run.first, run.batches.len(), next.first) =>
+                    && nth(run.first, run.batches.len(), per_epoch) == next.first =>
             {
                 run.batches.extend(next.batches);
                 Ok(())
             }
             (Record::Retired(run), Record::Retired(next))
             | (Record::Completed(run), Record::Completed(next))
-                if run.is_followed_by(&next) =>
+                if run.is_followed_by(&next, per_epoch) =>
             {
                 run.count += next.count;
                 Ok(())
@@ -206,11 +206,11 @@ impl Record {
     fn unless_single(self) -> Record {
         match self {
             Record::Granted(run) if run.batches.len() == 1 => match run.batches.first().cloned() {
-                Some(batch) => Record::Event(run.event(0, batch)),
+                Some(batch) => Record::Event(run.event(0, batch, 0)),
                 None => Record::Granted(run),
             },
-            Record::Retired(run) if run.count == 1 => Record::Event(run.retired(0)),
-            Record::Completed(run) if run.count == 1 => Record::Event(run.completed(0)),
+            Record::Retired(run) if run.count == 1 => Record::Event(run.retired(0, 0)),
+            Record::Completed(run) if run.count == 1 => Record::Event(run.completed(0, 0)),
             other => other,
         }
     }
@@ -218,7 +218,11 @@ impl Record {
     /// Hands the events this record stands for to `f`, in order (none for `Consumer` or
     /// `Snapshot`, which a replay takes as they are), until `f` fails. A run's steps past the
     /// last a step number can hold are given as that last one, which no state accepts.
-    pub fn each_event<E>(self, mut f: impl FnMut(Event) -> Result<(), E>) -> Result<(), E> {
+    pub fn each_event<E>(
+        self,
+        per_epoch: u64,
+        mut f: impl FnMut(Event) -> Result<(), E>,
+    ) -> Result<(), E> {
         match self {
             Record::Event(event) => f(event),
             Record::Consumer { .. } | Record::Snapshot(_) => Ok(()),
@@ -229,21 +233,23 @@ impl Record {
                 };
                 (0..)
                     .zip(run.batches)
-                    .try_for_each(|(n, batch)| f(head.event(n, batch)))
+                    .try_for_each(|(n, batch)| f(head.event(n, batch, per_epoch)))
             }
-            Record::Retired(run) => (0..run.count).try_for_each(|n| f(run.retired(n))),
-            Record::Completed(run) => (0..run.count).try_for_each(|n| f(run.completed(n))),
+            Record::Retired(run) => (0..run.count).try_for_each(|n| f(run.retired(n, per_epoch))),
+            Record::Completed(run) => {
+                (0..run.count).try_for_each(|n| f(run.completed(n, per_epoch)))
+            }
         }
     }
 }
 
 impl GrantRun {
     /// The grant of the run's step `n` (counted from `first`), with `batch`.
-    fn event(&self, n: impl TryInto<u64>, batch: GrantedBatch) -> Event {
+    fn event(&self, n: impl TryInto<u64>, batch: GrantedBatch, per_epoch: u64) -> Event {
         Event::LeaseGranted {
             worker: self.worker,
             stage: self.stage,
-            step: nth(self.first, n),
+            step: nth(self.first, n, per_epoch),
             deadline: self.deadline,
             batch,
         }
@@ -263,47 +269,45 @@ impl StepRun {
 
     /// Whether `next` continues this run: the same worker and stage, from this run's next
     /// step on.
-    fn is_followed_by(&self, next: &StepRun) -> bool {
+    fn is_followed_by(&self, next: &StepRun, per_epoch: u64) -> bool {
         (self.worker, self.stage) == (next.worker, next.stage)
-            && usize::try_from(self.count).is_ok_and(|n| follows(self.first, n, next.first))
+            && nth(self.first, self.count, per_epoch) == next.first
     }
 
     /// The retirement of the run's step `n` (counted from `first`).
-    fn retired(&self, n: impl TryInto<u64>) -> Event {
+    fn retired(&self, n: impl TryInto<u64>, per_epoch: u64) -> Event {
         Event::LeaseRetired {
             worker: self.worker,
             stage: self.stage,
-            step: nth(self.first, n),
+            step: nth(self.first, n, per_epoch),
         }
     }
 
     /// The completion of the run's step `n` (counted from `first`).
-    fn completed(&self, n: impl TryInto<u64>) -> Event {
+    fn completed(&self, n: impl TryInto<u64>, per_epoch: u64) -> Event {
         Event::StepCompleted {
             worker: self.worker,
             stage: self.stage,
-            step: nth(self.first, n),
+            step: nth(self.first, n, per_epoch),
         }
     }
 }
 
-/// Whether `step` is the step `n` after `first` in its epoch.
-fn follows(first: StepId, n: usize, step: StepId) -> bool {
-    step.epoch == first.epoch
-        && u64::try_from(n)
-            .ok()
-            .and_then(|n| first.step.0.checked_add(n))
-            == Some(step.step.0)
-}
-
-/// The step `n` steps after `first` in its epoch; past the last a step number can hold, that
-/// last one.
-fn nth(first: StepId, n: impl TryInto<u64>) -> StepId {
+/// The step `n` steps after `first`, on into the next epochs of `per_epoch` steps (format
+/// 3; a format-2 run never reaches its epoch's end, so it reads the same). A step outside that
+/// numbering (an epoch of no steps, a step past its epoch's end), or one past the last
+/// global step number: `n` steps on in `first`'s epoch, saturating, a step no state accepts.
+/// A run joins exactly the step this gives, so its record expands to the same events.
+fn nth(first: StepId, n: impl TryInto<u64>, per_epoch: u64) -> StepId {
     let n = n.try_into().unwrap_or(u64::MAX);
-    StepId {
-        epoch: first.epoch,
-        step: crate::ids::Step(first.step.0.saturating_add(n)),
-    }
+    first
+        .numbered(per_epoch)
+        .and_then(|s| s.global.checked_add(n))
+        .and_then(|global| StepId::from_global(global, per_epoch))
+        .unwrap_or(StepId {
+            epoch: first.epoch,
+            step: crate::ids::Step(first.step.0.saturating_add(n)),
+        })
 }
 
 /// The records of one request, applied at `at` on the dispatcher's clock.
@@ -1152,11 +1156,11 @@ mod tests {
         assert_eq!(open(dir.path()).expect("reopen").batches.len(), 3);
     }
 
-    /// The events `records` stand for, in order.
-    fn events_of(records: Vec<Record>) -> Vec<Event> {
+    /// The events `records` stand for, in order, in epochs of `per_epoch` steps.
+    fn events_of(records: Vec<Record>, per_epoch: u64) -> Vec<Event> {
         let mut out = Vec::new();
         for r in records {
-            r.each_event(|e| {
+            r.each_event(per_epoch, |e| {
                 out.push(e);
                 Ok::<(), ()>(())
             })
@@ -1198,14 +1202,15 @@ mod tests {
             retire(1, 4),
             retire(1, 5),
             retire(2, 6),
-            complete(0, 7),
+            // A run goes on into the next epoch (of 10 steps here); a gap breaks it.
             complete(0, 8),
             complete(0, 9),
-            // A new epoch starts a new run.
             complete(1, 0),
             complete(1, 1),
+            complete(1, 3),
+            complete(1, 4),
         ];
-        let records = Record::of_events(&events);
+        let records = Record::of_events(&events, 10);
         assert_eq!(
             records,
             vec![
@@ -1233,18 +1238,22 @@ mod tests {
                 Record::Completed(StepRun {
                     worker: w,
                     stage: s,
-                    first: StepId::new(0, 7),
-                    count: 3,
+                    first: StepId::new(0, 8),
+                    count: 4,
                 }),
                 Record::Completed(StepRun {
                     worker: w,
                     stage: s,
-                    first: StepId::new(1, 0),
+                    first: StepId::new(1, 3),
                     count: 2,
                 }),
             ]
         );
-        assert_eq!(events_of(records), events);
+        assert_eq!(events_of(records.clone(), 10), events);
+        // In epochs of 9 steps, step 9 of epoch 0 is no step: the runs break around it.
+        let nine = Record::of_events(&events, 9);
+        assert_eq!(nine.len(), records.len() + 2, "{nine:?}");
+        assert_eq!(events_of(nine, 9), events);
     }
 
     fn arb_event() -> impl Strategy<Value = Event> {
@@ -1282,22 +1291,27 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever the events, their records stand for exactly them, in order, through the
-        /// journal's JSON too, and no two adjacent records could have been one run.
+        /// Whatever the events and the epochs' length (none, one step, shorter or longer
+        /// than the steps the events name, the most), their records stand for exactly them,
+        /// in order, through the journal's JSON too, and no two adjacent records could have
+        /// been one run.
         #[test]
-        fn records_stand_for_their_events(events in prop::collection::vec(arb_event(), 0..40)) {
-            let records = Record::of_events(&events);
+        fn records_stand_for_their_events(
+            events in prop::collection::vec(arb_event(), 0..40),
+            per_epoch in prop_oneof![Just(0u64), Just(1), Just(3), Just(6), Just(u64::MAX)],
+        ) {
+            let records = Record::of_events(&events, per_epoch);
             prop_assert!(records.len() <= events.len());
             let text = serde_json::to_string(&records).expect("serialize");
             let back: Vec<Record> = serde_json::from_str(&text).expect("deserialize");
             prop_assert_eq!(&back, &records);
-            prop_assert_eq!(events_of(back), events.clone());
+            prop_assert_eq!(events_of(back, per_epoch), events.clone());
             for pair in records.windows(2) {
                 let mut both = Vec::new();
                 for r in pair {
-                    both.extend(events_of(vec![r.clone()]));
+                    both.extend(events_of(vec![r.clone()], per_epoch));
                 }
-                prop_assert_eq!(Record::of_events(&both).len(), 2, "{:?}", pair);
+                prop_assert_eq!(Record::of_events(&both, per_epoch).len(), 2, "{:?}", pair);
             }
         }
 
@@ -1438,7 +1452,7 @@ mod tests {
         for batch in batches {
             for record in batch.records.clone() {
                 record
-                    .each_event(|e| state.apply_event(&e))
+                    .each_event(config().steps_per_epoch(), |e| state.apply_event(&e))
                     .expect("applies");
             }
         }

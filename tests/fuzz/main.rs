@@ -506,7 +506,7 @@ fn fuzz_journal() {
                 rec.journal.compact(Time(3), snapshot).expect("compact");
             }
             let events = state.apply(command, Time(at)).expect("apply");
-            let mut records = Record::of_events(&events);
+            let mut records = Record::of_events(&events, config.steps_per_epoch());
             records.push(Record::Consumer {
                 receiver_addr: "127.0.0.1:1".into(),
             });
@@ -540,7 +540,7 @@ fn fuzz_journal() {
                         state = DispatcherState::restore(config.clone(), snapshot.state)?;
                         Ok(())
                     }
-                    r => r.each_event(|e| {
+                    r => r.each_event(config.steps_per_epoch(), |e| {
                         index += 1;
                         state.replay_event(index - 1, &e)
                     }),

@@ -117,6 +117,7 @@ impl Core {
         let mut drained = BTreeSet::new();
         let mut next_worker = 1;
         let mut first = true;
+        let per_epoch = config.steps_per_epoch();
         let reopened = Journal::open_replaying(dir, job, config, |line, batch| {
             resume_at = resume_at.max(batch.at);
             let corrupt = |reason: String| {
@@ -137,7 +138,7 @@ impl Core {
                     }
                     Record::Snapshot(snapshot) => snapshot,
                     record => {
-                        record.each_event(|event| {
+                        record.each_event(per_epoch, |event| {
                             observe(&event, &mut drained, &mut next_worker);
                             state
                                 .replay_event(events, &event)
@@ -217,7 +218,7 @@ impl Core {
             for event in &events {
                 observe(event, &mut self.drained, &mut self.next_worker);
             }
-            let records = Record::of_events(&events);
+            let records = Record::of_events(&events, self.state.config().steps_per_epoch());
             self.write(now, records)?;
             self.compact_if_due(now)?;
         }
