@@ -18,7 +18,8 @@
 //!   one [`Record::Granted`] or [`Record::Retired`] each (a lease request of 512 steps is one
 //!   record, not 512). Format 1 listed every grant's ids and wrote one record an event.
 //! - Format 3 (formats 1 and 2 are still read): completions of consecutive steps go as one
-//!   [`Record::Completed`] each too, and a journal may be compacted. Once the lines appended
+//!   [`Record::Completed`] each too, a run goes on across an epoch's end (a format-2 run,
+//!   which never reaches one, reads the same), and a journal may be compacted. Once the lines appended
 //!   since the last compaction pass a size ([`crate::service::DEFAULT_COMPACT_BYTES`]), the
 //!   service rewrites the journal as its header and one batch holding a [`Record::Snapshot`]
 //!   of its state ([`Journal::compact`]): the file, and what a restart reads, stay in
@@ -111,7 +112,8 @@ pub struct Snapshot {
     pub next_worker: u64,
 }
 
-/// Grants of `first` and the steps after it in its epoch (one a batch, in order) to one
+/// Grants of `first` and the steps after it (one a batch, in order; runs go on across an
+/// epoch's end in format 3) to one
 /// worker of one stage with one deadline.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GrantRun {
@@ -122,8 +124,8 @@ pub struct GrantRun {
     pub batches: Vec<GrantedBatch>,
 }
 
-/// Events of one kind (the record's) for `count` steps from `first` in its epoch, of one
-/// worker of one stage.
+/// Events of one kind (the record's) for `count` steps from `first` (on across an epoch's
+/// end), of one worker of one stage.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepRun {
     pub worker: WorkerId,
