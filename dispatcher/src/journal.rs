@@ -148,7 +148,9 @@ impl Record {
             };
             out.extend(unjoined);
         }
-        out.into_iter().map(Record::unless_single).collect()
+        out.into_iter()
+            .map(|record| record.unless_single(per_epoch))
+            .collect()
     }
 
     /// A run of `event` alone, when it can start one; else the event as its record.
@@ -205,14 +207,14 @@ impl Record {
     }
 
     /// A run of one step as the event it stands for; any other record as it is.
-    fn unless_single(self) -> Record {
+    fn unless_single(self, per_epoch: u64) -> Record {
         match self {
             Record::Granted(run) if run.batches.len() == 1 => match run.batches.first().cloned() {
-                Some(batch) => Record::Event(run.event(0, batch, 0)),
+                Some(batch) => Record::Event(run.event(0, batch, per_epoch)),
                 None => Record::Granted(run),
             },
-            Record::Retired(run) if run.count == 1 => Record::Event(run.retired(0, 0)),
-            Record::Completed(run) if run.count == 1 => Record::Event(run.completed(0, 0)),
+            Record::Retired(run) if run.count == 1 => Record::Event(run.retired(0, per_epoch)),
+            Record::Completed(run) if run.count == 1 => Record::Event(run.completed(0, per_epoch)),
             other => other,
         }
     }

@@ -378,6 +378,11 @@ impl DispatcherState {
         &self.config
     }
 
+    /// The config's steps per epoch, computed once (a chain's walks its plan).
+    pub fn steps_per_epoch(&self) -> u64 {
+        self.per_epoch
+    }
+
     /// One step as a single in-process worker and an eager training side take it: lease the
     /// next step of `worker`'s stage, complete it and consume it. The events, in order (the
     /// first is the grant); for one-stage jobs in tests and benchmarks of the order.
@@ -1197,9 +1202,6 @@ impl DispatcherState {
             return Err(refuse("its number of stages differs from the config's"));
         }
         for worker in snapshot.workers {
-            if state.stage(worker.stage).is_none() {
-                return Err(refuse("a worker of an unknown stage"));
-            }
             let info = WorkerInfo {
                 stage: worker.stage,
                 status: if worker.draining {

@@ -218,7 +218,7 @@ impl Core {
             for event in &events {
                 observe(event, &mut self.drained, &mut self.next_worker);
             }
-            let records = Record::of_events(&events, self.state.config().steps_per_epoch());
+            let records = Record::of_events(&events, self.state.steps_per_epoch());
             self.write(now, records)?;
             self.compact_if_due(now)?;
         }
@@ -460,7 +460,7 @@ impl Core {
 
     /// The first step the training side has not consumed: the one after the watermark.
     pub(crate) fn first_unconsumed(&self) -> StepId {
-        let per_epoch = self.state.config().steps_per_epoch();
+        let per_epoch = self.state.steps_per_epoch();
         match self.state.watermark() {
             None => StepId::new(0, 0),
             Some(w) => w
@@ -472,7 +472,7 @@ impl Core {
 
     /// Steps consumed so far (through the watermark).
     pub(crate) fn steps_consumed(&self) -> u64 {
-        let per_epoch = self.state.config().steps_per_epoch();
+        let per_epoch = self.state.steps_per_epoch();
         self.state.watermark().map_or(0, |w| {
             w.numbered(per_epoch)
                 .map_or(u64::MAX, |s| s.global.saturating_add(1))

@@ -518,7 +518,7 @@ impl Dispatcher for DispatcherService {
                         .map(|(stage, step, lease)| convert::lease_entry(stage, step, lease))
                         .collect(),
                     steps_consumed: core.steps_consumed(),
-                    steps_per_epoch: state.config().steps_per_epoch(),
+                    steps_per_epoch: state.steps_per_epoch(),
                     now_ms: now.as_millis(),
                     epochs: state.config().epochs.unwrap_or(0),
                     steps_computed: core.counters.steps_computed,
