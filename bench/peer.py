@@ -990,7 +990,9 @@ def cmd_exec_transport(args):
     with nothing sent, with each step's frame encoded, and encoded and written to loopback in
     bursts, round by round (a host whose speed drifts weighs on the three alike). Each
     round's ratio of nothing sent over the other two is the share of a worker's CPU its stage
-    would have with no cost besides its frame: a worker's ceiling on the target's ratio."""
+    would have with no cost besides its frame: a worker's ceiling on the target's ratio. The
+    stages and the freeing over the thread's CPU within one run (`steady`) is the same ceiling
+    by the worker's steady figure, which the host's swings between runs do not move."""
     modes = ("none", "encode", "loopback")
     rows = []
     for r in range(1, args.rounds + 1):
@@ -1005,6 +1007,7 @@ def cmd_exec_transport(args):
             row[mode] = report["sending"]["cpu_us_per_step"]
             row[mode + "_stage"] = report["sending"]["stage_us_per_step"]
             row[mode + "_bytes"] = report["sending"]["bytes"] / max(report["steps"], 1)
+            row[mode + "_steady"] = report["sending"].get("steady", 0.0)
         rows.append(row)
     summary = {"model": args.model, "cut": args.cut, "rounds": len(rows), "steps": args.steps}
     for mode in modes:
@@ -1015,6 +1018,10 @@ def cmd_exec_transport(args):
         summary[f"ceiling_{mode}_median"] = statistics.median(shares)
         summary[f"ceiling_{mode}_min"] = min(shares)
         summary[f"ceiling_{mode}_max"] = max(shares)
+        steady = [r[mode + "_steady"] for r in rows]
+        summary[f"steady_{mode}_median"] = statistics.median(steady)
+        summary[f"steady_{mode}_min"] = min(steady)
+        summary[f"steady_{mode}_max"] = max(steady)
     summary["bytes_per_step"] = rows[-1]["loopback_bytes"]
     summary["rounds_detail"] = rows
     append_json(args.out, summary)
@@ -1024,7 +1031,11 @@ def cmd_exec_transport(args):
           f"encoded and written to loopback {summary['loopback_us_per_step']:.2f} "
           f"({summary['bytes_per_step']:.0f} bytes a step); nothing sent over the others "
           f"{summary['ceiling_encode_median']:.3f} and {summary['ceiling_loopback_median']:.3f} "
-          f"(rounds {summary['ceiling_loopback_min']:.3f}-{summary['ceiling_loopback_max']:.3f})")
+          f"(rounds {summary['ceiling_loopback_min']:.3f}-{summary['ceiling_loopback_max']:.3f}); "
+          f"the stages and the freeing over the CPU within each run (a worker's steady figure "
+          f"with nothing but its frame's cost) {summary['steady_encode_median']:.3f} encoded, "
+          f"{summary['steady_loopback_median']:.3f} on loopback "
+          f"(rounds {summary['steady_loopback_min']:.3f}-{summary['steady_loopback_max']:.3f})")
 
 
 # --------------------------------------------------------------------------- the table

@@ -470,6 +470,18 @@ fn a_transport_run_counts_the_frames_it_encodes_and_sends_and_refuses_threads_an
                 .is_some_and(|us| us > 0.0),
             "{out}"
         );
+        // The freeing is timed only when there are tensors to free (a frame was encoded),
+        // and the steady figure is then the stages and the freeing over the CPU.
+        let free = sent["free_us_per_step"].as_f64().expect("free_us_per_step");
+        let steady = sent["steady"].as_f64().expect("steady");
+        if frames == 0 {
+            assert_eq!(free, 0.0, "{out}");
+        } else {
+            assert!(free > 0.0, "{out}");
+            let cpu = sent["cpu_us_per_step"].as_f64().expect("cpu");
+            let stage = sent["stage_us_per_step"].as_f64().expect("stage");
+            assert!(((stage + free) / cpu - steady).abs() < 1e-9, "{out}");
+        }
         bytes.push(sent["bytes"].as_u64().expect("bytes"));
     }
     assert_eq!(bytes[0], 0, "nothing encoded");

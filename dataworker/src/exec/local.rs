@@ -95,6 +95,12 @@ pub struct SendingReport {
     pub cpu_us_per_step: f64,
     /// The stages' wall time a step.
     pub stage_us_per_step: f64,
+    /// The freeing of each step's tensors after its frame is encoded (those the frame does
+    /// not send from their own memory), timed as a worker times it; 0 with nothing sent.
+    pub free_us_per_step: f64,
+    /// The stages and the freeing over the thread's CPU: the worker's steady figure for a
+    /// loop that does nothing but compute, encode and send (see `peer.py worker-eff`).
+    pub steady: f64,
     pub frames: u64,
     /// The frames' bytes with their 4-byte length prefixes (what loopback writes; all of it
     /// is read back before the run ends).
@@ -281,8 +287,14 @@ impl LocalReport {
         }
         if let Some(sent) = &self.sending {
             s.push_str(&format!(
-                "transport {}: {:.2} us of the thread's CPU a step, the stages {:.2} us; {} frames, {} bytes\n",
-                sent.transport, sent.cpu_us_per_step, sent.stage_us_per_step, sent.frames, sent.bytes
+                "transport {}: {:.2} us of the thread's CPU a step, the stages {:.2} us, the freeing {:.2} us (stages and freeing over the CPU {:.3}); {} frames, {} bytes\n",
+                sent.transport,
+                sent.cpu_us_per_step,
+                sent.stage_us_per_step,
+                sent.free_us_per_step,
+                sent.steady,
+                sent.frames,
+                sent.bytes
             ));
         }
         s
@@ -319,6 +331,7 @@ pub fn run_steps_sending(
         ..SendingReport::default()
     };
     let mut stage_time = std::time::Duration::ZERO;
+    let mut free_time = std::time::Duration::ZERO;
     let started = Instant::now();
     let cpu_before = crate::clock::thread_cpu();
     for (s, records) in steps {
@@ -342,7 +355,9 @@ pub fn run_steps_sending(
         let frame = encoder
             .encode_owned_for(&mut msg, true)
             .map_err(|source| LocalRunError::Encode { step: s, source })?;
+        let freeing = Instant::now();
         drop(msg);
+        free_time += freeing.elapsed();
         sending.frames += 1;
         sending.bytes += 4 + frame.len() as u64;
         burst.push(frame);
@@ -370,6 +385,11 @@ pub fn run_steps_sending(
         let n = report.steps as f64;
         sending.cpu_us_per_step = cpu.as_secs_f64() / n * 1e6;
         sending.stage_us_per_step = stage_time.as_secs_f64() / n * 1e6;
+        sending.free_us_per_step = free_time.as_secs_f64() / n * 1e6;
+        if sending.cpu_us_per_step > 0.0 {
+            sending.steady =
+                (sending.stage_us_per_step + sending.free_us_per_step) / sending.cpu_us_per_step;
+        }
     }
     report.set_rates();
     report.sending = Some(sending);
