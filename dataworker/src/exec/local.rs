@@ -365,7 +365,10 @@ pub fn run_steps_sending(
             if let Some(link) = &mut link {
                 link.write(&burst).map_err(LocalRunError::Loopback)?;
             }
-            burst.clear();
+            // As a worker does once the receiver has answered.
+            for frame in burst.drain(..) {
+                encoder.recycle(frame);
+            }
         }
     }
     if let Some(mut link) = link {

@@ -1201,12 +1201,13 @@ async fn settle(
             }
         };
         match state.pushed(answered, Instant::now()) {
-            PushNext::Done => {}
+            PushNext::Done => out.encoder.recycle(pending.frame),
             PushNext::Drop => {
                 tracing::debug!(
                     step = global,
                     "step dropped (lease expired under backpressure, or refused)"
                 );
+                out.encoder.recycle(pending.frame);
             }
             PushNext::Parked => {
                 out.parked.insert(global, pending);

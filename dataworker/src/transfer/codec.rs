@@ -277,7 +277,16 @@ pub struct StepEncoder {
     sum_local: bool,
     /// What [`StepEncoder::encode_parts_for`] reserves for a frame's owned bytes.
     parts_hint: usize,
+    /// Buffers of frames sent and answered ([`StepEncoder::recycle`]), empty, for the next
+    /// frames' owned bytes.
+    spare: Vec<Vec<u8>>,
 }
+
+/// The most buffers [`StepEncoder::recycle`] keeps: two bursts' worth.
+const SPARE_FRAMES: usize = 64;
+
+/// The largest buffer [`StepEncoder::recycle`] keeps (a larger one is freed).
+const SPARE_BUFFER_BYTES: usize = 1 << 20;
 
 impl StepEncoder {
     pub fn new(config: CodecConfig) -> Self {
@@ -290,6 +299,19 @@ impl StepEncoder {
             auto_choice: None,
             sum_local: false,
             parts_hint: 0,
+            spare: Vec::new(),
+        }
+    }
+
+    /// Takes back a frame whose receiver has answered: its tensors are freed, and its buffer
+    /// (up to [`SPARE_FRAMES`] of them, none over [`SPARE_BUFFER_BYTES`]) holds the owned bytes
+    /// of a later frame, so that a worker's frames, alike from step to step, are written into
+    /// memory already in use instead of a new allocation each.
+    pub fn recycle(&mut self, frame: OwnedFrame) {
+        let OwnedFrame { mut owned, .. } = frame;
+        if self.spare.len() < SPARE_FRAMES && owned.capacity() <= SPARE_BUFFER_BYTES {
+            owned.clear();
+            self.spare.push(owned);
         }
     }
 
@@ -414,10 +436,11 @@ impl StepEncoder {
                 borrowed_len: 0,
             });
         }
-        // The last frame's owned bytes and an eighth more: a job's steps are alike, and
-        // sizing this frame exactly would take a pass over its strings before the one that
-        // writes them.
-        let mut owned = Vec::with_capacity(self.parts_hint.max(HEADER_LEN + 64));
+        // A recycled frame's buffer if there is one, with room for the last frame's owned
+        // bytes and an eighth more: a job's steps are alike, and sizing this frame exactly
+        // would take a pass over its strings before the one that writes them.
+        let mut owned = self.spare.pop().unwrap_or_default();
+        owned.reserve(self.parts_hint.max(HEADER_LEN + 64));
         owned.resize(HEADER_LEN, 0);
         let mut parts = FrameParts {
             owned,

@@ -1624,3 +1624,64 @@ fn short_frames_are_read_in_large_pieces() {
         });
     }
 }
+
+#[test]
+fn a_recycled_frame_buffer_carries_the_next_frame_and_nothing_of_the_last() {
+    let long = message(vec![
+        tensor(
+            vec![3],
+            TensorData::String(vec![
+                b"a longer string".to_vec(),
+                b"xy".to_vec(),
+                Vec::new(),
+            ]),
+        ),
+        tensor(vec![2], TensorData::Float32(vec![1.5, -2.0])),
+    ]);
+    let short = message(vec![tensor(vec![1], TensorData::Int32(vec![7]))]);
+    let mut fresh = encoder(Compression::Off);
+    let mut recycling = encoder(Compression::Off);
+    let first = recycling
+        .encode_owned_for(&mut long.clone(), false)
+        .expect("encodes");
+    let buffer = first.owned.as_ptr();
+    recycling.recycle(first);
+    // The next frame is written into the same memory, and is the frame a fresh encoder
+    // writes: a shorter frame keeps none of the longer one's bytes.
+    let second = recycling
+        .encode_owned_for(&mut short.clone(), false)
+        .expect("encodes");
+    assert_eq!(second.owned.as_ptr(), buffer);
+    let expected = fresh
+        .encode_owned_for(&mut short.clone(), false)
+        .expect("encodes");
+    assert_eq!(second.to_vec(), expected.to_vec());
+    assert!(decode_frame(&second.to_vec(), DEFAULT_MAX_MESSAGE_BYTES)
+        .expect("decodes")
+        .bitwise_eq(&short));
+    // At most SPARE_FRAMES buffers are kept, and none over SPARE_BUFFER_BYTES.
+    for _ in 0..SPARE_FRAMES + 5 {
+        let frame = recycling
+            .encode_owned_for(&mut long.clone(), false)
+            .expect("encodes");
+        recycling.recycle(frame);
+        let frame = recycling
+            .encode_owned_for(&mut long.clone(), false)
+            .expect("encodes");
+        let other = StepEncoder::new(CodecConfig::default())
+            .encode_owned_for(&mut long.clone(), false)
+            .expect("encodes");
+        recycling.recycle(frame);
+        recycling.recycle(other);
+    }
+    assert_eq!(recycling.spare.len(), SPARE_FRAMES);
+    let mut big = OwnedFrame {
+        owned: Vec::with_capacity(SPARE_BUFFER_BYTES + 1),
+        kept: Vec::new(),
+        kept_len: 0,
+    };
+    big.owned.push(0);
+    let mut roomy = encoder(Compression::Off);
+    roomy.recycle(big);
+    assert!(roomy.spare.is_empty());
+}
