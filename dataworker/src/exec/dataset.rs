@@ -15,7 +15,7 @@ use super::program::{BuildCtx, Compile, Naming, Program};
 use super::value::{Value, VariantTensor};
 use super::{ExecError, Failure, Result};
 use crate::kernels::array;
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor, TensorData};
 
 /// One element of a dataset: its components.
 pub type Element = Vec<Value>;
@@ -317,7 +317,7 @@ impl Pipeline {
                         }
                         let span =
                             spans.first().map_or(0, |r| r.start)..spans.last().map_or(0, |r| r.end);
-                        batched.push(stack(node, &group).map_err(|error| ElementError {
+                        batched.push(stack(node, group).map_err(|error| ElementError {
                             record: None,
                             error,
                         })?);
@@ -349,12 +349,16 @@ impl ExecError {
 }
 
 /// Stacks elements component by component along a new first dimension, as `batch` does:
-/// every element's component must have the same dtype and shape.
-fn stack(node: &str, group: &[Element]) -> Result<Element> {
+/// every element's component must have the same dtype and shape. The elements are taken: a
+/// string component's values move into the batch (each string is one allocation; cloning
+/// them, and then freeing the originals with their elements, cost more than the map that
+/// made them), unless another holder shares the element's tensor.
+fn stack(node: &str, group: Vec<Element>) -> Result<Element> {
     let first = group.first().ok_or_else(|| ExecError::Input {
         reason: "an empty batch".into(),
     })?;
-    let mut out = Vec::with_capacity(first.len());
+    // None: a string component, moved out of the elements below once all are checked.
+    let mut out: Vec<Option<Value>> = Vec::with_capacity(first.len());
     for (c, component) in first.iter().enumerate() {
         let err = |reason: String| ExecError::Dataset {
             node: node.to_owned(),
@@ -382,17 +386,21 @@ fn stack(node: &str, group: &[Element]) -> Result<Element> {
                         p.shape()
                     )));
                 }
+                if parts.iter().all(|p| p.dtype() == DType::String) {
+                    out.push(None);
+                    continue;
+                }
                 let packed = array::pack(&parts, 0).map_err(|e| err(e.to_string()))?;
-                out.push(Value::tensor(
+                out.push(Some(Value::tensor(
                     packed
                         .into_iter()
                         .next()
                         .ok_or_else(|| err("pack gave nothing".into()))?,
-                ));
+                )));
             }
             Value::Variant(v0) => {
                 let mut elements = Vec::new();
-                for el in group {
+                for el in &group {
                     match el.get(c) {
                         Some(Value::Variant(v)) if v.shape == v0.shape => {
                             elements.extend(v.elements.iter().cloned());
@@ -406,10 +414,166 @@ fn stack(node: &str, group: &[Element]) -> Result<Element> {
                 }
                 let mut shape = vec![group.len()];
                 shape.extend(&v0.shape);
-                out.push(Value::Variant(Arc::new(VariantTensor { shape, elements })));
+                out.push(Some(Value::Variant(Arc::new(VariantTensor {
+                    shape,
+                    elements,
+                }))));
             }
             Value::Table(_) => return Err(err(format!("component {c} is a table handle"))),
         }
     }
-    Ok(out)
+    if out.iter().all(Option::is_some) {
+        return Ok(out.into_iter().flatten().collect());
+    }
+    // Every element's string components, checked above, in the elements' order.
+    let n = group.len();
+    let shape: Vec<Option<Vec<usize>>> = out
+        .iter()
+        .enumerate()
+        .map(|(c, v)| {
+            v.is_none().then(|| {
+                let mut dims = vec![n];
+                if let Some(Value::Tensor(t)) = group[0].get(c) {
+                    dims.extend(t.shape());
+                }
+                dims
+            })
+        })
+        .collect();
+    let mut strings: Vec<Vec<Vec<u8>>> = shape
+        .iter()
+        .map(|dims| {
+            dims.as_ref()
+                .map_or_else(Vec::new, |d| Vec::with_capacity(d.iter().product()))
+        })
+        .collect();
+    for element in group {
+        for (c, value) in element.into_iter().enumerate().take(out.len()) {
+            if out[c].is_some() {
+                continue;
+            }
+            let Value::Tensor(t) = value else {
+                continue; // checked above: a tensor in every element
+            };
+            match Arc::try_unwrap(t) {
+                Ok(t) => {
+                    if let TensorData::String(v) = t.into_data() {
+                        strings[c].extend(v);
+                    }
+                }
+                Err(shared) => {
+                    if let TensorData::String(v) = shared.data() {
+                        strings[c].extend(v.iter().cloned());
+                    }
+                }
+            }
+        }
+    }
+    out.into_iter()
+        .zip(shape)
+        .zip(strings)
+        .map(|((v, dims), values)| match (v, dims) {
+            (Some(v), _) => Ok(v),
+            (None, dims) => Tensor::new(dims.unwrap_or_default(), TensorData::String(values))
+                .map(Value::tensor)
+                .map_err(|e| ExecError::Dataset {
+                    node: node.to_owned(),
+                    op: "BatchDatasetV2".into(),
+                    reason: e.to_string(),
+                }),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&[u8]]) -> Value {
+        Value::tensor(
+            Tensor::new(
+                vec![v.len()],
+                TensorData::String(v.iter().map(|s| s.to_vec()).collect()),
+            )
+            .expect("tensor"),
+        )
+    }
+
+    fn ints(v: &[i64]) -> Value {
+        Value::tensor(Tensor::new(vec![v.len()], TensorData::Int64(v.to_vec())).expect("tensor"))
+    }
+
+    fn heap_of(value: &Value) -> Vec<*const u8> {
+        match value.as_tensor().map(Tensor::data) {
+            Some(TensorData::String(v)) => v.iter().map(|s| s.as_ptr()).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// A batch is each component's values in the elements' order, along a new first
+    /// dimension; a string component's strings are moved (the batch holds the very
+    /// allocations the elements held), unless another holder shares the element's tensor,
+    /// whose copy is then left as it was.
+    #[test]
+    fn a_batch_moves_its_strings_and_copies_shared_ones() {
+        let shared = strings(&[b"kept", b"too"]);
+        let group = vec![
+            vec![ints(&[1, 2]), strings(&[b"a", b"bc"]), shared.clone()],
+            vec![ints(&[3, 4]), strings(&[b"", b"def"]), shared.clone()],
+            vec![
+                ints(&[5, 6]),
+                strings(&[b"g", b"h"]),
+                strings(&[b"x", b"y"]),
+            ],
+        ];
+        let moved: Vec<*const u8> = group
+            .iter()
+            .flat_map(|el| heap_of(&el[1]))
+            .filter(|p| !p.is_null())
+            .collect();
+        let batch = stack("batch", group).expect("stacks");
+        assert_eq!(batch.len(), 3);
+        let t = |c: usize| batch[c].as_tensor().expect("a tensor");
+        assert_eq!(t(0).shape(), &[3, 2]);
+        assert_eq!(t(0).data(), &TensorData::Int64(vec![1, 2, 3, 4, 5, 6]));
+        assert_eq!(t(1).shape(), &[3, 2]);
+        let expected: Vec<Vec<u8>> = [&b"a"[..], b"bc", b"", b"def", b"g", b"h"]
+            .iter()
+            .map(|s| s.to_vec())
+            .collect();
+        assert_eq!(t(1).data(), &TensorData::String(expected));
+        for p in heap_of(&batch[1]).iter().filter(|p| !p.is_null()) {
+            assert!(moved.contains(p), "a string of the batch was copied");
+        }
+        let expected: Vec<Vec<u8>> = [&b"kept"[..], b"too", b"kept", b"too", b"x", b"y"]
+            .iter()
+            .map(|s| s.to_vec())
+            .collect();
+        assert_eq!(t(2).data(), &TensorData::String(expected));
+        assert_eq!(
+            shared.as_tensor().map(Tensor::data),
+            Some(&TensorData::String(vec![b"kept".to_vec(), b"too".to_vec()]))
+        );
+    }
+
+    /// Elements that cannot be batched are refused before anything is moved: a string
+    /// component of two shapes, and strings against numbers (named as `Pack` names them).
+    #[test]
+    fn an_unbatchable_group_is_refused_naming_the_component() {
+        let err = stack(
+            "batch",
+            vec![vec![strings(&[b"a"])], vec![strings(&[b"a", b"b"])]],
+        )
+        .expect_err("two shapes");
+        assert!(
+            err.to_string()
+                .contains("cannot batch tensors of different shapes: component 0"),
+            "{err}"
+        );
+        let err =
+            stack("batch", vec![vec![strings(&[b"a"])], vec![ints(&[1])]]).expect_err("two dtypes");
+        assert!(err.to_string().contains("Pack"), "{err}");
+        let err = stack("batch", Vec::new()).expect_err("nothing to batch");
+        assert!(err.to_string().contains("an empty batch"), "{err}");
+    }
 }
