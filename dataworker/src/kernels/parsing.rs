@@ -24,6 +24,8 @@
 //!
 //! Errors name the record (CSV) or the example index and the feature key (Example).
 
+use std::borrow::Cow;
+
 use rustc_hash::FxHashMap;
 
 use super::{number, output, show, strings_of, KernelError};
@@ -265,13 +267,18 @@ pub fn decode_csv(
         quote: attrs.use_quote_delim,
         select: &select,
     };
+    // One record's fields, the buffer kept from record to record: unquoted fields borrow the
+    // record's bytes, so only a string column's values are copied (once, into the column).
+    let mut fields: Vec<Cow<'_, [u8]>> = Vec::with_capacity(columns.len());
     for (record, text) in records_in.iter().enumerate() {
-        let fields = splitter.split(text).map_err(|reason| ParseError::Quoting {
-            op: OP,
-            record,
-            text: show(text),
-            reason,
-        })?;
+        splitter
+            .split(text, &mut fields)
+            .map_err(|reason| ParseError::Quoting {
+                op: OP,
+                record,
+                text: show(text),
+                reason,
+            })?;
         if fields.len() != columns.len() {
             return Err(ParseError::FieldCount {
                 op: OP,
@@ -281,11 +288,11 @@ pub fn decode_csv(
             });
         }
         for (field, (value, (column, default))) in fields
-            .into_iter()
+            .drain(..)
             .zip(columns.iter_mut().zip(record_defaults))
             .enumerate()
         {
-            let missing = value.is_empty() || value == attrs.na_value;
+            let missing = value.is_empty() || *value == attrs.na_value[..];
             if missing && default.num_elements() == 0 {
                 return Err(ParseError::MissingField {
                     op: OP,
@@ -325,9 +332,11 @@ pub fn decode_csv(
                 } else {
                     number::parse_f64(&value).ok_or_else(|| bad(DType::Float64))?
                 }),
-                (Column::String(out), TensorData::String(d)) => {
-                    out.push(if missing { d[0].clone() } else { value })
-                }
+                (Column::String(out), TensorData::String(d)) => out.push(if missing {
+                    d[0].clone()
+                } else {
+                    value.into_owned()
+                }),
                 // Columns are built from the defaults' dtypes, so this does not happen.
                 (_, other) => {
                     return Err(KernelError::InputDtype {
@@ -375,10 +384,16 @@ struct CsvSplitter<'a> {
 }
 
 impl CsvSplitter<'_> {
-    fn split(&self, input: &[u8]) -> std::result::Result<Vec<Vec<u8>>, &'static str> {
-        let mut out = Vec::with_capacity(self.select.len());
+    /// Splits `input` into `out` (cleared first): an unquoted field borrows its bytes, a
+    /// quoted one is unescaped into its own.
+    fn split<'t>(
+        &self,
+        input: &'t [u8],
+        out: &mut Vec<Cow<'t, [u8]>>,
+    ) -> std::result::Result<(), &'static str> {
+        out.clear();
         if input.is_empty() {
-            return Ok(out);
+            return Ok(());
         }
         let wanted = |column: usize, taken: usize| {
             self.select.is_empty() || self.select.get(taken) == Some(&column)
@@ -393,9 +408,9 @@ impl CsvSplitter<'_> {
             }
             let include = wanted(column, out.len());
             let quoted = self.quote && input[i] == b'"';
-            let mut field = Vec::new();
+            let mut field = Cow::Borrowed(&input[..0]);
             if !quoted {
-                // An unquoted field is the bytes up to the delimiter, taken in one copy.
+                // An unquoted field is the bytes up to the delimiter, borrowed.
                 let start = i;
                 while i < n && input[i] != self.delim {
                     let c = input[i];
@@ -405,7 +420,7 @@ impl CsvSplitter<'_> {
                     i += 1;
                 }
                 if include {
-                    field = input[start..i].to_vec();
+                    field = Cow::Borrowed(&input[start..i]);
                 }
                 i += 1;
             } else {
@@ -413,7 +428,7 @@ impl CsvSplitter<'_> {
                 while i < n - 1 && (input[i] != b'"' || input[i + 1] != self.delim) {
                     if input[i] != b'"' {
                         if include {
-                            field.push(input[i]);
+                            field.to_mut().push(input[i]);
                         }
                         i += 1;
                     } else {
@@ -421,7 +436,7 @@ impl CsvSplitter<'_> {
                             return Err("a quote inside a quoted field must be doubled");
                         }
                         if include {
-                            field.push(b'"');
+                            field.to_mut().push(b'"');
                         }
                         i += 2;
                     }
@@ -437,14 +452,14 @@ impl CsvSplitter<'_> {
             if include {
                 out.push(field);
                 if !self.select.is_empty() && out.len() == self.select.len() {
-                    return Ok(out);
+                    return Ok(());
                 }
             }
         }
         if wanted(column, out.len()) && input[n - 1] == self.delim {
-            out.push(Vec::new());
+            out.push(Cow::Borrowed(&input[..0]));
         }
-        Ok(out)
+        Ok(())
     }
 }
 
