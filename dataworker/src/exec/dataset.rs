@@ -350,9 +350,9 @@ impl ExecError {
 
 /// Stacks elements component by component along a new first dimension, as `batch` does:
 /// every element's component must have the same dtype and shape. The elements are taken: a
-/// string component's values move into the batch (each string is one allocation; cloning
-/// them, and then freeing the originals with their elements, cost more than the map that
-/// made them), unless another holder shares the element's tensor.
+/// string component's values move into the batch, unless another holder shares the
+/// element's tensor (each string is an allocation of its own: cloning them and freeing the
+/// originals took some 8% of a deepfm `--simple` step in `lode exec`).
 fn stack(node: &str, group: Vec<Element>) -> Result<Element> {
     let first = group.first().ok_or_else(|| ExecError::Input {
         reason: "an empty batch".into(),
