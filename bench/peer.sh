@@ -226,7 +226,10 @@ echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/meta.txt"
 {
     cat "$OUT/meta.txt"
     echo
-    "${PEER[@]}" table "$RESULTS"
+    # The table of the tf, lode and exec rows (an eff-only run has none).
+    if [[ -s "$RESULTS" ]]; then
+        "${PEER[@]}" table "$RESULTS" || die "no table: $RESULTS"
+    fi
     if [[ -s "$OUT/eff.txt" ]]; then
         echo
         echo "worker efficiency in alternating windows (peer.py worker-eff; the ratio of each round's"
@@ -234,7 +237,7 @@ echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/meta.txt"
         echo
         sed 's/^/    /' "$OUT/eff.txt"
     fi
-} > "$OUT/table.md" || die "no table: $RESULTS"
+} > "$OUT/table.md"
 echo
 cat "$OUT/table.md"
 echo
