@@ -425,9 +425,10 @@ fn stack(node: &str, group: Vec<Element>) -> Result<Element> {
     if out.iter().all(Option::is_some) {
         return Ok(out.into_iter().flatten().collect());
     }
-    // Every element's string components, checked above, in the elements' order.
+    // Every element's string components, checked above, in the elements' order: for each
+    // one its batch's shape and values.
     let n = group.len();
-    let shape: Vec<Option<Vec<usize>>> = out
+    let mut moved: Vec<_> = out
         .iter()
         .enumerate()
         .map(|(c, v)| {
@@ -436,51 +437,45 @@ fn stack(node: &str, group: Vec<Element>) -> Result<Element> {
                 if let Some(Value::Tensor(t)) = group[0].get(c) {
                     dims.extend(t.shape());
                 }
-                dims
+                let values = Vec::with_capacity(dims.iter().product());
+                (dims, values)
             })
         })
         .collect();
-    let mut strings: Vec<Vec<Vec<u8>>> = shape
-        .iter()
-        .map(|dims| {
-            dims.as_ref()
-                .map_or_else(Vec::new, |d| Vec::with_capacity(d.iter().product()))
-        })
-        .collect();
     for element in group {
-        for (c, value) in element.into_iter().enumerate().take(out.len()) {
-            if out[c].is_some() {
+        for (value, slot) in element.into_iter().zip(moved.iter_mut()) {
+            // Not a string component, or (checked above) a tensor in every element.
+            let (Some((_, strings)), Value::Tensor(t)) = (slot, value) else {
                 continue;
-            }
-            let Value::Tensor(t) = value else {
-                continue; // checked above: a tensor in every element
             };
             match Arc::try_unwrap(t) {
                 Ok(t) => {
                     if let TensorData::String(v) = t.into_data() {
-                        strings[c].extend(v);
+                        strings.extend(v);
                     }
                 }
                 Err(shared) => {
                     if let TensorData::String(v) = shared.data() {
-                        strings[c].extend(v.iter().cloned());
+                        strings.extend(v.iter().cloned());
                     }
                 }
             }
         }
     }
     out.into_iter()
-        .zip(shape)
-        .zip(strings)
-        .map(|((v, dims), values)| match (v, dims) {
+        .zip(moved)
+        .map(|(v, strings)| match (v, strings) {
             (Some(v), _) => Ok(v),
-            (None, dims) => Tensor::new(dims.unwrap_or_default(), TensorData::String(values))
-                .map(Value::tensor)
-                .map_err(|e| ExecError::Dataset {
-                    node: node.to_owned(),
-                    op: "BatchDatasetV2".into(),
-                    reason: e.to_string(),
-                }),
+            (None, strings) => {
+                let (dims, values) = strings.unwrap_or_default();
+                Tensor::new(dims, TensorData::String(values))
+                    .map(Value::tensor)
+                    .map_err(|e| ExecError::Dataset {
+                        node: node.to_owned(),
+                        op: "BatchDatasetV2".into(),
+                        reason: e.to_string(),
+                    })
+            }
         })
         .collect()
 }
