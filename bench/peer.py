@@ -766,8 +766,14 @@ def cmd_worker_eff(args):
     `lode consume --step-time 0`), then the job is stopped (SIGSTOP) while `lode exec` runs,
     then it goes on (SIGCONT) and settles before the next window. Both sides are CPU totals
     over runs of about the same length, taken seconds apart, so that a host whose speed
-    drifts over minutes weighs on both alike. exec's start-up is taken out as the median CPU
-    of its 1-step runs (one per round).
+    drifts over minutes weighs on both alike. exec's CPU is its own count over the steps
+    (its process CPU clock; the loading before them not in it).
+
+    The steady ratio takes the host's speed out: each side's share of its CPU spent on the
+    steps (the worker's stage and freeing, as its metrics time them; exec's pool threads,
+    which run the steps, free their tensors and keep the pool), each from its own run, one
+    over the other. The plain ratio is exec's CPU a step over the worker's; the steady ratio
+    is the same had both done a step's work at one speed.
 
     The worker's metrics endpoint splits its side: the stage's own time per step (as its
     metrics count it) and the rest of its CPU per step (the overhead: transport, RPCs,
@@ -784,7 +790,6 @@ def cmd_worker_eff(args):
         worker, steps_logged, check_alive = job.worker, job.steps_logged, job.check_alive
         url = job.url
         time.sleep(args.warmup)
-        startups = []
         for r in range(1, args.rounds + 1):
             check_alive()
             m0 = worker_counters(url)
@@ -801,12 +806,13 @@ def cmd_worker_eff(args):
                 # runs no longer than the window, and the job's pause stays well under the
                 # dispatcher's patience (5 missed heartbeats).
                 steps = max(args.min_exec_steps, s1 - s0)
-                _, startup_cpu = exec_once(args, 1)
-                report, exec_cpu = exec_once(args, steps)
+                report, _ = exec_once(args, steps)
             finally:
                 for p in job.processes():
                     p.send_signal(signal.SIGCONT)
-            startups.append(startup_cpu)
+            if report.get("cpu_seconds", 0) <= 0 or "step_threads_cpu_seconds" not in report:
+                die(f"worker-eff {args.plan}: lode exec reported no CPU over its steps "
+                    f"(cpu_seconds, step_threads_cpu_seconds): is {args.lode} current?")
 
             def delta(key):
                 return m1.get(key, 0.0) - m0.get(key, 0.0)
@@ -817,6 +823,7 @@ def cmd_worker_eff(args):
                        - m0["lode_worker_release_seconds_total"])
             rows.append({"round": r, "worker_samples": (s1 - s0) * BATCH,
                          "worker_cpu_s": (c1 - c0) / TICK, "window_s": t1 - t0,
+                         "worker_cpu_clock_s": delta("process_cpu_seconds_total"),
                          "worker_steps_computed": computed, "worker_compute_s": compute,
                          "worker_release_s": release,
                          "worker_wait_s": (w1 - w0) / 1e9,
@@ -825,19 +832,16 @@ def cmd_worker_eff(args):
                          "worker_stage_cpu_wall_s": delta(
                              "lode_worker_stage_cpu_wall_seconds_total"),
                          "exec_steps": steps, "exec_samples": report["samples"],
-                         "exec_cpu_s": exec_cpu})
+                         "exec_cpu_s": report["cpu_seconds"],
+                         "exec_step_threads_cpu_s": report["step_threads_cpu_seconds"]})
             time.sleep(args.settle)
         check_alive()
     finally:
         job.stop()
-    startup = statistics.median(startups)
     for row in rows:
         if row["worker_samples"] <= 0 or row["worker_cpu_s"] <= 0:
             die(f"worker-eff {args.plan}: round {row['round']}: the worker delivered nothing")
-        exec_cpu = row["exec_cpu_s"] - startup
-        if exec_cpu <= 0:
-            die(f"worker-eff {args.plan}: round {row['round']}: lode exec --steps "
-                f"{row['exec_steps']} took no more CPU than its start-up: raise --window")
+        exec_cpu = row["exec_cpu_s"]
         row["worker_rate"] = row["worker_samples"] / row["worker_cpu_s"]
         row["exec_rate"] = row["exec_samples"] / exec_cpu
         row["ratio"] = row["worker_rate"] / row["exec_rate"]
@@ -861,6 +865,19 @@ def cmd_worker_eff(args):
         row["release_us_per_step"] = row["worker_release_s"] / row["worker_steps_computed"] * 1e6
         row["ratio_same_step"] = ((row["compute_us_per_step"] + row["release_us_per_step"])
                                   / row["worker_us_per_step"])
+        # Each side's steady figure from its own run, by its process CPU clock, and their
+        # ratio (see above); the step-work ratio says how the two runs' steps compared in
+        # CPU (exec's pool threads a step over the worker's stage and freeing a step): 1 at
+        # one speed, and what the steady ratio takes out.
+        if row["worker_cpu_clock_s"] <= 0:
+            die(f"worker-eff {args.plan}: round {row['round']}: the worker's metrics have no "
+                f"process_cpu_seconds_total")
+        work = row["worker_compute_s"] + row["worker_release_s"]
+        row["worker_steady"] = work / row["worker_cpu_clock_s"]
+        row["exec_steady"] = row["exec_step_threads_cpu_s"] / exec_cpu
+        row["steady_ratio"] = row["worker_steady"] / row["exec_steady"]
+        row["step_work_ratio"] = ((row["exec_step_threads_cpu_s"] / row["exec_steps"])
+                                  / (work / row["worker_steps_computed"]))
         # Both figures above count the stage by its wall time. The worker's threads wait for
         # a CPU part of the window (the consumer and the dispatcher share the machine), and
         # a wait inside the stage would make them read high. The worker times a sample of its
@@ -874,11 +891,9 @@ def cmd_worker_eff(args):
             row["stage_cpu_over_wall"] = (row["worker_stage_cpu_s"]
                                           / row["worker_stage_cpu_wall_s"])
     pooled = (sum(r["worker_samples"] for r in rows) / sum(r["worker_cpu_s"] for r in rows)) / (
-        sum(r["exec_samples"] for r in rows)
-        / sum(r["exec_cpu_s"] - startup for r in rows))
+        sum(r["exec_samples"] for r in rows) / sum(r["exec_cpu_s"] for r in rows))
     summary = {"model": args.model, "cut": args.cut, "rounds": len(rows),
                "window_s": args.window,
-               "exec_startup_cpu_s": round(startup, 3),
                "worker_samples_per_cpu_sec": statistics.median(r["worker_rate"] for r in rows),
                "exec_samples_per_cpu_sec": statistics.median(r["exec_rate"] for r in rows),
                "ratio_median": statistics.median(r["ratio"] for r in rows),
@@ -897,6 +912,13 @@ def cmd_worker_eff(args):
                "ratio_same_step_median": statistics.median(r["ratio_same_step"]
                                                            for r in rows),
                "wait_share_median": statistics.median(r["wait_share"] for r in rows),
+               "worker_steady_median": statistics.median(r["worker_steady"] for r in rows),
+               "exec_steady_median": statistics.median(r["exec_steady"] for r in rows),
+               "steady_ratio_median": statistics.median(r["steady_ratio"] for r in rows),
+               "steady_ratio_min": min(r["steady_ratio"] for r in rows),
+               "steady_ratio_max": max(r["steady_ratio"] for r in rows),
+               "step_work_ratio_median": statistics.median(r["step_work_ratio"]
+                                                           for r in rows),
                "rounds_detail": rows}
     timed = [r for r in rows if "stage_cpu_over_wall" in r]
     if timed:
@@ -917,6 +939,11 @@ def cmd_worker_eff(args):
           f"{summary['ratio_same_stage_median']:.2f}, with the freeing counted as exec's "
           f"step counts it {summary['ratio_same_step_median']:.2f}; the worker waited for a "
           f"CPU {summary['wait_share_median']:.0%} of the window")
+    print(f"    steady ratio {summary['steady_ratio_median']:.3f} (rounds "
+          f"{summary['steady_ratio_min']:.3f}-{summary['steady_ratio_max']:.3f}): the worker's "
+          f"stage and freeing over its CPU {summary['worker_steady_median']:.3f}, exec's pool "
+          f"threads over its CPU {summary['exec_steady_median']:.3f}; exec's step work over the "
+          f"worker's {summary['step_work_ratio_median']:.3f}")
     if timed:
         print(f"    the stage by its thread's CPU clock (1 step in 64): "
               f"{summary['stage_cpu_us_per_step']:.1f} us a step, "

@@ -25,8 +25,8 @@
 //! and every transport in turn, so that load from elsewhere on the machine weighs on both
 //! sides of a ratio alike. `vs tcp` is the median rate over the median TCP rate; `paired` the
 //! median of each round's own ratio; `cpu us/MiB` the whole process's CPU time (every thread:
-//! senders, receiver, consumer) per MiB of payload over the measured rounds, where Linux's
-//! `/proc/self/stat` gives it (10 ms ticks).
+//! senders, receiver, consumer) per MiB of payload over the measured rounds, from the
+//! process's CPU clock.
 //!
 //! Run with `cargo bench -p lode-dataworker --bench goodput` (`-- --quick` for fewer steps;
 //! `LODE_BENCH_STEPS=<n>` and `LODE_BENCH_PUSHERS=<n>` override the defaults;

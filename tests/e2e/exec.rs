@@ -47,6 +47,15 @@ fn exec(plan: &Path, extra: &[&str]) -> std::process::Output {
     lode(&args)
 }
 
+/// `lode exec PLAN EXTRA --format json`, run to success: its report.
+fn exec_json(plan: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = extra.to_vec();
+    args.extend_from_slice(&["--format", "json"]);
+    let out = exec(plan, &args);
+    ok(&out);
+    serde_json::from_slice(&out.stdout).expect("a JSON report")
+}
+
 fn read_dump(dir: &Path, step: u64, k: usize) -> Tensor {
     let path = dir.join(format!("step_{step}")).join(format!("{k}.pb"));
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -124,15 +133,39 @@ fn a_run_of_several_chunks_counts_every_step_once() {
     let plan = tmp.path().join("plan");
     partition(&fixtures().join("sgd_ref"), &plan);
     for threads in ["1", "2"] {
-        let out = exec(
-            &plan,
-            &["--steps", "5000", "--threads", threads, "--format", "json"],
-        );
-        ok(&out);
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+        let report = exec_json(&plan, &["--steps", "5000", "--threads", threads]);
         assert_eq!(report["steps"], 5_000, "{threads} thread(s): {report}");
         assert_eq!(report["samples"], 160_000, "{threads} thread(s): {report}");
         assert_eq!(report["skipped_steps"], 0, "{report}");
+    }
+}
+
+/// A run counts its CPU over the steps (its loading not in it) and its pool threads' part of
+/// it: the steady figure `peer.py worker-eff` puts beside a worker's.
+#[test]
+fn a_run_reports_its_cpu_over_the_steps_and_its_pool_threads_part() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let plan = tmp.path().join("plan");
+    partition(&fixtures().join("sgd_ref"), &plan);
+    for threads in ["1", "2"] {
+        let report = exec_json(&plan, &["--steps", "5000", "--threads", threads]);
+        let cpu = report["cpu_seconds"].as_f64().expect("cpu_seconds");
+        let pool = report["step_threads_cpu_seconds"]
+            .as_f64()
+            .expect("step_threads_cpu_seconds");
+        assert!(cpu > 0.0, "{threads} thread(s): {report}");
+        // The pool's threads are part of the process, and the steps are most of its work.
+        assert!(
+            pool <= cpu && pool >= 0.5 * cpu,
+            "{threads} thread(s): {report}"
+        );
+        let out = exec(&plan, &["--steps", "50", "--threads", threads]);
+        ok(&out);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("CPU over the steps: ") && text.contains("of it in the pool's threads"),
+            "{text}"
+        );
     }
 }
 

@@ -56,6 +56,16 @@ pub struct LocalReport {
     pub samples_per_sec: f64,
     pub steps_per_sec: f64,
     pub threads: usize,
+    /// The process's CPU over the steps (the loading before them not in it), seconds: the
+    /// samples per CPU-second a worker is held to (`peer.py worker-eff`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_seconds: Option<f64>,
+    /// The CPU of the pool's threads over the same span, seconds: the steps, the freeing of
+    /// their tensors and the pool's own bookkeeping; the rest of `cpu_seconds` is the loop
+    /// around them (the steps' record lists, the counting). Over `cpu_seconds`, this run's
+    /// steady figure, beside a worker's (its stage and freeing over its CPU).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step_threads_cpu_seconds: Option<f64>,
     /// The run's sending, with [`run_steps_sending`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sending: Option<SendingReport>,
@@ -194,6 +204,8 @@ pub fn run_steps(
         threads: pool.current_num_threads(),
         ..LocalReport::default()
     };
+    let process_before = lode_proto::metrics::process_cpu();
+    let threads_before = pool_cpu(pool);
     loop {
         let chunk: Vec<(u64, Vec<u64>)> = steps.by_ref().take(chunk_len).collect();
         if chunk.is_empty() {
@@ -219,8 +231,20 @@ pub fn run_steps(
             }
         }
     }
+    let threads_cpu = pool_cpu(pool).saturating_sub(threads_before);
+    if let (Some(before), Some(after)) = (process_before, lode_proto::metrics::process_cpu()) {
+        report.cpu_seconds = Some(after.saturating_sub(before).as_secs_f64());
+        report.step_threads_cpu_seconds = Some(threads_cpu.as_secs_f64());
+    }
     report.set_rates();
     Ok(report)
+}
+
+/// The CPU time of the pool's threads so far, summed.
+fn pool_cpu(pool: &rayon::ThreadPool) -> std::time::Duration {
+    pool.broadcast(|_| crate::clock::thread_cpu())
+        .into_iter()
+        .sum()
 }
 
 impl LocalReport {
@@ -280,6 +304,12 @@ impl LocalReport {
             s.push_str(&format!(
                 "skipped under --ignore-errors: {} records or elements, {} steps\n",
                 self.skipped_records, self.skipped_steps
+            ));
+        }
+        if let (Some(cpu), Some(threads)) = (self.cpu_seconds, self.step_threads_cpu_seconds) {
+            s.push_str(&format!(
+                "CPU over the steps: {cpu:.3} s, {threads:.3} s of it in the pool's threads ({:.1}%)\n",
+                if cpu > 0.0 { threads / cpu * 100.0 } else { 0.0 }
             ));
         }
         if let Some(dir) = dump {

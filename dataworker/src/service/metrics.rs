@@ -227,7 +227,7 @@ pub fn render_worker(job: u64, stats: &WorkerStats) -> String {
             &mut out,
             "process_cpu_seconds_total",
             "counter",
-            "The worker process's CPU time, user and system (10 ms resolution).",
+            "The worker process's CPU time, user and system, every thread (its CPU clock).",
             job,
             cpu.as_secs_f64(),
         );
