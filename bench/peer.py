@@ -104,11 +104,33 @@ def worker_counters(url):
             for line in text.splitlines() if line and not line.startswith("#")}
 
 
-def spawn_logged(procs, work, name, cmd, stdout=subprocess.DEVNULL):
-    """Starts `cmd` with its stderr in `work/NAME.err` and adds (name, process) to `procs`."""
+def on_cpus(cpus):
+    """A `preexec_fn` that keeps the child and every thread it starts on `cpus` (None: no
+    restriction)."""
+    if cpus is None:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
+def spawn_logged(procs, work, name, cmd, stdout=subprocess.DEVNULL, cpus=None):
+    """Starts `cmd` with its stderr in `work/NAME.err` and adds (name, process) to `procs`;
+    on `cpus` when given."""
     err = open(os.path.join(work, f"{name}.err"), "wb")
-    procs.append((name, subprocess.Popen(cmd, stdout=stdout, stderr=err)))
+    procs.append((name, subprocess.Popen(cmd, stdout=stdout, stderr=err,
+                                         preexec_fn=on_cpus(cpus))))
     return procs[-1][1]
+
+
+# `--pin`: the worker (and `lode exec`, in its turn) on the first CPU, the dispatcher and the
+# consumer on the second.
+PIN_WORKER, PIN_REST = {0}, {1}
+
+
+def check_pin(args, what):
+    """Dies unless this process may run on the two CPUs `--pin` uses."""
+    if getattr(args, "pin", False) and not {0, 1} <= os.sched_getaffinity(0):
+        die(f"{what} --pin: needs CPUs 0 and 1 (this process may run on "
+            f"{sorted(os.sched_getaffinity(0))})")
 
 
 def stop_all(procs, work):
@@ -664,10 +686,12 @@ def cmd_lode_sample(args):
 
 def exec_once(args, steps):
     """One `lode exec --threads 1` run of `steps` steps of args.plan's stage args.stage: its
-    JSON report and its CPU seconds (user + system)."""
+    JSON report and its CPU seconds (user + system). On the worker's CPU under `--pin`."""
     cmd = [args.lode, "exec", args.plan, "--stage", str(args.stage), "--steps", str(steps),
            "--threads", "1", "--format", "json"]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pin = PIN_WORKER if getattr(args, "pin", False) else None
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=on_cpus(pin))
     out = p.stdout.read()
     err = p.stderr.read()
     _, status, usage = os.wait4(p.pid, 0)
@@ -709,7 +733,10 @@ class OneWorkerJob:
         self.procs = []
 
     def spawn(self, name, cmd, stdout=subprocess.DEVNULL):
-        return spawn_logged(self.procs, self.work, name, cmd, stdout)
+        cpus = None
+        if getattr(self.args, "pin", False):
+            cpus = PIN_WORKER if name == "worker" else PIN_REST
+        return spawn_logged(self.procs, self.work, name, cmd, stdout, cpus)
 
     def processes(self):
         return [p for _, p in self.procs]
@@ -783,6 +810,7 @@ def cmd_worker_eff(args):
     exec alone."""
     import signal
 
+    check_pin(args, "worker-eff")
     job = OneWorkerJob(args, "worker-eff")
     rows = []
     try:
@@ -893,7 +921,7 @@ def cmd_worker_eff(args):
     pooled = (sum(r["worker_samples"] for r in rows) / sum(r["worker_cpu_s"] for r in rows)) / (
         sum(r["exec_samples"] for r in rows) / sum(r["exec_cpu_s"] for r in rows))
     summary = {"model": args.model, "cut": args.cut, "rounds": len(rows),
-               "window_s": args.window,
+               "window_s": args.window, "pinned": args.pin,
                "worker_samples_per_cpu_sec": statistics.median(r["worker_rate"] for r in rows),
                "exec_samples_per_cpu_sec": statistics.median(r["exec_rate"] for r in rows),
                "ratio_median": statistics.median(r["ratio"] for r in rows),
@@ -927,7 +955,8 @@ def cmd_worker_eff(args):
         summary["stage_cpu_over_wall_median"] = statistics.median(r["stage_cpu_over_wall"]
                                                                   for r in timed)
     append_json(args.out, summary)
-    print(f"{args.model} {args.cut}: worker {summary['worker_samples_per_cpu_sec']:,.0f} / "
+    print(f"{args.model} {args.cut}{' (pinned)' if args.pin else ''}: worker "
+          f"{summary['worker_samples_per_cpu_sec']:,.0f} / "
           f"exec {summary['exec_samples_per_cpu_sec']:,.0f} samples per CPU-s; ratio median "
           f"{summary['ratio_median']:.2f} (rounds {summary['ratio_min']:.2f}-"
           f"{summary['ratio_max']:.2f}), pooled {pooled:.2f}, {len(rows)} rounds; per step: "
@@ -1228,6 +1257,8 @@ def main():
                    help="seconds after the job goes on before the next window")
     p.add_argument("--min-exec-steps", type=int, default=100,
                    help="the fewest steps of a round's exec run (else: the window's steps)")
+    p.add_argument("--pin", action="store_true",
+                   help="the worker and exec on CPU 0, the dispatcher and the consumer on CPU 1")
     p.add_argument("--out", required=True, help="results.jsonl (appended)")
     p = plan_command(sub, "consumer-cost")
     p.add_argument("--rounds", type=int, default=4)

@@ -3,11 +3,12 @@
 # (issue 17 item 4). See bench/README.md, "Peer benchmark".
 #
 #   bench/peer.sh [--rounds R] [--records N] [--models "wide_deep deepfm"] [--workers "1 2"]
-#                 [--warmup S] [--window S] [--engines "tf lode exec eff"] [--short]
+#                 [--warmup S] [--window S] [--engines "tf lode exec eff"] [--pin] [--short]
 #
 # Engines: tf (tf.data service), lode (Lode's cuts), exec (`lode exec --threads 1`, run after
 # each one-worker Lode run), eff (one worker against `lode exec` in alternating windows on one
-# running job, `peer.py worker-eff`: R rounds per cut after the other rounds).
+# running job, `peer.py worker-eff`: R rounds per cut after the other rounds). --pin: eff
+# with the worker and exec on CPU 0, the dispatcher and the consumer on CPU 1.
 # --short (what CI runs): 1 round, wide_deep, 1 worker, 4096 records, a 0.5 s window; it
 # fails when a configuration fails or delivers nothing, and asserts no speed.
 # Environment: LODE (the lode binary, default target/release/lode), LODE_TF_PYTHON (default
@@ -25,8 +26,9 @@ WINDOW=2
 SHORT=0
 TIMEOUT=120
 ENGINES="tf lode exec eff"
+PIN=()
 
-usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --rounds) ROUNDS="$2"; shift 2 ;;
@@ -36,6 +38,7 @@ while [[ $# -gt 0 ]]; do
         --warmup) WARMUP="$2"; shift 2 ;;
         --window) WINDOW="$2"; shift 2 ;;
         --engines) ENGINES="$2"; shift 2 ;;
+        --pin) PIN=(--pin); shift ;;
         --short) SHORT=1; ROUNDS=1; RECORDS=4096; MODELS=wide_deep; WORKERS=1; WARMUP=0.5; WINDOW=0.5
                  TIMEOUT=60
                  shift ;;
@@ -177,7 +180,7 @@ run_exec() { # round model cut
 run_eff() { # model cut
     echo "worker efficiency: $1 $2 cut, $ROUNDS round(s) of worker and exec windows" >&2
     "${PEER[@]}" worker-eff --lode "$LODE" --plan "$DATA/$1/plan-$2" --model "$1" --cut "$2" \
-        --rounds "$ROUNDS" --warmup "$WARMUP" --window "$WINDOW" --out "$OUT/eff.jsonl" \
+        --rounds "$ROUNDS" --warmup "$WARMUP" --window "$WINDOW" --out "$OUT/eff.jsonl" "${PIN[@]}" \
         >>"$OUT/eff.txt" 2>"$OUT/eff-$1-$2.err" || fail "worker efficiency, $1 $2 cut" "$OUT/eff-$1-$2.err"
 }
 
