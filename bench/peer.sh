@@ -173,7 +173,7 @@ run_lode() { # round workers model cut
 run_exec() { # round model cut
     echo "round $1: lode exec --threads 1, $2 $3 cut" >&2
     "${PEER[@]}" exec-cpu --lode "$LODE" --plan "$DATA/$2/plan-$3" --model "$2" --cut "$3" --round "$1" \
-        --steps $((SHORT ? 100 : 5000)) --out "$RESULTS" >/dev/null 2>"$OUT/exec-r$1-$2-$3.err" \
+        --steps $((SHORT ? 100 : 40000)) --out "$RESULTS" >/dev/null 2>"$OUT/exec-r$1-$2-$3.err" \
         || fail "lode exec, $2 $3 cut, round $1" "$OUT/exec-r$1-$2-$3.err"
 }
 
