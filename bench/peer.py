@@ -686,20 +686,21 @@ def cmd_lode_sample(args):
 
 def exec_once(args, steps):
     """One `lode exec --threads 1` run of `steps` steps of args.plan's stage args.stage: its
-    JSON report and its CPU seconds (user + system). On the worker's CPU under `--pin`."""
+    JSON report, which counts its CPU over the steps (`cpu_seconds`, and its pool threads'
+    part, `step_threads_cpu_seconds`). On the worker's CPU under `--pin`."""
     cmd = [args.lode, "exec", args.plan, "--stage", str(args.stage), "--steps", str(steps),
            "--threads", "1", "--format", "json"]
     pin = PIN_WORKER if getattr(args, "pin", False) else None
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          preexec_fn=on_cpus(pin))
-    out = p.stdout.read()
-    err = p.stderr.read()
-    _, status, usage = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
+    out, err = p.communicate()
     if p.returncode != 0:
         die(f"{' '.join(cmd)} failed ({p.returncode}): {err.decode()[-2000:]}")
     report = json.loads(out.decode().strip().splitlines()[-1])
-    return report, usage.ru_utime + usage.ru_stime
+    if report.get("cpu_seconds", 0) <= 0 or "step_threads_cpu_seconds" not in report:
+        die(f"{' '.join(cmd)}: no CPU over its steps in its report (cpu_seconds, "
+            f"step_threads_cpu_seconds): is {args.lode} current?")
+    return report
 
 
 def cmd_exec_cpu(args):
@@ -708,9 +709,9 @@ def cmd_exec_cpu(args):
     is taken three times and its least CPU a step kept: what disturbs a run (another process,
     the page cache) only ever adds CPU."""
     def run():
-        report, _ = exec_once(args, args.steps)
-        if report.get("cpu_seconds", 0) <= 0 or report.get("samples", 0) <= 0:
-            die(f"lode exec {args.plan}: no samples, or no CPU over its steps in its report")
+        report = exec_once(args, args.steps)
+        if report.get("samples", 0) <= 0:
+            die(f"lode exec {args.plan}: no samples")
         return report
 
     report = max((run() for _ in range(3)), key=lambda r: r["samples"] / r["cpu_seconds"])
@@ -833,13 +834,10 @@ def cmd_worker_eff(args):
                 # runs no longer than the window, and the job's pause stays well under the
                 # dispatcher's patience (5 missed heartbeats).
                 steps = max(args.min_exec_steps, s1 - s0)
-                report, _ = exec_once(args, steps)
+                report = exec_once(args, steps)
             finally:
                 for p in job.processes():
                     p.send_signal(signal.SIGCONT)
-            if report.get("cpu_seconds", 0) <= 0 or "step_threads_cpu_seconds" not in report:
-                die(f"worker-eff {args.plan}: lode exec reported no CPU over its steps "
-                    f"(cpu_seconds, step_threads_cpu_seconds): is {args.lode} current?")
 
             def delta(key):
                 return m1.get(key, 0.0) - m0.get(key, 0.0)

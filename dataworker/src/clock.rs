@@ -5,11 +5,7 @@ use std::time::Duration;
 
 /// The calling thread's CPU time so far (a system call; the wall clock is not one).
 pub fn thread_cpu() -> Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    Duration::new(
-        u64::try_from(t.tv_sec).unwrap_or(0),
-        u32::try_from(t.tv_nsec).unwrap_or(0),
-    )
+    lode_proto::metrics::thread_cpu().unwrap_or_default()
 }
 
 /// What a pair of [`thread_cpu`] reads counts by itself (the way out of the first system

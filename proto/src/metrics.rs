@@ -132,7 +132,17 @@ pub fn write_metric(out: &mut String, name: &str, kind: &str, help: &str, job: u
 /// nanosecond, where `/proc/self/stat` counts 10 ms ticks (a 2-second window read from ticks
 /// is off by up to 1%). None where the clock cannot be read as a duration.
 pub fn process_cpu() -> Option<Duration> {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    cpu_clock(rustix::time::ClockId::ProcessCPUTime)
+}
+
+/// The calling thread's CPU time so far, from its CPU clock (a system call; the wall clock is
+/// not one). None where the clock cannot be read as a duration.
+pub fn thread_cpu() -> Option<Duration> {
+    cpu_clock(rustix::time::ClockId::ThreadCPUTime)
+}
+
+fn cpu_clock(id: rustix::time::ClockId) -> Option<Duration> {
+    let t = rustix::time::clock_gettime(id);
     Some(Duration::new(
         u64::try_from(t.tv_sec).ok()?,
         u32::try_from(t.tv_nsec).ok()?,
@@ -249,13 +259,7 @@ mod tests {
 
     #[test]
     fn the_process_cpu_clock_counts_this_threads_work_finer_than_a_tick() {
-        let thread_now = || {
-            let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-            Duration::new(
-                u64::try_from(t.tv_sec).expect("seconds"),
-                u32::try_from(t.tv_nsec).expect("nanoseconds"),
-            )
-        };
+        let thread_now = || thread_cpu().expect("the thread CPU clock");
         let before = process_cpu().expect("the process CPU clock");
         let thread_before = thread_now();
         let spent = || thread_now().saturating_sub(thread_before);
