@@ -42,7 +42,7 @@ from peer import TICK, cpu_ticks, spawn_logged, stop_all, worker_counters  # noq
 # anywhere on its stack.
 PARTS = [
     ("stage", ["Stage::run_step"]),
-    ("freeing", ["drop_in_place<lode_dataworker::transfer::codec::StepMessage>"]),
+    ("freeing", ["drop_in_place<lode_transfer::codec::StepMessage>"]),
     ("encoder", ["encode_owned_for"]),
     ("send", ["worker::send_flight", "send_frames"]),
     ("push answers", ["worker::settle"]),

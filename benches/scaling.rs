@@ -22,14 +22,14 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use lode_dataworker::exec::source::RecordSource;
-use lode_dataworker::service::consumer::ConsumerConfig;
-use lode_dataworker::service::emulator::{emulate, ConsumeSummary, EmulatorConfig};
-use lode_dataworker::service::worker::{run_worker, WorkerConfig};
-use lode_dataworker::synthetic::SyntheticSpec;
-use lode_dataworker::transfer::Compression;
+use lode_dataworker::worker::{run_worker, WorkerConfig};
 use lode_dispatcher::{plan_source, DispatcherConfig, JobId, RunSettings, ServiceConfig};
 use lode_proto::plan::PlanDir;
+use lode_runtime::exec::source::RecordSource;
+use lode_runtime::synthetic::SyntheticSpec;
+use lode_train::consumer::ConsumerConfig;
+use lode_train::emulator::{emulate, ConsumeSummary, EmulatorConfig};
+use lode_transfer::Compression;
 
 const TOKEN: &str = "bench-token";
 const JOB: u64 = 1;

@@ -21,7 +21,10 @@ fn main() {
         .inputs(&inputs)
         .cargo_out_dir("tf")
         .run_from_script();
-    service();
+    // Cargo sets CARGO_FEATURE_SERVICE for a build with the `service` feature.
+    if std::env::var_os("CARGO_FEATURE_SERVICE").is_some() {
+        service();
+    }
     println!("cargo:rerun-if-changed=protos");
 }
 

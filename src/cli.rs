@@ -425,12 +425,12 @@ pub struct ConsumeArgs {
     #[arg(long, value_name = "STEP", conflicts_with = "resume_from")]
     pub rewind_to: Option<u64>,
     /// Steps the receiver buffers ahead of the next one it delivers, at most.
-    #[arg(long, default_value_t = lode_dataworker::transfer::receiver::DEFAULT_CAPACITY)]
+    #[arg(long, default_value_t = lode_transfer::receiver::DEFAULT_CAPACITY)]
     pub capacity: u64,
     /// About the most bytes of steps the receiver buffers: its window is this over the mean
     /// step's size, within --capacity steps (and at least 8).
     #[arg(long, value_name = "BYTES",
-          default_value_t = lode_dataworker::transfer::receiver::DEFAULT_CAPACITY_BYTES)]
+          default_value_t = lode_transfer::receiver::DEFAULT_CAPACITY_BYTES)]
     pub capacity_bytes: u64,
     /// Serve the receiver's Prometheus metrics (GET /metrics) on this address.
     #[arg(long, value_name = "ADDR")]

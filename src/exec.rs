@@ -1,13 +1,13 @@
-//! `lode exec`: a plan's stages 0..=I run in-process for K steps (`lode_dataworker::exec::
+//! `lode exec`: a plan's stages 0..=I run in-process for K steps (`lode_runtime::exec::
 //! local`), in the order the dispatcher leases them (TensorFlow's, shuffle included, for
 //! plans that describe their chain).
 
 use anyhow::{bail, Context as _};
-use lode_dataworker::exec::local::{run_steps, run_steps_sending, Transport};
-use lode_dataworker::exec::stage::sequential_records;
-use lode_dataworker::exec::{ExecOptions, Stage};
+use lode_dataworker::local::{run_steps, run_steps_sending, Transport};
 use lode_dispatcher::DispatcherConfig;
 use lode_proto::plan::PlanDir;
+use lode_runtime::exec::stage::sequential_records;
+use lode_runtime::exec::{ExecOptions, Stage};
 
 use crate::cli::{ExecArgs, OutputFormat, TransportArg};
 

@@ -2,14 +2,14 @@
 //!
 //! # Layout
 //! - `cli`: clap argument types, nothing else.
-//! - `exec`: `lode exec` (the stages run by `lode_dataworker::exec::local` in the order
+//! - `exec`: `lode exec` (the stages run by `lode_dataworker::local` in the order
 //!   `lode_dispatcher` leases).
 //! - `runtime`: `lode dispatcher`, `worker`, `consume`, `drain`, `status` and `run`, and
 //!   [`runtime::LocalJob`] (a dispatcher on a thread with local worker processes), which
 //!   `lode run` and `lode train` share.
 //! - `simulate`: `lode simulate` (`lode_scheduler::experiment`).
 //! - `scheduler`: `lode scheduler` (`lode_scheduler::local`).
-//! - `train`: `lode train` (the session hook of `lode_dataworker::service::hook`, answered
+//! - `train`: `lode train` (the session hook of `lode_train::hook`, answered
 //!   with a job cut by `lode_decoupler`).
 //! - [`run`]: dispatches a parsed command; `main` only parses, sets up logging and exits.
 //!
@@ -127,12 +127,11 @@ pub fn partition_to(
 }
 
 /// The data worker's kernels, as the decoupler's cut takes them.
-pub const KERNELS: lode_decoupler::kernels::KernelCheck =
-    lode_dataworker::exec::stage::runs_natively;
+pub const KERNELS: lode_decoupler::kernels::KernelCheck = lode_runtime::exec::stage::runs_natively;
 
 /// What the data worker has no kernel for, as the decoupler records it.
 pub const MISSING: lode_decoupler::kernels::MissingKernels =
-    lode_dataworker::exec::stage::unsupported_ops;
+    lode_runtime::exec::stage::unsupported_ops;
 
 fn run_partition(args: PartitionArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
     let options = LoadOptions {
@@ -201,7 +200,7 @@ fn run_kernels(args: cli::KernelsArgs, out: &mut dyn std::io::Write) -> anyhow::
     if let Some(dir) = &args.coverage {
         return run_coverage(dir, args.format, out);
     }
-    let ops: Vec<&str> = lode_dataworker::exec::ops::supported().collect();
+    let ops: Vec<&str> = lode_runtime::exec::ops::supported().collect();
     match args.format {
         OutputFormat::Json => {
             serde_json::to_writer_pretty(&mut *out, &ops)?;
@@ -245,7 +244,7 @@ fn run_coverage(
 
 /// `lode synthetic`: writes a fixed-latency one-stage plan.
 fn run_synthetic(args: cli::SyntheticArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
-    let spec = lode_dataworker::synthetic::SyntheticSpec {
+    let spec = lode_runtime::synthetic::SyntheticSpec {
         records: args.records,
         batch: args.batch,
         latency: args.latency,

@@ -9,10 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use lode_dataworker::exec::source::RecordSource;
-use lode_dataworker::service::consumer::ConsumerConfig;
-use lode_dataworker::service::emulator::{emulate, ConsumeSummary, EmulatorConfig};
-use lode_dataworker::service::worker::{run_worker_rejoining, WorkerConfig};
+use lode_dataworker::worker::{run_worker_rejoining, WorkerConfig};
 use lode_dispatcher::{plan_source, DispatcherConfig, DispatcherThread, JobId, RunSettings};
 use lode_dispatcher::{ServiceConfig, DEFAULT_MAX_LEASES};
 use lode_proto::plan::PlanDir;
@@ -20,7 +17,10 @@ use lode_proto::process::{generate_token, stop_flag, stop_requested};
 use lode_proto::service::v1::{DrainRequest, StatusRequest};
 use lode_proto::service::{connect, RpcError};
 use lode_proto::tls::{ClientTls, ServerTls};
+use lode_runtime::exec::source::RecordSource;
 use lode_scheduler::local::{Announcement, Published, WorkerCommand};
+use lode_train::consumer::ConsumerConfig;
+use lode_train::emulator::{emulate, ConsumeSummary, EmulatorConfig};
 
 use crate::cli::{ConsumeArgs, DispatcherArgs, DrainArgs, OutputFormat, RunArgs, ServerTlsArgs};
 use crate::cli::{StatusArgs, WorkerArgs};
@@ -222,7 +222,7 @@ pub fn run_worker_command(args: WorkerArgs, out: &mut dyn std::io::Write) -> any
         rt.spawn(lode_proto::metrics::serve_metrics(
             listener,
             move || {
-                let text = lode_dataworker::service::metrics::render_worker(job, &stats);
+                let text = lode_dataworker::metrics::render_worker(job, &stats);
                 async move { text }
             },
             std::future::pending(),

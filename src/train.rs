@@ -1,7 +1,6 @@
 //! `lode train -- PROGRAM [ARGS...]`: an unmodified TensorFlow program trained on Lode.
 //!
-//! The program runs under the training side's session hook (`lode_dataworker::service::
-//! hook`). Its graph is cut here, the job's dispatcher started in this process (journal in the
+//! The program runs under the training side's session hook (`lode_train::hook`). Its graph is cut here, the job's dispatcher started in this process (journal in the
 //! job directory) with the local data workers, and the hook answered with the training graph
 //! and the job's address. When the program exits, the job ends with it and `lode train` exits
 //! with the program's status.
@@ -10,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use lode_dataworker::service::hook::{self, Accepted, GraphId, GraphRequest, JobAddress, Refusal};
 use lode_dispatcher::{JobId, RunSettings, ServiceConfig, DEFAULT_MAX_LEASES};
 use lode_proto::plan::PlanDir;
 use lode_scheduler::local::WorkerCommand;
+use lode_train::hook::{self, Accepted, GraphId, GraphRequest, JobAddress, Refusal};
 
 use crate::cli::TrainArgs;
 use crate::runtime::{client_tls, dispatcher_config, LocalJob};

@@ -1,59 +1,161 @@
-//! lode-dataworker: what a data worker runs for each step (see ../shared/DESIGN.md). This is
-//! the foundation of issue 4: tensors and their TensorProto form, the record readers a step
-//! reads its leased records with, and TensorFlow's string fingerprint. The stage executor and
-//! the kernels build on these.
+//! lode-dataworker: the data-worker service (see ../shared/DESIGN.md). A data worker is a
+//! stateless process: register with the job's dispatcher, load its stage, then lease → read
+//! the records → execute the stage (lode-runtime, on rayon) → push one fused frame a step to
+//! the receiver (lode-transfer's data plane) → report. tokio lives in this layer only.
 //!
 //! # Layout
-//! - [`tensor`]: [`Tensor`], [`DType`], [`TensorData`]: dense, row-major, strings as bytes,
-//!   float16/bfloat16 as their bits.
-//! - [`convert`]: Tensor ↔ `TensorProto` with TensorFlow's `Tensor::FromProto` rules
-//!   (`tensor_content`, typed fields, the fill-with-last rule) and `tf.io.serialize_tensor`'s
-//!   bytes.
-//! - [`records`]: TFRecord (both CRC32C checks) and text-line readers, with "" / "ZLIB" /
-//!   "GZIP" compression, offset indexes for random access to uncompressed files, and an
-//!   `ignore_errors`-style policy that skips and counts corrupt records.
-//! - [`hash`]: `Fingerprint64` (FarmHash `farmhashna::Hash64`) and `StringToHashBucketFast`.
-//! - [`kernels`]: TensorFlow ops as pure functions over tensors (strings, lookup tables,
-//!   array basics, `Cast`, parsing, sparse and feature-column ops, math), checked against
-//!   golden vectors from TensorFlow 2.18.1.
-//! - [`transfer`]: the step message codec (framed, bincode, LZ4) and the receiving side
-//!   (DWRecv): a reorder/dedup buffer with backpressure and queue metrics.
-//! - [`exec`]: the stage executor: a stage graph compiled once, run per step on the records
-//!   of an index batch (map functions, batching, the ops after the iterator), in parallel on
-//!   rayon; `exec::local` runs stages over given steps in-process (`lode exec`).
-//! - [`service`]: the network side (tokio + tonic): the receiver endpoint, the data-worker
-//!   loop and its state machine, and the training side: the consumer (receive in order, report
-//!   the watermark), its emulation (`lode consume`) and the session hook's server (`lode
-//!   train`).
-//! - [`synthetic`]: synthetic one-stage plans whose step takes a fixed time (benchmarks, the
-//!   scheduler's live tests).
-//! - [`clock`]: the calling thread's CPU clock.
-//! - [`error`]: the crate's [`Error`].
+//! - [`worker`]: the data-worker loop: register, load the stage, lease → read → execute →
+//!   push → complete, heartbeat, drain; a thin async shell around
+//! - [`worker_state`]: [`worker_state::WorkerState`], the worker's decisions (what to lease,
+//!   run, push and report, in batches) as a synchronous state machine with time passed in.
+//! - [`metrics`]: the worker's Prometheus exposition.
+//! - [`local`]: a plan's stages run in this process over given steps (`lode exec`), as a
+//!   worker runs them, optionally with each step's frame encoded and sent over loopback (the
+//!   worker's own floor).
 //!
 //! # Invariants
-//! - A tensor's value count equals the product of its shape ([`Tensor::new`] checks it).
-//! - Tensor → TensorProto → Tensor is the identity for every dtype, bit for bit (NaN payloads
-//!   included), through `tensor_content` and through the typed fields.
-//! - A TensorProto is read as TensorFlow 2.18 reads it; what TensorFlow refuses is an error
-//!   here, and nothing is allocated past [`tensor::MAX_TENSOR_BYTES`].
-//! - A record reader never returns data whose CRCs do not match; every corruption error names
-//!   the file, the record index and the byte offset.
-//! - Lines and hashes are those TensorFlow produces (golden values from TensorFlow 2.18.1).
-//! - Nothing read from outside (protos, record files) panics.
+//! - A step leaves the worker only as its stage computed it from the leased records; a step
+//!   the dispatcher no longer leases to this worker is never pushed.
+//! - The worker holds at most its lease limit of steps and never blocks a tokio thread on a
+//!   kernel.
 //!
-//! This crate depends on lode-proto and on nothing else of Lode's.
+//! This crate depends on lode-proto, lode-runtime and lode-transfer, never on another service.
 
-pub mod clock;
-pub mod convert;
-pub mod error;
-pub mod exec;
-pub mod hash;
-pub mod kernels;
-pub mod records;
-pub mod service;
-pub mod synthetic;
-pub mod tensor;
-pub mod transfer;
+pub mod local;
+pub mod metrics;
+pub mod worker;
+pub mod worker_state;
 
-pub use error::{Error, Result};
-pub use tensor::{DType, Tensor, TensorData};
+/// Errors of the service layer.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error(transparent)]
+    Client(#[from] lode_proto::service::ClientError),
+    #[error(transparent)]
+    Rpc(#[from] lode_proto::service::RpcError),
+    #[error("the dispatcher sent an unusable {what}: {reason}")]
+    BadAnswer { what: &'static str, reason: String },
+    #[error(transparent)]
+    Exec(#[from] lode_runtime::exec::ExecError),
+    /// Running a leased step failed: the error names the node (and op) that failed, this
+    /// names the step, so that a bad record can be found.
+    #[error("stage {stage}, step {step} (epoch {epoch}): {source}")]
+    Step {
+        stage: u32,
+        step: u64,
+        epoch: u64,
+        #[source]
+        source: lode_runtime::exec::ExecError,
+    },
+    #[error(transparent)]
+    Transfer(#[from] lode_transfer::TransferError),
+    #[error(transparent)]
+    DataPlane(#[from] lode_transfer::data_plane::DataPlaneError),
+    #[error("a worker thread failed: {0}")]
+    Join(String),
+    /// The dispatcher said the job's data ended while a step waited for its receiver: the
+    /// step is void (the worker loop ends on it, it never leaves the worker).
+    #[error("the job's data ended")]
+    JobEnded,
+    /// The dispatcher no longer knows this worker: it declared it lost after it was silent for
+    /// longer than the dispatcher waits (a paused or overloaded process, a partition), and
+    /// leased its steps again. The worker may register again under a new id
+    /// ([`worker::run_worker_rejoining`] does).
+    #[error(
+        "the dispatcher no longer knows worker {worker_id} ({rpc}: {reason}): it was declared \
+         lost, silent for longer than the dispatcher waits for a heartbeat"
+    )]
+    Lost {
+        worker_id: u64,
+        rpc: &'static str,
+        reason: String,
+    },
+}
+
+impl ServiceError {
+    pub(crate) fn rpc(rpc: &'static str) -> impl FnOnce(tonic::Status) -> ServiceError {
+        move |status| ServiceError::Rpc(lode_proto::service::RpcError { rpc, status })
+    }
+
+    /// [`ServiceError::Lost`] for an RPC the dispatcher refused because it does not know
+    /// `worker_id` (`NOT_FOUND`: only an unknown worker is answered so); anything else as it
+    /// is.
+    pub(crate) fn lost_if_unknown(self, worker_id: u64) -> ServiceError {
+        match self {
+            ServiceError::Rpc(e) if e.status.code() == tonic::Code::NotFound => {
+                ServiceError::Lost {
+                    worker_id,
+                    rpc: e.rpc,
+                    reason: e.status.message().to_owned(),
+                }
+            }
+            other => other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ServiceError;
+    use lode_runtime::exec::{ExecError, Failure};
+    use lode_runtime::kernels::KernelError;
+
+    /// Only the dispatcher's NOT_FOUND (it answers an unknown worker so, nothing else) makes
+    /// an RPC's refusal the worker's loss; the message names the worker, the RPC and the
+    /// dispatcher's words.
+    #[test]
+    fn not_found_from_the_dispatcher_is_the_workers_loss_and_nothing_else_is() {
+        let refused = |code| {
+            ServiceError::rpc("Lease")(tonic::Status::new(code, "worker-3 is not registered"))
+        };
+        let lost = refused(tonic::Code::NotFound).lost_if_unknown(3);
+        assert!(
+            matches!(&lost, ServiceError::Lost { worker_id: 3, rpc: "Lease", reason }
+                if reason == "worker-3 is not registered"),
+            "{lost:?}"
+        );
+        assert_eq!(
+            lost.to_string(),
+            "the dispatcher no longer knows worker 3 (Lease: worker-3 is not registered): it \
+             was declared lost, silent for longer than the dispatcher waits for a heartbeat"
+        );
+        for code in [
+            tonic::Code::FailedPrecondition,
+            tonic::Code::Unavailable,
+            tonic::Code::InvalidArgument,
+        ] {
+            let other = refused(code).lost_if_unknown(3);
+            assert!(matches!(other, ServiceError::Rpc(_)), "{code:?}: {other:?}");
+        }
+        assert!(matches!(
+            ServiceError::JobEnded.lost_if_unknown(3),
+            ServiceError::JobEnded
+        ));
+    }
+
+    /// A worker's failed step names the stage, the step and its epoch, then the node and op,
+    /// then the kernel's message (TensorFlow's own for an out-of-range index).
+    #[test]
+    fn a_failed_step_names_stage_step_node_and_tensorflows_message() {
+        let source = ExecError::Kernel {
+            node: "emb/GatherV2".into(),
+            op: "GatherV2".into(),
+            source: Box::new(Failure::Kernel(KernelError::InvalidInput {
+                op: "GatherV2",
+                input: "indices",
+                reason: "indices[0] = 19 is not in [0, 19)".into(),
+            })),
+        };
+        let err = ServiceError::Step {
+            stage: 0,
+            step: 7,
+            epoch: 2,
+            source,
+        };
+        assert_eq!(
+            err.to_string(),
+            "stage 0, step 7 (epoch 2): node emb/GatherV2 (GatherV2): GatherV2: input indices: \
+             indices[0] = 19 is not in [0, 19)"
+        );
+    }
+}

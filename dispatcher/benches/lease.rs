@@ -60,7 +60,7 @@ const WARMUP: Duration = Duration::from_millis(500);
 const CONSUME_EVERY: Duration = Duration::from_millis(10);
 
 /// The receiver's window the consumer reports, in steps: a training side's receiver of short
-/// steps holds up to 1024 (`lode_dataworker::transfer::receiver::DEFAULT_CAPACITY`). Without
+/// steps holds up to 1024 (`lode_transfer::receiver::DEFAULT_CAPACITY`). Without
 /// a report the dispatcher assumes 64, and 64 workers would lease at most a few steps each.
 fn window() -> u64 {
     std::env::var("LODE_BENCH_WINDOW")

@@ -121,6 +121,12 @@ where
     response
 }
 
+/// A count as a sample value (exact below 2^53, which step counts stay under).
+#[allow(clippy::cast_precision_loss)]
+pub fn count_sample(n: impl TryInto<u64>) -> f64 {
+    n.try_into().map_or(f64::MAX, |n: u64| n as f64)
+}
+
 /// One metric in the text format: help, type and a sample labelled with the job.
 pub fn write_metric(out: &mut String, name: &str, kind: &str, help: &str, job: u64, value: f64) {
     let _ = writeln!(out, "# HELP {name} {help}");
@@ -128,35 +134,9 @@ pub fn write_metric(out: &mut String, name: &str, kind: &str, help: &str, job: u
     let _ = writeln!(out, "{name}{{job=\"{job}\"}} {value}");
 }
 
-/// This process's CPU time so far (user and system, every thread), from its CPU clock: to the
-/// nanosecond, where `/proc/self/stat` counts 10 ms ticks (a 2-second window read from ticks
-/// is off by up to 1%). None where the clock cannot be read as a duration.
-pub fn process_cpu() -> Option<Duration> {
-    cpu_clock(rustix::time::ClockId::ProcessCPUTime)
-}
-
-/// The calling thread's CPU time so far, from its CPU clock (a system call; the wall clock is
-/// not one). None where the clock cannot be read as a duration.
-pub fn thread_cpu() -> Option<Duration> {
-    cpu_clock(rustix::time::ClockId::ThreadCPUTime)
-}
-
-fn cpu_clock(id: rustix::time::ClockId) -> Option<Duration> {
-    let t = rustix::time::clock_gettime(id);
-    Some(Duration::new(
-        u64::try_from(t.tv_sec).ok()?,
-        u32::try_from(t.tv_nsec).ok()?,
-    ))
-}
-
-/// A count as a sample value (exact below 2^53, which counts of steps and workers stay under).
-#[allow(clippy::cast_precision_loss)]
-fn count(n: u64) -> f64 {
-    n as f64
-}
-
 /// The dispatcher's state, from its Status answer.
 pub fn render_dispatcher(job: u64, s: &StatusResponse) -> String {
+    let count = |n: u64| count_sample(n);
     let mut out = String::new();
     let watermark = s.watermark.map_or(-1.0, |w| {
         count(
@@ -256,34 +236,6 @@ mod tests {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
     use super::*;
-
-    #[test]
-    fn the_process_cpu_clock_counts_this_threads_work_finer_than_a_tick() {
-        let thread_now = || thread_cpu().expect("the thread CPU clock");
-        let before = process_cpu().expect("the process CPU clock");
-        let thread_before = thread_now();
-        let spent = || thread_now().saturating_sub(thread_before);
-        let mut x = 0u64;
-        while spent() < Duration::from_millis(3) {
-            x = std::hint::black_box(x.wrapping_add(1));
-        }
-        let after = process_cpu().expect("the process CPU clock");
-        // This thread's 3 ms are in it (other threads of the test process may add more).
-        assert!(
-            after.saturating_sub(before) >= Duration::from_millis(3),
-            "{before:?} -> {after:?}"
-        );
-        // Finer than /proc's 10 ms ticks: two reads apart by a little work differ by less.
-        let (mut a, mut b) = (after, after);
-        for _ in 0..1000 {
-            a = process_cpu().expect("clock");
-            b = process_cpu().expect("clock");
-            if b > a {
-                break;
-            }
-        }
-        assert!(b > a && b - a < Duration::from_millis(1), "{a:?} -> {b:?}");
-    }
 
     #[test]
     fn the_text_format_has_help_type_and_a_labelled_sample() {

@@ -46,7 +46,7 @@ pub use prost::bytes::Bytes;
 /// Bump it with any change a worker must understand (or that a worker relies on the dispatcher
 /// understanding). 2: a lease request carries the worker's report (`LeaseRequest.completed`),
 /// which a version-1 dispatcher would drop unread. 3: step frames are of format version 2 (an
-/// XXH3-64 checksum instead of a CRC32C, see `lode_dataworker::transfer::codec`). 4: a worker
+/// XXH3-64 checksum instead of a CRC32C, see `lode_transfer::codec`). 4: a worker
 /// on its receiver's machine sends uncompressed frames unsummed (compression byte 2), which a
 /// version-3 receiver would refuse frame by frame. 5: a request may carry up to 1024 steps
 /// ([`MAX_STEPS_PER_REQUEST`], was 256), which a version-4 dispatcher refuses. 6: a lease's

@@ -9,6 +9,7 @@
 use std::fmt;
 use std::num::NonZeroU64;
 
+#[cfg(feature = "service")]
 use crate::service::v1;
 
 /// A step of a job, both numberings at once (see the module documentation).
@@ -81,11 +82,13 @@ impl StepRef {
     }
 
     /// The protocol's `(epoch, step)` message, checked.
+    #[cfg(feature = "service")]
     pub fn from_wire(wire: v1::StepRef, per_epoch: NonZeroU64) -> Result<StepRef, StepError> {
         StepRef::new(wire.epoch, wire.step, per_epoch)
     }
 
     /// The protocol's `(epoch, step)` message.
+    #[cfg(feature = "service")]
     pub fn to_wire(self) -> v1::StepRef {
         v1::StepRef {
             epoch: self.epoch,
@@ -124,8 +127,11 @@ mod tests {
         let s = StepRef::new(2, 3, per(10)).expect("in range");
         assert_eq!(s.global, 23);
         assert_eq!(StepRef::from_global(23, per(10)), s);
-        assert_eq!(s.to_wire(), v1::StepRef { epoch: 2, step: 3 });
-        assert_eq!(StepRef::from_wire(s.to_wire(), per(10)), Ok(s));
+        #[cfg(feature = "service")]
+        {
+            assert_eq!(s.to_wire(), v1::StepRef { epoch: 2, step: 3 });
+            assert_eq!(StepRef::from_wire(s.to_wire(), per(10)), Ok(s));
+        }
         assert_eq!(s.next(per(10)).map(|n| (n.epoch, n.in_epoch)), Some((2, 4)));
         assert_eq!(
             StepRef::new(2, 9, per(10))

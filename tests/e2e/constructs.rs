@@ -8,8 +8,8 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use lode_dataworker::convert::decode_tensor;
-use lode_dataworker::{DType, Tensor, TensorData};
+use lode_runtime::convert::decode_tensor;
+use lode_runtime::{DType, Tensor, TensorData};
 use serde_json::Value;
 
 use crate::support::{fixtures, lode, ok, stderr, stdout};

@@ -6,9 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
-use lode_dataworker::convert::decode_tensor;
-use lode_dataworker::records::tfrecord::encode_record;
-use lode_dataworker::{Tensor, TensorData};
+use lode_runtime::convert::decode_tensor;
+use lode_runtime::records::tfrecord::encode_record;
+use lode_runtime::{Tensor, TensorData};
 
 use crate::support::{fixtures, lode, ok, stderr};
 

@@ -6,8 +6,6 @@
 use std::path::Path;
 use std::time::Duration;
 
-use lode_dataworker::convert::decode_tensor;
-use lode_dataworker::TensorData;
 use lode_decoupler::graph::Graph;
 use lode_decoupler::source::{describe, IndexOp};
 use lode_dispatcher::{
@@ -15,6 +13,8 @@ use lode_dispatcher::{
     WorkerId, PROTOCOL_VERSION,
 };
 use lode_proto::view::GraphView;
+use lode_runtime::convert::decode_tensor;
+use lode_runtime::TensorData;
 use serde_json::Value;
 
 use crate::partition::check_cover;

@@ -267,7 +267,7 @@ fn fuzz(name: &str, seeds: Vec<Vec<u8>>, repair: Option<Repair>, read: impl Fn(&
 
 /// A data-plane frame's checksum (bytes 14..22) over bytes 0..14 and the payload.
 fn repair_frame(frame: &mut [u8]) {
-    use lode_dataworker::transfer::codec::{frame_checksum, HEADER_LEN};
+    use lode_transfer::codec::{frame_checksum, HEADER_LEN};
     if frame.len() >= HEADER_LEN {
         let sum = frame_checksum(frame);
         frame[14..HEADER_LEN].copy_from_slice(&sum.to_le_bytes());
@@ -276,7 +276,7 @@ fn repair_frame(frame: &mut [u8]) {
 
 /// Each TFRecord's masked CRCs of its length and data, as far as the lengths lead.
 fn repair_tfrecord(file: &mut [u8]) {
-    use lode_dataworker::records::tfrecord::masked_crc;
+    use lode_runtime::records::tfrecord::masked_crc;
     let mut at = 0usize;
     while let Some(head) = file.get(at..at + 8) {
         let mut len = [0u8; 8];
@@ -353,7 +353,7 @@ fn fuzz_graphdef() {
             let _ = lode_decoupler::decouple(
                 &view,
                 &lode_decoupler::Options {
-                    kernels: Some(lode_dataworker::exec::stage::runs_natively),
+                    kernels: Some(lode_runtime::exec::stage::runs_natively),
                     ..lode_decoupler::Options::default()
                 },
             );
@@ -385,8 +385,8 @@ fn fuzz_saved_model() {
 
 #[test]
 fn fuzz_tfrecord() {
-    use lode_dataworker::records::tfrecord::{index_tfrecord_with, TfRecordReader};
-    use lode_dataworker::records::{OnCorrupt, ReaderConfig};
+    use lode_runtime::records::tfrecord::{index_tfrecord_with, TfRecordReader};
+    use lode_runtime::records::{OnCorrupt, ReaderConfig};
     let dir = scratch();
     let path = dir.path().join("data.tfrecord");
     let seeds = vec![fixture("adam_resource/data/train.tfrecord")];
@@ -413,8 +413,8 @@ fn fuzz_tfrecord() {
 
 #[test]
 fn fuzz_plan_json() {
-    use lode_dataworker::exec::{ExecOptions, Stage};
     use lode_proto::plan::PlanDir;
+    use lode_runtime::exec::{ExecOptions, Stage};
     // A real plan of sgd_ref, whose plan.json is then mutated.
     let dir = scratch();
     let plan_dir = dir.path().join("plan");
@@ -552,10 +552,8 @@ fn fuzz_journal() {
 
 #[test]
 fn fuzz_data_plane_frame() {
-    use lode_dataworker::transfer::codec::{
-        decode_frame, CodecConfig, Compression, StepEncoder, StepMessage,
-    };
-    use lode_dataworker::{Tensor, TensorData};
+    use lode_runtime::{Tensor, TensorData};
+    use lode_transfer::codec::{decode_frame, CodecConfig, Compression, StepEncoder, StepMessage};
     /// The decoder's limit in this harness: a frame may declare at most this much.
     const LIMIT: u64 = 16 << 20;
     let message = StepMessage {
@@ -613,7 +611,7 @@ fn replay_graphdef() {
             let r = lode_decoupler::decouple(
                 &view,
                 &lode_decoupler::Options {
-                    kernels: Some(lode_dataworker::exec::stage::runs_natively),
+                    kernels: Some(lode_runtime::exec::stage::runs_natively),
                     ..lode_decoupler::Options::default()
                 },
             );

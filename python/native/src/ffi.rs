@@ -13,8 +13,8 @@ use std::ffi::{c_char, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use lode_dataworker::transfer::Step;
-use lode_dataworker::TensorData;
+use lode_runtime::TensorData;
+use lode_transfer::Step;
 
 use crate::side::{JobConfig, Received, SideError, TrainingSide};
 
@@ -150,9 +150,7 @@ pub unsafe extern "C" fn lode_recv(
             LODE_OK
         }
         Ok(Received::EndOfData) => LODE_END_OF_DATA,
-        Err(SideError::Consumer(lode_dataworker::service::consumer::ConsumerError::Cancelled)) => {
-            LODE_CANCELLED
-        }
+        Err(SideError::Consumer(lode_train::consumer::ConsumerError::Cancelled)) => LODE_CANCELLED,
         Err(e) => fail(e),
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! # Layout
 //! - [`side`]: [`side::TrainingSide`], the process's consumer of its job (dataworker's
-//!   [`Consumer`](lode_dataworker::service::consumer::Consumer): receiver, reorder, dedup,
+//!   [`Consumer`](lode_train::consumer::Consumer): receiver, reorder, dedup,
 //!   watermark) and the rules mapping TensorFlow runs and iterator initializations to steps.
 //! - [`ffi`]: the C ABI (`extern "C"`), the only unsafe code of Lode with [`interrupt`]; every
 //!   block states why it is sound.

@@ -24,9 +24,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lode_dataworker::service::consumer::{Consumer, ConsumerConfig, ConsumerError, Next};
-use lode_dataworker::transfer::Step;
 use lode_proto::tls::{ClientTls, ServerTls};
+use lode_train::consumer::{Consumer, ConsumerConfig, ConsumerError, Next};
+use lode_transfer::Step;
 
 /// The environment variables a process without explicit configuration reads.
 pub const ENV_DISPATCHER: &str = "LODE_DISPATCHER";
@@ -83,7 +83,7 @@ pub struct JobConfig {
     #[serde(default = "default_patience")]
     pub patience_secs: u64,
     /// Steps buffered ahead, at most (the window is also bounded in bytes: see
-    /// `lode_dataworker::transfer::receiver`).
+    /// `lode_transfer::receiver`).
     #[serde(default = "default_capacity")]
     pub capacity: u64,
     /// Steps of one pass of the program's iterator, when the dispatcher runs on across passes
@@ -102,7 +102,7 @@ fn default_patience() -> u64 {
     30
 }
 fn default_capacity() -> u64 {
-    lode_dataworker::transfer::receiver::DEFAULT_CAPACITY
+    lode_transfer::receiver::DEFAULT_CAPACITY
 }
 
 impl JobConfig {

@@ -1,0 +1,434 @@
+//! The training side's session hook, Lode's half (`lode train -- PROGRAM`).
+//!
+//! The program runs as a child with a `sitecustomize` that loads the training-side package's
+//! session hook (python/lode/_hook.py). When the program creates its session, the hook sends
+//! its graph over a Unix socket ([`GraphRequest`], one JSON line); the caller's `start`
+//! decides: it starts a job and answers with the training graph and the job's address
+//! ([`Accepted`]), or refuses ([`Refusal`]), and the program then runs unchanged (or stops,
+//! for a refusal that must not pass silently). One job per program: a second graph runs
+//! unchanged. When the program exits, [`run_program`] returns its status and the job.
+//!
+//! A job directory remembers which graph its journal belongs to ([`GraphId`]), so a journal is
+//! never resumed by another program's graph.
+
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use lode_proto::view::GraphView;
+use serde::{Deserialize, Serialize};
+
+/// The file in a job directory naming the graph its journal belongs to.
+pub const GRAPH_ID_FILE: &str = "graph.json";
+
+/// The largest graph request read from the socket.
+pub const MAX_REQUEST_BYTES: u64 = 64 << 10;
+
+/// How often the program's exit is polled.
+const POLL: Duration = Duration::from_millis(50);
+
+/// Why a program could not be run with the hook.
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    #[error("no program to run after --")]
+    NoProgram,
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start {program:?}: {source}")]
+    Start {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("waiting for the program: {0}")]
+    Wait(#[source] std::io::Error),
+}
+
+/// What the session hook sends.
+#[derive(Debug, Clone, Deserialize)]
+pub struct GraphRequest {
+    /// A binary GraphDef the hook exported.
+    pub graph: PathBuf,
+    /// The program's working directory: relative data paths resolve against it.
+    pub cwd: PathBuf,
+}
+
+/// How the training process reaches its job (the training side's `JobConfig`).
+#[derive(Debug, Clone, Serialize)]
+pub struct JobAddress {
+    pub dispatcher: String,
+    pub token: String,
+    pub job: u64,
+    pub patience_secs: u64,
+    /// Steps of one pass of the program's iterator (None: its pipeline repeats forever).
+    pub pass_steps: Option<u64>,
+    pub endless: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+}
+
+/// A graph trained on Lode: what the hook swaps in.
+#[derive(Debug, Clone)]
+pub struct Accepted {
+    /// The training graph (DWRecv in place of the pipeline).
+    pub training: PathBuf,
+    /// Stand-ins of the program's `MakeIterator` nodes: they become DWIteratorInit.
+    pub iterator_inits: Vec<String>,
+    pub job: JobAddress,
+    /// Said once on the program's stderr.
+    pub message: String,
+}
+
+/// Why a graph is not trained on Lode; `always` refusals stop the program even without
+/// `--strict` (running it unchanged would hide a mistake, e.g. a stale journal).
+#[derive(Debug)]
+pub struct Refusal {
+    pub reason: String,
+    pub always: bool,
+}
+
+impl<E: std::fmt::Display> From<E> for Refusal {
+    fn from(e: E) -> Self {
+        Refusal {
+            reason: format!("{e}; the program runs unchanged on its local pipeline"),
+            always: false,
+        }
+    }
+}
+
+/// The answer to the hook, one JSON line.
+#[derive(Debug, Serialize)]
+struct Reply {
+    ok: bool,
+    /// Stop the program (status 2) rather than run it unchanged.
+    fatal: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    training: Option<PathBuf>,
+    iterator_inits: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    job: Option<JobAddress>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+}
+
+impl Reply {
+    fn refused(reason: String, fatal: bool) -> Self {
+        Reply {
+            ok: false,
+            fatal,
+            reason: Some(reason),
+            training: None,
+            iterator_inits: Vec::new(),
+            job: None,
+            message: None,
+        }
+    }
+
+    fn accepted(a: Accepted) -> Self {
+        Reply {
+            ok: true,
+            fatal: false,
+            reason: None,
+            training: Some(a.training),
+            iterator_inits: a.iterator_inits,
+            job: Some(a.job),
+            message: Some(a.message),
+        }
+    }
+}
+
+/// The identity of a graph for the stale-journal check: every node's name, op and inputs
+/// (attribute maps are left out: TensorFlow does not serialize them in a fixed order).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GraphId {
+    pub nodes: usize,
+    pub fingerprint: String,
+}
+
+impl GraphId {
+    pub fn of(view: &GraphView<'_>) -> GraphId {
+        let mut nodes: Vec<String> = view
+            .nodes
+            .iter()
+            .map(|n| format!("{}\u{0}{}\u{0}{}", n.name, n.op, n.inputs.join("\u{0}")))
+            .collect();
+        nodes.sort();
+        let joined = nodes.join("\u{1}");
+        GraphId {
+            nodes: nodes.len(),
+            fingerprint: format!(
+                "{:016x}",
+                lode_runtime::hash::fingerprint64(joined.as_bytes())
+            ),
+        }
+    }
+
+    /// Refuses (always) when job directory `dir` holds the journal of another graph.
+    pub fn check(&self, dir: &Path) -> Result<(), Refusal> {
+        let Ok(previous) = std::fs::read(dir.join(GRAPH_ID_FILE)) else {
+            return Ok(());
+        };
+        let previous: Option<GraphId> = serde_json::from_slice(&previous).ok();
+        if previous.as_ref() == Some(self) {
+            return Ok(());
+        }
+        Err(Refusal {
+            reason: format!(
+                "{}: this job directory holds the journal of another graph ({}; this \
+                 program's graph is {} nodes, fingerprint {}): remove it or give another \
+                 --journal",
+                dir.display(),
+                previous.map_or_else(
+                    || "unreadable".to_owned(),
+                    |p| format!("{} nodes, fingerprint {}", p.nodes, p.fingerprint)
+                ),
+                self.nodes,
+                self.fingerprint
+            ),
+            always: true,
+        })
+    }
+
+    /// Records in job directory `dir` that its journal belongs to this graph.
+    pub fn record(&self, dir: &Path) -> Result<(), lode_proto::Error> {
+        let bytes = serde_json::to_vec(self).unwrap_or_default();
+        lode_proto::io::write_atomic(&dir.join(GRAPH_ID_FILE), &bytes)
+    }
+}
+
+/// How a program is run under the hook.
+#[derive(Debug, Clone)]
+pub struct ProgramConfig {
+    /// The program and its arguments.
+    pub program: Vec<String>,
+    /// A private directory for the socket, the `sitecustomize` and the hook's exports.
+    pub scratch: PathBuf,
+    /// Every refusal stops the program.
+    pub strict: bool,
+}
+
+/// Runs the program with the hook; `start` answers its graph (once; later graphs run
+/// unchanged). SIGINT reaches the program from the terminal; SIGTERM is passed on as a kill.
+/// Returns the program's status and what `start` returned for its job, if it started one.
+pub fn run_program<J, F>(
+    config: &ProgramConfig,
+    start: F,
+) -> Result<(ExitStatus, Option<J>), HookError>
+where
+    J: Send + 'static,
+    F: Fn(&GraphRequest) -> Result<(J, Accepted), Refusal> + Send + 'static,
+{
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |source| HookError::Io { path, source }
+    };
+    let boot = config.scratch.join("boot");
+    std::fs::create_dir_all(&boot).map_err(io(&boot))?;
+    let site = boot.join("sitecustomize.py");
+    std::fs::write(&site, SITECUSTOMIZE).map_err(io(&site))?;
+    let socket = config.scratch.join("lode.sock");
+    let listener = UnixListener::bind(&socket).map_err(io(&socket))?;
+    let job: Arc<Mutex<Option<J>>> = Arc::new(Mutex::new(None));
+    {
+        let (job, strict) = (job.clone(), config.strict);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                if let Err(e) = answer(stream, strict, &job, &start) {
+                    tracing::warn!(cause = %e, "a session hook's request failed");
+                }
+            }
+        });
+    }
+    let python_path = match std::env::var_os("PYTHONPATH") {
+        Some(p) if !p.is_empty() => {
+            let mut joined = boot.clone().into_os_string();
+            joined.push(":");
+            joined.push(p);
+            joined
+        }
+        _ => boot.clone().into_os_string(),
+    };
+    let (program, rest) = config.program.split_first().ok_or(HookError::NoProgram)?;
+    let mut child = Command::new(program)
+        .args(rest)
+        .env("PYTHONPATH", python_path)
+        .env("LODE_TRAIN_SOCKET", &socket)
+        .env("LODE_TRAIN_DIR", &config.scratch)
+        .env("LODE_TRAIN_STRICT", if config.strict { "1" } else { "0" })
+        .spawn()
+        .map_err(|source| HookError::Start {
+            program: program.clone(),
+            source,
+        })?;
+    let status = wait_interruptibly(&mut child).map_err(HookError::Wait)?;
+    let job = job.lock().unwrap_or_else(PoisonError::into_inner).take();
+    Ok((status, job))
+}
+
+/// Answers one hook connection.
+fn answer<J, F>(
+    stream: UnixStream,
+    strict: bool,
+    job: &Mutex<Option<J>>,
+    start: &F,
+) -> std::io::Result<()>
+where
+    F: Fn(&GraphRequest) -> Result<(J, Accepted), Refusal>,
+{
+    let mut line = String::new();
+    BufReader::new((&stream).take(MAX_REQUEST_BYTES)).read_line(&mut line)?;
+    let reply = match serde_json::from_str::<GraphRequest>(&line) {
+        Err(e) => Reply::refused(format!("lode train: a malformed request: {e}"), true),
+        Ok(request) => {
+            let mut guard = job.lock().unwrap_or_else(PoisonError::into_inner);
+            if guard.is_some() {
+                Reply::refused(
+                    "one job per program: a second graph runs unchanged".into(),
+                    false,
+                )
+            } else {
+                match start(&request) {
+                    Ok((j, accepted)) => {
+                        *guard = Some(j);
+                        Reply::accepted(accepted)
+                    }
+                    Err(Refusal { reason, always }) => Reply::refused(reason, always || strict),
+                }
+            }
+        }
+    };
+    let mut stream = stream;
+    let mut bytes = serde_json::to_vec(&reply).map_err(std::io::Error::other)?;
+    bytes.push(b'\n');
+    stream.write_all(&bytes)
+}
+
+/// Waits for the program; SIGINT (which the terminal also sends the program) and SIGTERM do
+/// not stop the caller before the program: SIGTERM is passed on as a kill.
+fn wait_interruptibly(child: &mut Child) -> std::io::Result<ExitStatus> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let term = Arc::new(AtomicBool::new(false));
+    {
+        let term = term.clone();
+        rt.spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let Ok(mut sigterm) = signal(SignalKind::terminate()) else {
+                return;
+            };
+            loop {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = sigterm.recv() => term.store(true, Ordering::SeqCst),
+                }
+            }
+        });
+    }
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if term.load(Ordering::SeqCst) {
+            let _ = child.kill();
+        }
+        // The signal task runs only inside block_on (a current-thread runtime).
+        rt.block_on(async { tokio::time::sleep(POLL).await });
+    }
+}
+
+/// Loads the training-side package's hook into the program (written to a directory put first
+/// on its PYTHONPATH).
+const SITECUSTOMIZE: &str = r#"# Written by `lode train`: loads Lode's session hook into this program.
+import os as _os
+import sys as _sys
+try:
+    import lode._hook as _lode_hook
+except Exception as _e:  # the package is missing or broken: never run silently without Lode
+    _sys.stderr.write(
+        "lode train: cannot load the training-side package `lode` in %s: %s\n"
+        "  install it into this Python: pip install ./python (from Lode's repository)\n"
+        % (_sys.executable, _e)
+    )
+    _sys.stderr.flush()
+    _os._exit(2)
+_lode_hook.install()
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn graph(nodes: &[(&str, &str)]) -> Vec<u8> {
+        use protobuf::Message as _;
+        let mut g = lode_proto::tf::graph::GraphDef::new();
+        for (name, op) in nodes {
+            let mut n = lode_proto::tf::node_def::NodeDef::new();
+            n.name = (*name).into();
+            n.op = (*op).into();
+            g.node.push(n);
+        }
+        g.write_to_bytes().expect("encode")
+    }
+
+    #[test]
+    fn a_job_directory_refuses_another_graphs_journal_always() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = graph(&[("x", "Const"), ("y", "Identity")]);
+        let b = graph(&[("x", "Const")]);
+        let id_a = GraphId::of(&GraphView::parse(&a).expect("view"));
+        let id_b = GraphId::of(&GraphView::parse(&b).expect("view"));
+        assert_ne!(id_a, id_b);
+        id_a.check(dir.path())
+            .expect("a fresh directory takes any graph");
+        id_a.record(dir.path()).expect("record");
+        id_a.check(dir.path()).expect("the same graph resumes");
+        let refusal = id_b.check(dir.path()).expect_err("another graph");
+        assert!(refusal.always);
+        assert!(refusal.reason.contains("2 nodes"), "{}", refusal.reason);
+    }
+
+    #[test]
+    fn a_malformed_request_is_a_fatal_refusal_and_a_second_graph_runs_unchanged() {
+        let (a, mut b) = UnixStream::pair().expect("pair");
+        let job: Mutex<Option<u32>> = Mutex::new(None);
+        let start = |_: &GraphRequest| -> Result<(u32, Accepted), Refusal> {
+            Err(Refusal {
+                reason: "never called".into(),
+                always: false,
+            })
+        };
+        b.write_all(b"not json\n").expect("write");
+        answer(a, false, &job, &start).expect("answers");
+        let mut reply = String::new();
+        BufReader::new(&b).read_line(&mut reply).expect("read");
+        let reply: serde_json::Value = serde_json::from_str(&reply).expect("json");
+        assert_eq!(
+            (reply["ok"].as_bool(), reply["fatal"].as_bool()),
+            (Some(false), Some(true))
+        );
+
+        let (a, mut b) = UnixStream::pair().expect("pair");
+        *job.lock().expect("lock") = Some(1);
+        b.write_all(b"{\"graph\": \"g.pb\", \"cwd\": \".\"}\n")
+            .expect("write");
+        answer(a, true, &job, &start).expect("answers");
+        let mut reply = String::new();
+        BufReader::new(&b).read_line(&mut reply).expect("read");
+        assert!(reply.contains("one job per program"), "{reply}");
+    }
+}
