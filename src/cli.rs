@@ -465,9 +465,10 @@ pub struct RunArgs {
     /// SavedModel tag set, when the model is a SavedModel.
     #[arg(long, value_delimiter = ',')]
     pub tags: Option<Vec<String>>,
-    /// Data-worker processes.
-    #[arg(long, default_value_t = 2)]
-    pub workers: usize,
+    /// Data-worker processes, at least one per stage of the plan (default: 2, or one per
+    /// stage when the plan has more).
+    #[arg(long)]
+    pub workers: Option<usize>,
     /// Steps to consume.
     #[arg(long, default_value_t = 200)]
     pub steps: u64,

@@ -7,6 +7,8 @@
 //! - `runtime`: `lode dispatcher`, `worker`, `consume`, `drain`, `status` and `run`, and
 //!   [`runtime::LocalJob`] (a dispatcher on a thread with local worker processes), which
 //!   `lode run` and `lode train` share.
+//! - `run_report`: what `lode run` prints at its end (the cut, the workers, the rate, and the
+//!   consumer's log held to the dispatcher's order).
 //! - `simulate`: `lode simulate` (`lode_scheduler::experiment`).
 //! - `scheduler`: `lode scheduler` (`lode_scheduler::local`).
 //! - `train`: `lode train` (the session hook of `lode_train::hook`, answered
@@ -25,6 +27,7 @@
 
 pub mod cli;
 pub mod exec;
+pub mod run_report;
 pub mod runtime;
 pub mod scheduler;
 pub mod simulate;

@@ -351,12 +351,24 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
         dir
     };
     let plan = PlanDir::open(&plan_dir)?;
+    let stages = plan.plan.stages.len();
+    let workers = args.workers.unwrap_or(stages.max(2));
+    if workers < stages {
+        bail!(
+            "{}: the plan has {stages} data-worker stages and every stage needs a worker: give \
+             --workers {stages} or more (got {workers})",
+            input.display()
+        );
+    }
     let run = RunSettings {
         epochs: args.epochs,
         lease_duration: Duration::from_secs(10),
         max_leases_per_worker: DEFAULT_MAX_LEASES,
     };
     let config = dispatcher_config(&plan, None, run)?;
+    let cut = crate::run_report::describe_cut(&plan)?;
+    let records_per_epoch = config.records;
+    let order = config.clone();
     let journal = (args.journal.clone()).unwrap_or_else(|| scratch.path().join("journal"));
     let (mut service, _) =
         ServiceConfig::for_plan(&plan, JobId(1), &generate_token(), config, &journal)?;
@@ -375,7 +387,7 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
     let mut job = LocalJob::start(service, args.announce.as_deref(), &name)?;
     let exe = std::env::current_exe().context("cannot find the lode executable")?;
     let (url, token) = (job.url.clone(), job.token.clone());
-    for i in 0..args.workers {
+    for i in 0..workers {
         let name = format!("worker-{i}");
         let command = WorkerCommand {
             tls_ca: ca.as_deref(),
@@ -433,6 +445,12 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
     if stop.load(Ordering::SeqCst) {
         tracing::warn!("interrupted");
     }
+    let alive = job
+        .workers
+        .iter_mut()
+        .map(|c| c.try_wait())
+        .filter(|w| matches!(w, Ok(None)))
+        .count();
     drop(job);
     let kept = |given: bool, path: &Path| {
         if given {
@@ -441,21 +459,23 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
             "discarded".into()
         }
     };
-    let rate = if summary.seconds > 0.0 {
-        summary.samples as f64 / summary.seconds
-    } else {
-        0.0
-    };
-    writeln!(
+    let delivery = crate::run_report::check_delivery(&log, &order)?;
+    crate::run_report::write_report(
         out,
-        "{}: {} steps, {} samples in {:.2} s ({rate:.0} samples/s) with {} worker(s); log {}; journal {}",
-        input.display(),
-        summary.steps,
-        summary.samples,
-        summary.seconds,
-        args.workers,
-        kept(args.log.is_some(), &log),
-        kept(args.journal.is_some(), &journal),
+        &input,
+        &cut,
+        workers,
+        alive,
+        &summary,
+        &crate::run_report::describe_delivery(&delivery, records_per_epoch),
+        &format!(
+            "log {}; journal {}",
+            kept(args.log.is_some(), &log),
+            kept(args.journal.is_some(), &journal)
+        ),
     )?;
+    if !delivery.exactly_once() {
+        bail!("the job's delivery broke its exactly-once rule (above)");
+    }
     Ok(())
 }

@@ -11,6 +11,42 @@ use crate::config::{DispatcherConfig, Shuffle};
 use crate::ids::StepId;
 use crate::{Error, Result};
 
+/// The records of each step as the dispatcher leases them: a chain's order walked once, step
+/// after step ([`crate::StepOrder`]), or Lode's own order computed per step. What the state
+/// machine grants, and what a consumer's log is held to (`lode run`).
+#[derive(Debug, Clone)]
+pub struct Batches {
+    config: DispatcherConfig,
+    order: Option<crate::StepOrder>,
+}
+
+impl Batches {
+    pub fn new(config: DispatcherConfig) -> Self {
+        let order = config.step_order();
+        Self { config, order }
+    }
+
+    /// The record ids of `step`; an error for a step the job does not have.
+    pub fn of(&mut self, step: StepId) -> Result<Vec<u64>> {
+        batch_in(&self.config, self.order.as_mut(), step)
+    }
+}
+
+/// The record ids of `step` from a chain config's incremental `order`, or from Lode's own
+/// order without one: the one rule [`Batches`] and the state machine follow.
+pub(crate) fn batch_in(
+    config: &DispatcherConfig,
+    order: Option<&mut crate::StepOrder>,
+    step: StepId,
+) -> Result<Vec<u64>> {
+    match order {
+        Some(order) => order
+            .batch(config.order_epoch(step.epoch.0), step.step.0)
+            .ok_or(Error::StepOutOfRange { step }),
+        None => index_batch(config, step),
+    }
+}
+
 /// The record ids of `id`, in the order the training side sees them.
 ///
 /// A short last batch is emitted unless `drop_remainder` is set, in which case that step does

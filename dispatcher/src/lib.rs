@@ -110,7 +110,7 @@ pub mod state;
 #[cfg(test)]
 mod tests;
 
-pub use batch::index_batch;
+pub use batch::{index_batch, Batches};
 pub use config::{DispatcherConfig, Shuffle, DEFAULT_MAX_LEASES};
 pub use from_plan::{plan_source, PlanConfigError, ProgramSteps, RunSettings};
 pub use ids::{Epoch, JobId, StageId, Step, StepId, Time, WorkerId};

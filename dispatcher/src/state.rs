@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::batch::index_batch;
+use crate::batch::batch_in;
 use crate::config::DispatcherConfig;
 use crate::ids::{StageId, StepId, Time, WorkerId};
 use crate::order::StepOrder;
@@ -407,12 +407,7 @@ impl DispatcherState {
 
     /// The records of `step`: the chain's cached walk, or Lode's own order.
     fn batch(&mut self, step: StepId) -> Result<Vec<u64>> {
-        match &mut self.order {
-            Some(order) => order
-                .batch(self.config.order_epoch(step.epoch.0), step.step.0)
-                .ok_or(Error::StepOutOfRange { step }),
-            None => index_batch(&self.config, step),
-        }
+        batch_in(&self.config, self.order.as_mut(), step)
     }
 
     /// The last step the training side consumed.

@@ -548,7 +548,42 @@ fn lode_run_runs_the_bundled_example() {
         "--steps",
         "20",
     ]));
-    assert!(out.contains("20 steps, 640 samples"), "{out}");
+    assert!(out.contains("consumed: 20 steps, 640 samples"), "{out}");
+    // What it did, in a few lines: the cut, the workers, and the log held to the order.
+    assert!(
+        out.contains("cut: 252 of the graph's 1225 nodes move to the data workers; 1 stage(s)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("workers: 2 started, 2 still serving at the end"),
+        "{out}"
+    );
+    assert!(
+        out.contains("delivery: every step once and in order with the records of TensorFlow's order, no record twice in an epoch: 640 records, 2 whole epoch(s) of 256 records, 128 records of epoch 2"),
+        "{out}"
+    );
+}
+
+/// A plan of three stages needs a worker for each: fewer is refused before anything starts
+/// (it used to wait forever), and without `--workers` each stage gets one.
+#[test]
+fn lode_run_starts_a_worker_for_every_stage_and_refuses_fewer() {
+    let deepfm = fixtures().join("deepfm/model.pb");
+    let deepfm = deepfm.to_str().expect("UTF-8");
+    let refused = lode(&["run", deepfm, "--workers", "2", "--steps", "5"]);
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("the plan has 3 data-worker stages and every stage needs a worker: give --workers 3 or more (got 2)"),
+        "{}",
+        stderr(&refused)
+    );
+    let out = ok(&lode(&["run", deepfm, "--steps", "5"]));
+    assert!(out.contains("workers: 3 started"), "{out}");
+    assert!(out.contains("consumed: 5 steps, 160 samples"), "{out}");
+    assert!(
+        out.contains("delivery: every step once and in order"),
+        "{out}"
+    );
 }
 
 /// `--journal` keeps the dispatcher's journal where the user says (and a second run of the

@@ -10,6 +10,8 @@
 //!   pops complete steps in order, reports the consumed watermark (and resumes from it).
 //! - [`hook`]: the session hook's Lode half (`lode train -- PROGRAM`): the program run with
 //!   the hook, its graph answered with a job, and the job directory's graph identity.
+//! - [`delivery`]: a consumer log read back and held to the job's order (every step once, in
+//!   order, with its records; no record twice in an epoch), as `lode run` reports it.
 //! - [`emulator`]: the training side emulated (`lode consume`, the consumer of `lode run`): a
 //!   consumer that logs each step, digested, and reports it only once the line is written.
 //!
@@ -22,6 +24,7 @@
 //! This crate depends on lode-proto, lode-runtime and lode-transfer, never on another service.
 
 pub mod consumer;
+pub mod delivery;
 pub mod emulator;
 #[cfg(unix)]
 pub mod hook;
