@@ -75,6 +75,15 @@ pub struct LocalJob {
 }
 
 impl LocalJob {
+    /// Worker processes still running.
+    pub fn workers_alive(&mut self) -> usize {
+        self.workers
+            .iter_mut()
+            .map(|c| c.try_wait())
+            .filter(|w| matches!(w, Ok(None)))
+            .count()
+    }
+
     /// Serves `service` on a loopback port; announced in `announce` as `name` when given.
     pub fn start(
         service: ServiceConfig,
@@ -424,12 +433,7 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
     while !consumer.is_finished() {
         std::thread::sleep(Duration::from_millis(200));
         let p = progress.lock().map(|p| p.clone()).unwrap_or_default();
-        let alive = job
-            .workers
-            .iter_mut()
-            .map(|c| c.try_wait())
-            .filter(|w| matches!(w, Ok(None)))
-            .count();
+        let alive = job.workers_alive();
         let rate = if p.seconds > 0.0 {
             p.samples as f64 / p.seconds
         } else {
@@ -445,12 +449,7 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
     if stop.load(Ordering::SeqCst) {
         tracing::warn!("interrupted");
     }
-    let alive = job
-        .workers
-        .iter_mut()
-        .map(|c| c.try_wait())
-        .filter(|w| matches!(w, Ok(None)))
-        .count();
+    let alive = job.workers_alive();
     drop(job);
     let kept = |given: bool, path: &Path| {
         if given {
