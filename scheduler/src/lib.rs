@@ -65,8 +65,12 @@ pub use tuner::{TunerConfig, TunerState};
 /// Errors of the scheduler crate.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cluster spec {spec:?}: {reason}")]
-    ClusterSpec { spec: String, reason: &'static str },
+    #[error("cluster spec {spec:?}, group {group:?}: {reason}")]
+    ClusterSpec {
+        spec: String,
+        group: String,
+        reason: &'static str,
+    },
     #[error("line {line}: {problem}")]
     Trace {
         line: usize,
