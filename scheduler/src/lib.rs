@@ -14,6 +14,9 @@
 //! - [`backend`]: the `Backend` trait and one scheduling `round`.
 //! - [`live`]: a live job's dispatcher counters turned into rates and a `JobView` (the local
 //!   backend's measurements, pure).
+//! - [`kubernetes`]: the Kubernetes backend's pure half: observed nodes, pools, pods and
+//!   dispatcher counters → the snapshot; the policy's plan → each pool's replicas, node
+//!   affinity and the pods to drain first, and an Event per decision.
 //! - [`local`]: the live scheduler on this machine (`lode scheduler`): job announcements, the
 //!   local backend (starts and drains `lode worker` processes) and its round loop;
 //!   `WorkerCommand`, the one way any Lode process starts a local worker.
@@ -43,6 +46,7 @@ pub mod backend;
 pub mod cluster;
 pub mod experiment;
 pub mod ids;
+pub mod kubernetes;
 pub mod live;
 pub mod live_tuner;
 pub mod local;
@@ -57,7 +61,7 @@ pub mod tuner;
 pub use backend::Backend;
 pub use cluster::ClusterSpec;
 pub use ids::{JobId, MachineId};
-pub use policy::{decide, DecideConfig, Decision, Policy, Snapshot};
+pub use policy::{decide, plan, DecideConfig, Decision, Plan, Policy, Snapshot};
 pub use sim::{simulate, SchedulerKind, SimConfig, SimResult};
 pub use trace::{SyntheticConfig, Trace};
 pub use tuner::{TunerConfig, TunerState};

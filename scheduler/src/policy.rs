@@ -349,6 +349,7 @@ pub fn target(policy: Policy, snapshot: &Snapshot, config: &DecideConfig) -> Tar
     let mut counts = vec![0u32; snapshot.jobs.len()];
     let mut blocked = vec![false; snapshot.jobs.len()];
     let mut metrics: Vec<Vec<f64>> = vec![Vec::new(); snapshot.jobs.len()];
+    let mut orders: Vec<Vec<MachineId>> = vec![Vec::new(); snapshot.jobs.len()];
     // A job's score depends only on its own count, so it is recomputed only when it changes.
     let mut scores: Vec<Option<(Rank, f64)>> = snapshot
         .jobs
@@ -374,7 +375,11 @@ pub fn target(policy: Policy, snapshot: &Snapshot, config: &DecideConfig) -> Tar
         match placer.best(job, &placed[j]) {
             Some(i) => {
                 placer.take(job, i);
-                *placed[j].entry(snapshot.machines[i].id).or_insert(0) += 1;
+                let id = snapshot.machines[i].id;
+                if !orders[j].contains(&id) {
+                    orders[j].push(id);
+                }
+                *placed[j].entry(id).or_insert(0) += 1;
                 counts[j] += 1;
                 metrics[j].push(value);
                 scores[j] = score(policy, job, counts[j], config);
@@ -388,7 +393,17 @@ pub fn target(policy: Policy, snapshot: &Snapshot, config: &DecideConfig) -> Tar
             .iter()
             .zip(placed)
             .zip(metrics)
-            .map(|((job, placement), metrics)| (job.id, JobTarget { placement, metrics }))
+            .zip(orders)
+            .map(|(((job, placement), metrics), order)| {
+                (
+                    job.id,
+                    JobTarget {
+                        placement,
+                        metrics,
+                        order,
+                    },
+                )
+            })
             .collect(),
     }
 }
@@ -399,6 +414,10 @@ pub struct JobTarget {
     pub placement: BTreeMap<MachineId, u32>,
     /// The policy's metric for each worker, in the order they were given.
     pub metrics: Vec<f64>,
+    /// The machines of `placement` in the order the placement first chose each one: the
+    /// policy's preference order for this job's workers (a backend that can only express
+    /// preferences, such as Kubernetes' node affinity, passes it on).
+    pub order: Vec<MachineId>,
 }
 
 impl JobTarget {
@@ -423,7 +442,26 @@ impl Target {
 /// migrations, then additions, so that a backend applying them in order frees CPUs before
 /// using them.
 pub fn decide(policy: Policy, snapshot: &Snapshot, config: &DecideConfig) -> Vec<Decision> {
+    plan(policy, snapshot, config).decisions
+}
+
+/// [`decide`]'s moves together with the target they lead to, for a backend that also passes
+/// the policy's placement order on (Kubernetes).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub target: Target,
+    pub decisions: Vec<Decision>,
+}
+
+/// [`decide`] with its target: the same decisions, and the target they reach.
+pub fn plan(policy: Policy, snapshot: &Snapshot, config: &DecideConfig) -> Plan {
     let target = target(policy, snapshot, config);
+    let decisions = moves(snapshot, &target);
+    Plan { target, decisions }
+}
+
+/// The moves from the snapshot's placement to `target`.
+fn moves(snapshot: &Snapshot, target: &Target) -> Vec<Decision> {
     let mut removes = Vec::new();
     let mut migrates = Vec::new();
     let mut adds = Vec::new();
