@@ -35,6 +35,10 @@
 //!    that its replacement is scheduled under the new affinity.
 //! 3. Set the affinity and the replicas of pools that grow.
 //!
+//! Replicas count active pods only (not terminating, not draining at the dispatcher). A drained
+//! pod that is still there after its worker exited (its pool grew meanwhile, so the ReplicaSet
+//! kept it) is deleted by the applying side; the ReplicaSet then converges to the count set.
+//!
 //! A job not measured yet is held: each pool keeps its active pods, at least one (so that it
 //! can be measured) and its min, at most its max.
 //!

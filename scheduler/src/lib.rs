@@ -37,8 +37,11 @@
 //! - [`policy::decide`] never plans more data-worker CPUs or memory on a machine than the
 //!   snapshot says data workers may use, never gives a worker to a job at the ideal queue
 //!   state, and its decisions applied in order turn the current placement into its target.
-//! - The simulator never over-commits a machine's GPUs, CPUs or memory, and the same trace,
-//!   configuration and seed give the same results.
+//! - The simulator never over-commits a machine's GPUs, CPUs or memory, never places a
+//!   training worker on a CPU-only machine, and the same trace, configuration and seed give the
+//!   same results.
+//! - The Kubernetes mapping lowers a pool below its active pods only with exactly that many of
+//!   them named to drain first.
 //! - No panics on untrusted input: traces, cluster specs and observations are validated with
 //!   errors that name the line, field or value.
 
@@ -93,6 +96,11 @@ pub enum Error {
     TunerConfig { field: &'static str },
     #[error("{job} needs {gpus} GPUs but no set of machines in the cluster can hold it")]
     JobTooLarge { job: JobId, gpus: u32 },
+    #[error(
+        "{job} can never finish: what it was given trains it at zero throughput (no CPUs beyond \
+         its training worker's own) and nothing else will change"
+    )]
+    JobStalled { job: JobId },
     #[error(
         "unknown scheduler {name:?} (known: no-dw-tuned, no-dw-hw, fixed-dw, maxtp, srtf, fair)"
     )]

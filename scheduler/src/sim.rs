@@ -958,6 +958,12 @@ pub fn simulate(
             break;
         }
     }
+    // The loop ends with jobs still running only when none of them can make progress.
+    if let Some(run) = sim.running.first() {
+        return Err(Error::JobStalled {
+            job: trace.jobs[run.job].id,
+        });
+    }
     if let Some(&j) = queue.front() {
         return Err(Error::JobTooLarge {
             job: trace.jobs[j].id,
@@ -1115,6 +1121,19 @@ mod tests {
     }
 
     #[test]
+    fn a_job_that_can_never_train_is_an_error_not_a_missing_row() {
+        // One CPU per GPU: `no-dw-hw` gives the job only its training worker's own CPU, so its
+        // pipeline has nothing and it never finishes.
+        let trace = Trace::parse_csv("0,0,1,50,resnet18\n").expect("valid");
+        let config = SimConfig {
+            cluster: "4gpu4cpu".parse().expect("valid"),
+            ..SimConfig::default()
+        };
+        let err = simulate(&trace, SchedulerKind::NoDwHw, &config).expect_err("stalls");
+        assert!(matches!(err, Error::JobStalled { job: JobId(0) }), "{err}");
+    }
+
+    #[test]
     fn oversized_jobs_are_an_error() {
         let trace = Trace::parse_csv("0,0,128,10,resnet50\n").expect("valid");
         let err = simulate(&trace, SchedulerKind::NoDwHw, &SimConfig::default())
@@ -1138,16 +1157,18 @@ mod props {
 
     fn arb_cluster() -> impl Strategy<Value = ClusterSpec> {
         // One to three GPU machines and zero to three CPU-only ones, in any order.
+        // At least 2 CPUs per GPU: with 1, `no-dw-hw` leaves a job nothing beyond its training
+        // worker's own CPU and it never trains (`Error::JobStalled`).
         (
-            proptest::collection::vec((1u32..9, 4u32..65), 1..4),
+            proptest::collection::vec((1u32..9, 0u32..49), 1..4),
             proptest::collection::vec(1u32..65, 0..4),
             any::<bool>(),
         )
             .prop_map(|(gpu, cpu, cpu_first)| {
-                let gpu = gpu.into_iter().map(|(gpus, cpus)| MachineSpec {
+                let gpu = gpu.into_iter().map(|(gpus, extra)| MachineSpec {
                     gpus,
-                    cpus,
-                    mem_gb: f64::from(cpus) * 8.0,
+                    cpus: 2 * gpus + extra,
+                    mem_gb: f64::from(2 * gpus + extra) * 8.0,
                 });
                 let cpu = cpu.into_iter().map(|cpus| MachineSpec {
                     gpus: 0,
