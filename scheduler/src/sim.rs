@@ -820,6 +820,8 @@ pub fn simulate(
     let mut peaks = vec![MachinePeak::default(); sim.machines.len()];
     let mut events = 0u64;
     let mut next_tick = config.tick_s;
+    // Whether Lode's last round decided nothing.
+    let mut quiet = false;
     loop {
         // The next event.
         let mut next = f64::INFINITY;
@@ -833,7 +835,10 @@ pub fn simulate(
                 next = next.min(sim.now + r.remaining / sim.rate(r));
             }
         }
-        if lode.is_some() && !sim.running.is_empty() {
+        // Lode acts every tick, but a round that changed nothing while no job trains and no
+        // arrival or profiling end is due would be repeated unchanged forever.
+        let progress = next.is_finite() || sim.running.iter().any(|r| r.frac > 0.0);
+        if lode.is_some() && !sim.running.is_empty() && (progress || !quiet) {
             next = next.min(next_tick);
         }
         if !next.is_finite() {
@@ -946,7 +951,7 @@ pub fn simulate(
         match lode {
             Some(policy) => {
                 sim.refresh_rates();
-                backend::round(&mut sim, policy, &config.decide)?;
+                quiet = backend::round(&mut sim, policy, &config.decide)?.is_empty();
             }
             None if kind == SchedulerKind::FixedDw => sim.fill_fixed(),
             None => {}
@@ -1131,6 +1136,16 @@ mod tests {
         };
         let err = simulate(&trace, SchedulerKind::NoDwHw, &config).expect_err("stalls");
         assert!(matches!(err, Error::JobStalled { job: JobId(0) }), "{err}");
+        // One CPU per GPU on an 8-GPU machine: under Lode too the job trains at zero, and its
+        // rounds, which run every tick, change nothing (this used to loop forever).
+        let config = SimConfig {
+            cluster: "8gpu8cpu".parse().expect("valid"),
+            ..SimConfig::default()
+        };
+        for policy in Policy::ALL {
+            let err = simulate(&trace, SchedulerKind::Lode(policy), &config).expect_err("stalls");
+            assert!(matches!(err, Error::JobStalled { job: JobId(0) }), "{err}");
+        }
     }
 
     #[test]
