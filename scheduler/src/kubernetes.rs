@@ -11,7 +11,8 @@
 //! common unit, so nothing is rounded to whole CPUs.
 //!
 //! # Snapshot ([`ClusterView::snapshot`])
-//! - A machine per schedulable node (sorted by name, `MachineId` = position): data workers may
+//! - A machine per schedulable node that matches the view's node selector, if any (sorted by
+//!   name, `MachineId` = position): data workers may
 //!   use its allocatable CPU and memory less what pods other than Lode's data workers request
 //!   (training pods included), less what data workers hold that the policy does not plan
 //!   (draining ones, and those of jobs not yet measured). A node without GPUs is `cpu_only`.
@@ -95,7 +96,7 @@ pub struct NodeFacts {
     /// `status.allocatable["nvidia.com/gpu"]` (or the cluster's GPU resource); 0 for a
     /// CPU-only node.
     pub gpus: u32,
-    /// `metadata.labels`.
+    /// `metadata.labels` (matched against [`ClusterView::with_node_selector`]).
     pub labels: BTreeMap<String, String>,
     /// Ready and not `spec.unschedulable`: only such nodes get data workers; workers on other
     /// nodes are planned away.
@@ -266,6 +267,9 @@ pub struct ClusterView {
     ids: BTreeMap<String, JobId>,
     next_id: u64,
     meters: BTreeMap<JobId, JobMeter>,
+    /// Labels a node must carry to hold data workers (empty: every node); the pools' pod
+    /// templates carry the same `nodeSelector`.
+    node_selector: BTreeMap<String, String>,
 }
 
 /// A [`Snapshot`] with the names behind its ids.
@@ -331,6 +335,37 @@ impl ClusterView {
         Self::default()
     }
 
+    /// Only nodes whose labels include every pair of `selector` hold data workers (a cluster
+    /// that keeps them off, say, its control-plane or its inference nodes).
+    pub fn with_node_selector(selector: BTreeMap<String, String>) -> Self {
+        Self {
+            node_selector: selector,
+            ..Self::default()
+        }
+    }
+
+    fn eligible(&self, node: &NodeFacts) -> bool {
+        node.schedulable
+            && self
+                .node_selector
+                .iter()
+                .all(|(k, v)| node.labels.get(k) == Some(v))
+    }
+
+    /// One round over this round's facts: the snapshot, `decide`'s plan over it, and what to
+    /// set on each pool.
+    pub fn round(
+        &mut self,
+        facts: &ClusterFacts,
+        policy: Policy,
+        config: &crate::DecideConfig,
+    ) -> (ObservedSnapshot, Plan, KubePlan) {
+        let observed = self.snapshot(facts);
+        let plan = crate::policy::plan(policy, &observed.snapshot, config);
+        let pools = self.plan_pools(facts, &observed, policy, &plan);
+        (observed, plan, pools)
+    }
+
     fn id_of(&mut self, name: &str) -> JobId {
         if let Some(&id) = self.ids.get(name) {
             return id;
@@ -343,7 +378,7 @@ impl ClusterView {
 
     /// Takes this round's facts: updates each job's meters and builds the snapshot.
     pub fn snapshot(&mut self, facts: &ClusterFacts) -> ObservedSnapshot {
-        let mut nodes: Vec<&NodeFacts> = facts.nodes.iter().filter(|n| n.schedulable).collect();
+        let mut nodes: Vec<&NodeFacts> = facts.nodes.iter().filter(|n| self.eligible(n)).collect();
         nodes.sort_by(|a, b| a.name.cmp(&b.name));
         nodes.dedup_by(|a, b| a.name == b.name);
         let index: BTreeMap<&str, usize> = nodes
@@ -480,12 +515,17 @@ impl ClusterView {
             return None;
         }
         let gain = 1.0 / stage_rates.iter().map(|r| 1.0 / r).sum::<f64>();
+        // What the workers the snapshot counts (those on its machines) make, so that the
+        // throughput goes with `data_workers`.
         let throughput = active
             .iter()
             .zip(&stage_rates)
             .map(|(pods, r)| {
                 #[allow(clippy::cast_precision_loss)]
-                let n = pods.iter().filter(|p| p.node.is_some()).count() as f64;
+                let n = pods
+                    .iter()
+                    .filter(|p| p.node.as_deref().is_some_and(|n| index.contains_key(n)))
+                    .count() as f64;
                 n * r
             })
             .fold(f64::INFINITY, f64::min);
@@ -1298,6 +1338,37 @@ mod tests {
         let k = view.plan_pools(&facts, &observed, Policy::Fair, &p);
         assert_eq!((k.pools[0].active, k.pools[0].replicas), (0, 1));
         assert_eq!(k.events[0].reason, "Held");
+    }
+
+    #[test]
+    fn a_node_selector_keeps_data_workers_to_matching_nodes() {
+        let (mut facts, rates) = two_jobs([32_000, 8_000, 64_000]);
+        for n in &mut facts.nodes {
+            if n.name != "gpu-b" {
+                n.labels.insert("pool".to_owned(), "data".to_owned());
+            }
+        }
+        let mut view = ClusterView::with_node_selector(BTreeMap::from([(
+            "pool".to_owned(),
+            "data".to_owned(),
+        )]));
+        let mut round = facts.clone();
+        for at in [0.0, 10.0] {
+            for (job, (rate, consume)) in round.jobs.iter_mut().zip(&rates) {
+                job.counters = Some(counters(job, at, *rate, *consume));
+            }
+            view.snapshot(&round);
+        }
+        let (observed, _, k) = view.round(&round, Policy::MaxTp, &DecideConfig::default());
+        assert_eq!(observed.nodes, ["cpu-1", "gpu-a"]);
+        // b's three workers sit on a node data workers may not use: they are planned away,
+        // and b's one worker goes to a matching node.
+        let b = k.pools.iter().find(|p| p.job == "ml/b").expect("b");
+        assert_eq!((b.active, b.replicas, b.drain.len()), (3, 1, 2));
+        assert!(
+            b.affinity.iter().skip(1).all(|t| t.node != "gpu-b"),
+            "{b:?}"
+        );
     }
 
     #[test]
