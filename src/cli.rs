@@ -619,7 +619,9 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub synthetic: Option<u64>,
     /// Machines: `[N x] G gpu C cpu [M gb]` groups joined by `+`, e.g. `8x8gpu64cpu` or
-    /// `4x8gpu64cpu+2x4gpu96cpu512gb` (memory defaults to 8 GB per CPU).
+    /// `4x8gpu64cpu+2x4gpu96cpu512gb` (memory defaults to 8 GB per CPU). `0gpu` groups are
+    /// CPU-only machines (`8x8gpu64cpu+4x0gpu64cpu`): data-worker capacity, never a training
+    /// worker's place.
     #[arg(long, default_value = "8x8gpu64cpu")]
     pub cluster: String,
     /// Which scheduler to simulate.

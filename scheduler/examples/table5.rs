@@ -4,7 +4,9 @@
 //! Knobs (environment): `LOAD`, `MEDIAN_MINUTES`, `SIGMA` change the synthetic trace;
 //! `TRACE=FILE` runs a CSV trace instead; `NO_FLOORS=1` allocates by the policy's metric alone
 //! (`lode simulate --no-floors`); `DEMAND=1` prints the CPUs every job would need at its ideal
-//! speed with data workers; `DETAIL=1` prints slowdowns and utilisation per scheduler.
+//! speed with data workers; `DETAIL=1` prints slowdowns and utilisation per scheduler;
+//! `CLUSTER=SPEC` runs another cluster (`lode simulate --cluster`), e.g.
+//! `CLUSTER=8x8gpu64cpu+4x0gpu64cpu` for four CPU-only machines beside the paper's eight.
 
 use std::time::Instant;
 
@@ -20,6 +22,13 @@ fn main() -> Result<(), lode_scheduler::Error> {
     for seed in seeds {
         let started = Instant::now();
         let mut synthetic = SyntheticConfig::default();
+        let cluster = match std::env::var("CLUSTER") {
+            Ok(spec) => spec.parse()?,
+            Err(_) => lode_scheduler::ClusterSpec::paper(),
+        };
+        // The synthetic trace's load is over the cluster's GPUs, which CPU-only machines do
+        // not change.
+        synthetic.cluster_gpus = cluster.total_gpus();
         // Calibration knobs, for exploring the workload model.
         let knob = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<f64>().ok());
         if let Some(v) = knob("LOAD") {
@@ -36,6 +45,7 @@ fn main() -> Result<(), lode_scheduler::Error> {
             Err(_) => Trace::synthetic(seed, &synthetic),
         };
         let config = SimConfig {
+            cluster,
             seed,
             floors: std::env::var("NO_FLOORS").is_err(),
             ..SimConfig::default()

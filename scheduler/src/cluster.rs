@@ -1,8 +1,10 @@
 //! Cluster specs: `[N x] G gpu C cpu [M gb]` groups joined by `+`.
 //!
 //! Examples: `8x8gpu64cpu` (the paper's cluster: 8 machines of 8 GPUs and 64 CPUs),
-//! `8x8gpu64cpu512gb`, `4x8gpu96cpu+4x4gpu32cpu256gb`. Spaces and case are ignored. Memory
-//! defaults to 8 GB per CPU.
+//! `8x8gpu64cpu512gb`, `4x8gpu96cpu+4x4gpu32cpu256gb`, `8x8gpu64cpu+4x0gpu64cpu` (four CPU-only
+//! machines: data-worker capacity, as the paper's "pure CPU machines with 64 vCPUs"). Spaces
+//! and case are ignored. Memory defaults to 8 GB per CPU. A group may have 0 GPUs but not 0
+//! machines or 0 CPUs, and at least one machine must have GPUs.
 
 use std::str::FromStr;
 
@@ -19,6 +21,13 @@ pub struct MachineSpec {
     pub gpus: u32,
     pub cpus: u32,
     pub mem_gb: f64,
+}
+
+impl MachineSpec {
+    /// No GPUs: only data workers run here.
+    pub fn is_cpu_only(&self) -> bool {
+        self.gpus == 0
+    }
 }
 
 /// The machines of a cluster, in spec order.
@@ -42,6 +51,11 @@ impl ClusterSpec {
         }
     }
 
+    /// The machines that can hold training workers (those with GPUs).
+    pub fn gpu_machines(&self) -> impl Iterator<Item = &MachineSpec> {
+        self.machines.iter().filter(|m| !m.is_cpu_only())
+    }
+
     pub fn total_gpus(&self) -> u32 {
         self.machines.iter().map(|m| m.gpus).sum()
     }
@@ -50,14 +64,23 @@ impl ClusterSpec {
         self.machines.iter().map(|m| m.cpus).sum()
     }
 
-    /// CPUs per GPU over the whole cluster (the hardware ratio).
+    /// CPUs per GPU over the machines with GPUs (the hardware ratio): what a training worker
+    /// finds beside its GPUs. CPU-only machines are left out, because no training worker runs
+    /// there; without data workers their CPUs serve no job.
     pub fn hardware_ratio(&self) -> f64 {
-        f64::from(self.total_cpus()) / f64::from(self.total_gpus().max(1))
+        let cpus: u32 = self.gpu_machines().map(|m| m.cpus).sum();
+        f64::from(cpus) / f64::from(self.total_gpus().max(1))
     }
 
     /// The largest GPU count of one machine.
     pub fn max_machine_gpus(&self) -> u32 {
         self.machines.iter().map(|m| m.gpus).max().unwrap_or(0)
+    }
+
+    /// The largest CPU count of one machine with GPUs (the most a training worker's part can
+    /// hold).
+    pub fn max_gpu_machine_cpus(&self) -> u32 {
+        self.gpu_machines().map(|m| m.cpus).max().unwrap_or(0)
     }
 }
 
@@ -65,8 +88,9 @@ impl FromStr for ClusterSpec {
     type Err = Error;
 
     fn from_str(spec: &str) -> Result<Self, Error> {
-        let bad = |reason: &'static str| Error::ClusterSpec {
+        let bad = |group: &str, reason: &'static str| Error::ClusterSpec {
             spec: spec.to_owned(),
+            group: group.to_owned(),
             reason,
         };
         let cleaned: String = spec
@@ -79,30 +103,39 @@ impl FromStr for ClusterSpec {
             let (count, rest) = match group.split_once('x') {
                 Some((n, rest)) => (
                     n.parse::<u32>()
-                        .map_err(|_| bad("machine count before 'x' is not a number"))?,
+                        .map_err(|_| bad(group, "machine count before 'x' is not a number"))?,
                     rest,
                 ),
                 None => (1, group),
             };
-            let (gpus, rest) = number_before(rest, "gpu").ok_or_else(|| bad("expected <G>gpu"))?;
-            let (cpus, rest) = number_before(rest, "cpu").ok_or_else(|| bad("expected <C>cpu"))?;
+            let (gpus, rest) =
+                number_before(rest, "gpu").ok_or_else(|| bad(group, "expected <G>gpu"))?;
+            let (cpus, rest) =
+                number_before(rest, "cpu").ok_or_else(|| bad(group, "expected <C>cpu"))?;
             let (mem_gb, rest) = match number_before(rest, "gb") {
                 Some((m, rest)) => (f64::from(m), rest),
                 None => (f64::from(cpus) * DEFAULT_GB_PER_CPU, rest),
             };
             if !rest.is_empty() {
-                return Err(bad("unexpected text after the machine shape"));
+                return Err(bad(group, "unexpected text after the machine shape"));
             }
-            if count == 0 || gpus == 0 || cpus == 0 {
-                return Err(bad("machine count, GPUs and CPUs must be positive"));
+            if count == 0 {
+                return Err(bad(group, "the machine count must be positive"));
+            }
+            // 0 GPUs is a CPU-only machine; a machine without CPUs can run nothing.
+            if cpus == 0 {
+                return Err(bad(group, "CPUs must be positive"));
             }
             if count > 10_000 {
-                return Err(bad("more than 10000 machines in one group"));
+                return Err(bad(group, "more than 10000 machines in one group"));
             }
             machines.extend(std::iter::repeat_n(
                 MachineSpec { gpus, cpus, mem_gb },
                 count as usize,
             ));
+        }
+        if machines.iter().all(MachineSpec::is_cpu_only) {
+            return Err(bad(&cleaned, "no machine has GPUs, so no job could train"));
         }
         Ok(Self { machines })
     }
@@ -135,6 +168,36 @@ mod tests {
         assert_eq!(c.machines[0].mem_gb, 768.0);
         assert_eq!(c.machines[2].gpus, 4);
         assert_eq!(c.machines[2].mem_gb, 256.0);
+    }
+
+    #[test]
+    fn cpu_only_machines_are_data_worker_capacity() {
+        let c: ClusterSpec = "8x8gpu64cpu+4x0gpu64cpu".parse().expect("valid");
+        assert_eq!(c.machines.len(), 12);
+        assert_eq!(c.machines.iter().filter(|m| m.is_cpu_only()).count(), 4);
+        assert_eq!(c.total_gpus(), 64);
+        assert_eq!(c.total_cpus(), 768);
+        // The hardware ratio is what a training worker finds beside its GPUs.
+        assert_eq!(c.hardware_ratio(), 8.0);
+        assert_eq!(c.max_gpu_machine_cpus(), 64);
+        assert_eq!(c.machines[11].mem_gb, 512.0);
+    }
+
+    #[test]
+    fn zero_machines_or_cpus_are_refused_naming_the_group_and_the_part() {
+        let message = |spec: &str| spec.parse::<ClusterSpec>().expect_err(spec).to_string();
+        let m = message("8x8gpu64cpu+0x0gpu64cpu");
+        assert!(
+            m.contains("\"0x0gpu64cpu\"") && m.contains("machine count"),
+            "{m}"
+        );
+        let m = message("8x8gpu64cpu+2x0gpu0cpu");
+        assert!(
+            m.contains("\"2x0gpu0cpu\"") && m.contains("CPUs must be positive"),
+            "{m}"
+        );
+        let m = message("4x0gpu64cpu");
+        assert!(m.contains("no machine has GPUs"), "{m}");
     }
 
     #[test]

@@ -105,11 +105,26 @@ pub fn write_outputs(dir: &Path, trace: &Trace, outcome: &Outcome) -> Result<(),
 
 /// The text summary: the trace and cluster, then Table 5.
 pub fn text(trace: &Trace, config: &SimConfig, outcome: &Outcome) -> String {
+    let cluster = &config.cluster;
+    let cpu_only: Vec<_> = cluster
+        .machines
+        .iter()
+        .filter(|m| m.is_cpu_only())
+        .collect();
+    let extra = if cpu_only.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " ({} of them on {} CPU-only machines)",
+            cpu_only.iter().map(|m| m.cpus).sum::<u32>(),
+            cpu_only.len()
+        )
+    };
     format!(
-        "{} jobs on {} GPUs / {} CPUs\n{}",
+        "{} jobs on {} GPUs / {} CPUs{extra}\n{}",
         trace.jobs.len(),
-        config.cluster.total_gpus(),
-        config.cluster.total_cpus(),
+        cluster.total_gpus(),
+        cluster.total_cpus(),
         table(&outcome.rows)
     )
 }
@@ -168,5 +183,11 @@ mod tests {
                 .expect("json");
         assert_eq!(summary[0]["scheduler"], "srtf");
         assert!(text(&trace, &config(true), &outcome).starts_with("2 jobs on 64 GPUs / 512 CPUs\n"));
+        let more = SimConfig {
+            cluster: "8x8gpu64cpu+2x0gpu32cpu".parse().expect("spec"),
+            ..config(true)
+        };
+        assert!(text(&trace, &more, &outcome)
+            .starts_with("2 jobs on 64 GPUs / 576 CPUs (64 of them on 2 CPU-only machines)\n"));
     }
 }

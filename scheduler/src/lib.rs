@@ -14,6 +14,9 @@
 //! - [`backend`]: the `Backend` trait and one scheduling `round`.
 //! - [`live`]: a live job's dispatcher counters turned into rates and a `JobView` (the local
 //!   backend's measurements, pure).
+//! - [`kubernetes`]: the Kubernetes backend's pure half: observed nodes, pools, pods and
+//!   dispatcher counters → the snapshot; the policy's plan → each pool's replicas, node
+//!   affinity and the pods to drain first, and an Event per decision.
 //! - [`local`]: the live scheduler on this machine (`lode scheduler`): job announcements, the
 //!   local backend (starts and drains `lode worker` processes) and its round loop;
 //!   `WorkerCommand`, the one way any Lode process starts a local worker.
@@ -34,8 +37,11 @@
 //! - [`policy::decide`] never plans more data-worker CPUs or memory on a machine than the
 //!   snapshot says data workers may use, never gives a worker to a job at the ideal queue
 //!   state, and its decisions applied in order turn the current placement into its target.
-//! - The simulator never over-commits a machine's GPUs, CPUs or memory, and the same trace,
-//!   configuration and seed give the same results.
+//! - The simulator never over-commits a machine's GPUs, CPUs or memory, never places a
+//!   training worker on a CPU-only machine, and the same trace, configuration and seed give the
+//!   same results.
+//! - The Kubernetes mapping lowers a pool below its active pods only with exactly that many of
+//!   them named to drain first.
 //! - No panics on untrusted input: traces, cluster specs and observations are validated with
 //!   errors that name the line, field or value.
 
@@ -43,6 +49,7 @@ pub mod backend;
 pub mod cluster;
 pub mod experiment;
 pub mod ids;
+pub mod kubernetes;
 pub mod live;
 pub mod live_tuner;
 pub mod local;
@@ -57,7 +64,7 @@ pub mod tuner;
 pub use backend::Backend;
 pub use cluster::ClusterSpec;
 pub use ids::{JobId, MachineId};
-pub use policy::{decide, DecideConfig, Decision, Policy, Snapshot};
+pub use policy::{decide, plan, DecideConfig, Decision, Plan, Policy, Snapshot};
 pub use sim::{simulate, SchedulerKind, SimConfig, SimResult};
 pub use trace::{SyntheticConfig, Trace};
 pub use tuner::{TunerConfig, TunerState};
@@ -65,8 +72,12 @@ pub use tuner::{TunerConfig, TunerState};
 /// Errors of the scheduler crate.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cluster spec {spec:?}: {reason}")]
-    ClusterSpec { spec: String, reason: &'static str },
+    #[error("cluster spec {spec:?}, group {group:?}: {reason}")]
+    ClusterSpec {
+        spec: String,
+        group: String,
+        reason: &'static str,
+    },
     #[error("line {line}: {problem}")]
     Trace {
         line: usize,
@@ -85,6 +96,11 @@ pub enum Error {
     TunerConfig { field: &'static str },
     #[error("{job} needs {gpus} GPUs but no set of machines in the cluster can hold it")]
     JobTooLarge { job: JobId, gpus: u32 },
+    #[error(
+        "{job} can never finish: what it was given trains it at zero throughput (no CPUs beyond \
+         its training worker's own) and nothing else will change"
+    )]
+    JobStalled { job: JobId },
     #[error(
         "unknown scheduler {name:?} (known: no-dw-tuned, no-dw-hw, fixed-dw, maxtp, srtf, fair)"
     )]

@@ -239,6 +239,7 @@ mod tests {
                 id: m,
                 dw_cpus: 4,
                 dw_mem_gb: 0.0,
+                cpu_only: false,
             }],
             jobs: vec![a.view(m).expect("a"), b.view(m).expect("b")],
         };

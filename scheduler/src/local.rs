@@ -708,6 +708,8 @@ impl Backend for LocalBackend {
                 id: LOCAL,
                 dw_cpus: self.budget.saturating_sub(unplanned),
                 dw_mem_gb: f64::from(self.budget),
+                // The training processes run here too.
+                cpu_only: false,
             }],
             jobs,
         })

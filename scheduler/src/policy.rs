@@ -23,7 +23,9 @@
 //!   CPU-seconds the job still needs; the cheapest job to finish goes first.
 //! - Fair: the smallest `(t + Δt) / t_i`: the job furthest below its ideal throughput.
 //!
-//! Placement of one data worker prefers, in order: the training worker's machine; machines with
+//! Placement of one data worker prefers, in order: the training worker's machine; for a remote
+//! worker, a CPU-only machine (its CPUs serve only data workers, while a GPU machine's free CPUs
+//! are the only local capacity of the jobs training there); machines with
 //! fewer distributed jobs (training workers spanning several machines); a machine where the job
 //! already has a worker (so equal places do not swap workers back and forth); machines with fewer
 //! remote data workers; the lowest machine id. A worker that sits on a worse place than one that
@@ -81,10 +83,15 @@ impl Default for DecideConfig {
 pub struct MachineView {
     pub id: MachineId,
     /// CPUs not held by training workers or anything else that data workers cannot preempt;
-    /// the current data workers' CPUs are counted in.
+    /// the current data workers' CPUs are counted in. The unit is the backend's, the same for
+    /// every machine and job of a snapshot (whole CPUs in the simulator and the local backend,
+    /// millicores in the Kubernetes one): `decide`'s rankings do not change with it.
     pub dw_cpus: u32,
     /// Memory in GB under the same rule.
     pub dw_mem_gb: f64,
+    /// No GPUs: no training worker runs here, so every data worker here is remote, and remote
+    /// workers come here before they take a GPU machine's CPUs.
+    pub cpu_only: bool,
 }
 
 /// One job as the scheduler sees it: shape, placement and queue metrics.
@@ -262,8 +269,9 @@ fn score(policy: Policy, job: &JobView, k: u32, config: &DecideConfig) -> Option
     Some((rank, value))
 }
 
-/// Ranking of a machine for one data worker of a job; smaller is better.
-type PlaceKey = (bool, u32, bool, u32, MachineId);
+/// Ranking of a machine for one data worker of a job; smaller is better: remote, remote on a
+/// GPU machine, distributed jobs there, not sticky, remote workers there, the id.
+type PlaceKey = (bool, bool, u32, bool, u32, MachineId);
 
 struct Placer<'a> {
     snapshot: &'a Snapshot,
@@ -311,6 +319,7 @@ impl<'a> Placer<'a> {
             let sticky = placed.get(&m.id).copied().unwrap_or(0) < current;
             let key = (
                 remote,
+                remote && !m.cpu_only,
                 self.distributed[i],
                 !sticky,
                 self.remote_dws[i],
@@ -340,6 +349,7 @@ pub fn target(policy: Policy, snapshot: &Snapshot, config: &DecideConfig) -> Tar
     let mut counts = vec![0u32; snapshot.jobs.len()];
     let mut blocked = vec![false; snapshot.jobs.len()];
     let mut metrics: Vec<Vec<f64>> = vec![Vec::new(); snapshot.jobs.len()];
+    let mut orders: Vec<Vec<MachineId>> = vec![Vec::new(); snapshot.jobs.len()];
     // A job's score depends only on its own count, so it is recomputed only when it changes.
     let mut scores: Vec<Option<(Rank, f64)>> = snapshot
         .jobs
@@ -365,7 +375,11 @@ pub fn target(policy: Policy, snapshot: &Snapshot, config: &DecideConfig) -> Tar
         match placer.best(job, &placed[j]) {
             Some(i) => {
                 placer.take(job, i);
-                *placed[j].entry(snapshot.machines[i].id).or_insert(0) += 1;
+                let id = snapshot.machines[i].id;
+                if !orders[j].contains(&id) {
+                    orders[j].push(id);
+                }
+                *placed[j].entry(id).or_insert(0) += 1;
                 counts[j] += 1;
                 metrics[j].push(value);
                 scores[j] = score(policy, job, counts[j], config);
@@ -379,7 +393,17 @@ pub fn target(policy: Policy, snapshot: &Snapshot, config: &DecideConfig) -> Tar
             .iter()
             .zip(placed)
             .zip(metrics)
-            .map(|((job, placement), metrics)| (job.id, JobTarget { placement, metrics }))
+            .zip(orders)
+            .map(|(((job, placement), metrics), order)| {
+                (
+                    job.id,
+                    JobTarget {
+                        placement,
+                        metrics,
+                        order,
+                    },
+                )
+            })
             .collect(),
     }
 }
@@ -390,6 +414,10 @@ pub struct JobTarget {
     pub placement: BTreeMap<MachineId, u32>,
     /// The policy's metric for each worker, in the order they were given.
     pub metrics: Vec<f64>,
+    /// The machines of `placement` in the order the placement first chose each one: the
+    /// policy's preference order for this job's workers (a backend that can only express
+    /// preferences, such as Kubernetes' node affinity, passes it on).
+    pub order: Vec<MachineId>,
 }
 
 impl JobTarget {
@@ -414,7 +442,26 @@ impl Target {
 /// migrations, then additions, so that a backend applying them in order frees CPUs before
 /// using them.
 pub fn decide(policy: Policy, snapshot: &Snapshot, config: &DecideConfig) -> Vec<Decision> {
+    plan(policy, snapshot, config).decisions
+}
+
+/// [`decide`]'s moves together with the target they lead to, for a backend that also passes
+/// the policy's placement order on (Kubernetes).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub target: Target,
+    pub decisions: Vec<Decision>,
+}
+
+/// [`decide`] with its target: the same decisions, and the target they reach.
+pub fn plan(policy: Policy, snapshot: &Snapshot, config: &DecideConfig) -> Plan {
     let target = target(policy, snapshot, config);
+    let decisions = moves(snapshot, &target);
+    Plan { target, decisions }
+}
+
+/// The moves from the snapshot's placement to `target`.
+fn moves(snapshot: &Snapshot, target: &Target) -> Vec<Decision> {
     let mut removes = Vec::new();
     let mut migrates = Vec::new();
     let mut adds = Vec::new();
@@ -480,6 +527,14 @@ mod tests {
             id: MachineId(id),
             dw_cpus: cpus,
             dw_mem_gb: 1e6,
+            cpu_only: false,
+        }
+    }
+
+    fn cpu_only(id: u32, cpus: u32) -> MachineView {
+        MachineView {
+            cpu_only: true,
+            ..machine(id, cpus)
         }
     }
 
@@ -676,6 +731,57 @@ mod tests {
     }
 
     #[test]
+    fn workers_go_to_cpu_only_machines_when_the_gpu_machines_cpus_are_full() {
+        // Two jobs training on GPU machines 0 and 1, whose CPUs are all held by training
+        // workers; machine 2 is CPU-only with room for five 4-CPU workers.
+        let mut a = job(1, 1, 1_000.0, 0.2, 4);
+        a.tw_machines = vec![MachineId(0)];
+        let mut b = job(2, 1, 1_000.0, 0.2, 4);
+        b.tw_machines = vec![MachineId(1)];
+        let s = Snapshot {
+            machines: vec![machine(0, 0), machine(1, 2), cpu_only(2, 20)],
+            jobs: vec![a, b],
+        };
+        for p in Policy::ALL {
+            let d = decide(p, &s, &DecideConfig::default());
+            let adds: Vec<MachineId> = d
+                .iter()
+                .filter_map(|d| match d {
+                    Decision::Add { machine, .. } => Some(*machine),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(adds, vec![MachineId(2); 5], "{p:?}: {d:?}");
+        }
+    }
+
+    #[test]
+    fn remote_workers_prefer_cpu_only_machines_to_other_jobs_gpu_machines() {
+        // Job 1 trains on machine 0 (full). Machine 1 is a GPU machine with free CPUs, machine
+        // 2 a CPU-only one: the remote workers go to the CPU-only machine first, and only the
+        // rest to the GPU machine.
+        let mut a = job(1, 1, 1_000.0, 0.1, 4);
+        a.tw_machines = vec![MachineId(0)];
+        let s = Snapshot {
+            machines: vec![machine(0, 0), machine(1, 64), cpu_only(2, 8)],
+            jobs: vec![a],
+        };
+        // Ten workers wanted: two fill the CPU-only machine, eight go to machine 1 (by id
+        // alone all ten would).
+        let t = target(Policy::MaxTp, &s, &DecideConfig::default());
+        let p = &t.jobs[&JobId(1)].placement;
+        assert_eq!(p.get(&MachineId(2)), Some(&2));
+        assert_eq!(p.get(&MachineId(1)), Some(&8));
+        // With its own machine's CPUs free, the job's first workers stay home.
+        let s = Snapshot {
+            machines: vec![machine(0, 8), machine(1, 0), cpu_only(2, 8)],
+            ..s
+        };
+        let t = target(Policy::MaxTp, &s, &DecideConfig::default());
+        assert_eq!(t.jobs[&JobId(1)].placement.get(&MachineId(0)), Some(&2));
+    }
+
+    #[test]
     fn a_remote_worker_migrates_home_when_room_frees_up() {
         let mut j = job(1, 1, 1_000.0, 0.5, 4);
         j.tw_machines = vec![MachineId(0)];
@@ -765,13 +871,14 @@ mod tests {
             #[test]
             fn target_respects_capacity_and_consumption(
                 cpus in proptest::collection::vec(0u32..64, 3),
+                cpu_only_machines in proptest::collection::vec(any::<bool>(), 3),
                 jobs in (arb_job(1), arb_job(2), arb_job(3), arb_job(4)),
                 p in 0usize..3,
             ) {
                 let policy = Policy::ALL[p];
                 let mut snapshot = Snapshot {
-                    machines: cpus.iter().enumerate().map(|(i, c)| {
-                        machine(u32::try_from(i).unwrap_or(0), *c)
+                    machines: cpus.iter().zip(&cpu_only_machines).enumerate().map(|(i, (c, only))| {
+                        MachineView { cpu_only: *only, ..machine(u32::try_from(i).unwrap_or(0), *c) }
                     }).collect(),
                     jobs: vec![jobs.0, jobs.1, jobs.2, jobs.3],
                 };

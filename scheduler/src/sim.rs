@@ -148,12 +148,27 @@ pub struct UtilSample {
     pub cpu_alloc: f64,
 }
 
+/// The most one machine held at once, over the run (after every event).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct MachinePeak {
+    /// GPUs held by training workers.
+    pub gpus: u32,
+    /// CPUs held by training workers.
+    pub tw_cpus: u32,
+    /// CPUs held by data workers.
+    pub dw_cpus: u32,
+    /// CPUs held by both together.
+    pub cpus: u32,
+}
+
 /// The outcome of simulating one scheduler.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SimResult {
     pub scheduler: &'static str,
     pub jobs: Vec<JobResult>,
     pub timeline: Vec<UtilSample>,
+    /// Per machine, in the cluster spec's order.
+    pub peaks: Vec<MachinePeak>,
     pub events: u64,
 }
 
@@ -503,6 +518,16 @@ impl SimCluster<'_> {
             })
     }
 
+    /// Raises each machine's peak to what it holds now.
+    fn record_peaks(&self, peaks: &mut [MachinePeak]) {
+        for (p, m) in peaks.iter_mut().zip(&self.machines) {
+            p.gpus = p.gpus.max(m.gpus);
+            p.tw_cpus = p.tw_cpus.max(m.tw_cpus);
+            p.dw_cpus = p.dw_cpus.max(m.dw_cpus);
+            p.cpus = p.cpus.max(m.tw_cpus + m.dw_cpus);
+        }
+    }
+
     fn sample(&self) -> UtilSample {
         let gpus = f64::from(self.config.cluster.total_gpus().max(1));
         let cpus = f64::from(self.config.cluster.total_cpus().max(1));
@@ -542,6 +567,7 @@ impl Backend for SimCluster<'_> {
                 id: Self::machine_id(i),
                 dw_cpus: m.spec.cpus.saturating_sub(m.tw_cpus),
                 dw_mem_gb: m.spec.mem_gb - m.tw_mem,
+                cpu_only: m.spec.is_cpu_only(),
             })
             .collect();
         let mut jobs = Vec::new();
@@ -716,13 +742,8 @@ pub fn simulate(
         now: 0.0,
     };
     let hw = config.cluster.hardware_ratio();
-    let max_cpus = config
-        .cluster
-        .machines
-        .iter()
-        .map(|m| m.cpus)
-        .max()
-        .unwrap_or(1);
+    // What one machine can give a training worker; CPU-only machines hold none.
+    let max_cpus = config.cluster.max_gpu_machine_cpus().max(1);
     let mut rng = SplitMix64::new(config.seed);
 
     // How each job asks for its training worker, decided up front (tuning has no side effects).
@@ -796,8 +817,11 @@ pub fn simulate(
     let mut next_arrival = 0usize;
     let mut results = Vec::with_capacity(trace.jobs.len());
     let mut timeline = Vec::new();
+    let mut peaks = vec![MachinePeak::default(); sim.machines.len()];
     let mut events = 0u64;
     let mut next_tick = config.tick_s;
+    // Whether Lode's last round decided nothing.
+    let mut quiet = false;
     loop {
         // The next event.
         let mut next = f64::INFINITY;
@@ -811,7 +835,10 @@ pub fn simulate(
                 next = next.min(sim.now + r.remaining / sim.rate(r));
             }
         }
-        if lode.is_some() && !sim.running.is_empty() {
+        // Lode acts every tick, but a round that changed nothing while no job trains and no
+        // arrival or profiling end is due would be repeated unchanged forever.
+        let progress = next.is_finite() || sim.running.iter().any(|r| r.frac > 0.0);
+        if lode.is_some() && !sim.running.is_empty() && (progress || !quiet) {
             next = next.min(next_tick);
         }
         if !next.is_finite() {
@@ -924,16 +951,23 @@ pub fn simulate(
         match lode {
             Some(policy) => {
                 sim.refresh_rates();
-                backend::round(&mut sim, policy, &config.decide)?;
+                quiet = backend::round(&mut sim, policy, &config.decide)?.is_empty();
             }
             None if kind == SchedulerKind::FixedDw => sim.fill_fixed(),
             None => {}
         }
         sim.refresh_rates();
+        sim.record_peaks(&mut peaks);
         timeline.push(sim.sample());
         if next_arrival >= trace.jobs.len() && queue.is_empty() && sim.running.is_empty() {
             break;
         }
+    }
+    // The loop ends with jobs still running only when none of them can make progress.
+    if let Some(run) = sim.running.first() {
+        return Err(Error::JobStalled {
+            job: trace.jobs[run.job].id,
+        });
     }
     if let Some(&j) = queue.front() {
         return Err(Error::JobTooLarge {
@@ -946,6 +980,7 @@ pub fn simulate(
         scheduler: kind.name(),
         jobs: results,
         timeline,
+        peaks,
         events,
     })
 }
@@ -1068,6 +1103,52 @@ mod tests {
     }
 
     #[test]
+    fn cpu_only_machines_hold_data_workers_and_never_a_training_worker() {
+        // CPU-hungry jobs on one GPU machine and one CPU-only machine: Lode's data workers
+        // spill onto the CPU-only machine; the baselines cannot use it.
+        let mut csv = String::new();
+        for i in 0..6 {
+            csv.push_str(&format!("{i},{},1,4000,alexnet\n", 30 * i));
+        }
+        let trace = Trace::parse_csv(&csv).expect("valid");
+        let config = SimConfig {
+            cluster: "8gpu64cpu+0gpu64cpu".parse().expect("valid"),
+            ..SimConfig::default()
+        };
+        for kind in SchedulerKind::ALL {
+            let r = simulate(&trace, kind, &config).expect("simulates");
+            assert_eq!(r.peaks[1].gpus, 0, "{}", kind.name());
+            assert_eq!(r.peaks[1].tw_cpus, 0, "{}", kind.name());
+            let uses_it = r.peaks[1].dw_cpus > 0;
+            let data_workers = !matches!(kind, SchedulerKind::NoDwTuned | SchedulerKind::NoDwHw);
+            assert_eq!(uses_it, data_workers, "{}: {:?}", kind.name(), r.peaks);
+        }
+    }
+
+    #[test]
+    fn a_job_that_can_never_train_is_an_error_not_a_missing_row() {
+        // One CPU per GPU: `no-dw-hw` gives the job only its training worker's own CPU, so its
+        // pipeline has nothing and it never finishes.
+        let trace = Trace::parse_csv("0,0,1,50,resnet18\n").expect("valid");
+        let config = SimConfig {
+            cluster: "4gpu4cpu".parse().expect("valid"),
+            ..SimConfig::default()
+        };
+        let err = simulate(&trace, SchedulerKind::NoDwHw, &config).expect_err("stalls");
+        assert!(matches!(err, Error::JobStalled { job: JobId(0) }), "{err}");
+        // One CPU per GPU on an 8-GPU machine: under Lode too the job trains at zero, and its
+        // rounds, which run every tick, change nothing (this used to loop forever).
+        let config = SimConfig {
+            cluster: "8gpu8cpu".parse().expect("valid"),
+            ..SimConfig::default()
+        };
+        for policy in Policy::ALL {
+            let err = simulate(&trace, SchedulerKind::Lode(policy), &config).expect_err("stalls");
+            assert!(matches!(err, Error::JobStalled { job: JobId(0) }), "{err}");
+        }
+    }
+
+    #[test]
     fn oversized_jobs_are_an_error() {
         let trace = Trace::parse_csv("0,0,128,10,resnet50\n").expect("valid");
         let err = simulate(&trace, SchedulerKind::NoDwHw, &SimConfig::default())
@@ -1081,6 +1162,86 @@ mod tests {
             assert_eq!(k.name().parse::<SchedulerKind>().expect("known"), k);
         }
         assert!("nope".parse::<SchedulerKind>().is_err());
+    }
+}
+
+#[cfg(test)]
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn arb_cluster() -> impl Strategy<Value = ClusterSpec> {
+        // One to three GPU machines and zero to three CPU-only ones, in any order: GPU machines
+        // of the paper's shape (4 or 8 GPUs, 8 CPUs per GPU) and CPU-only machines
+        // of 8 to 64 CPUs. (On much smaller machines a job may legitimately never train,
+        // `Error::JobStalled`: `no-dw-hw` at 1 CPU per GPU leaves its pipeline nothing, a 4-CPU
+        // `fixed-dw` worker fits beside no training worker, a tuned job keeps a training worker
+        // as large as its machine.)
+        (
+            proptest::collection::vec(prop_oneof![Just(4u32), Just(8u32)], 1..4),
+            proptest::collection::vec(8u32..65, 0..4),
+            any::<bool>(),
+        )
+            .prop_map(|(gpu, cpu, cpu_first)| {
+                let gpu = gpu.into_iter().map(|gpus| MachineSpec {
+                    gpus,
+                    cpus: 8 * gpus,
+                    mem_gb: f64::from(8 * gpus) * 8.0,
+                });
+                let cpu = cpu.into_iter().map(|cpus| MachineSpec {
+                    gpus: 0,
+                    cpus,
+                    mem_gb: f64::from(cpus) * 8.0,
+                });
+                let machines = if cpu_first {
+                    cpu.chain(gpu).collect()
+                } else {
+                    gpu.chain(cpu).collect()
+                };
+                ClusterSpec { machines }
+            })
+    }
+
+    fn arb_trace() -> impl Strategy<Value = Vec<(u32, u64, usize)>> {
+        // (arrival s, steps, model index) of one-GPU jobs.
+        proptest::collection::vec(
+            (0u32..600, 50u64..2_000, 0..crate::model::CATALOGUE.len()),
+            1..8,
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Whatever the cluster and scheduler: no training worker on a CPU-only machine, and no
+        /// machine's GPUs or CPUs over-committed at any event.
+        #[test]
+        fn no_training_worker_on_a_cpu_only_machine_and_no_cpus_over_committed(
+            cluster in arb_cluster(),
+            jobs in arb_trace(),
+            k in 0..SchedulerKind::ALL.len(),
+        ) {
+            let csv: String = jobs
+                .iter()
+                .enumerate()
+                .map(|(i, (at, steps, m))| {
+                    format!("{i},{at},1,{steps},{}\n", crate::model::CATALOGUE[*m].name)
+                })
+                .collect();
+            let trace = Trace::parse_csv(&csv).expect("valid");
+            let config = SimConfig { cluster: cluster.clone(), ..SimConfig::default() };
+            let kind = SchedulerKind::ALL[k];
+            let r = simulate(&trace, kind, &config).expect("one-GPU jobs fit");
+            prop_assert_eq!(r.jobs.len(), trace.jobs.len());
+            for (spec, peak) in cluster.machines.iter().zip(&r.peaks) {
+                if spec.is_cpu_only() {
+                    prop_assert_eq!(peak.gpus, 0);
+                    prop_assert_eq!(peak.tw_cpus, 0);
+                }
+                prop_assert!(peak.gpus <= spec.gpus, "{peak:?} on {spec:?}");
+                prop_assert!(peak.cpus <= spec.cpus, "{peak:?} on {spec:?}");
+            }
+        }
     }
 }
 

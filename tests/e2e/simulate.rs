@@ -78,3 +78,45 @@ fn no_floors_reaches_the_simulator() {
     let (with, without) = (jct(&[]), jct(&["--no-floors"]));
     assert!((with - without).abs() > 0.01 * with, "{with} vs {without}");
 }
+
+#[test]
+fn cpu_only_machines_are_accepted_and_a_cluster_without_cpus_is_refused() {
+    // Four CPU-only machines beside the paper's cluster: the same GPUs, more CPUs, and every
+    // Lode policy faster than on the paper's cluster alone (the extra CPUs are data-worker
+    // capacity that only Lode's data workers use).
+    let trace = &["simulate", "--synthetic", "2", "--format", "json"];
+    let rows = |extra: &[&str]| {
+        let mut args = trace.to_vec();
+        args.extend_from_slice(extra);
+        let rows: serde_json::Value = serde_json::from_str(&ok(&lode(&args))).expect("JSON");
+        rows.as_array().expect("a list").clone()
+    };
+    let jct = |rows: &[serde_json::Value], name: &str| {
+        rows.iter()
+            .find(|r| r["scheduler"] == name)
+            .and_then(|r| r["avg_jct_min"].as_f64())
+            .expect("a row")
+    };
+    let paper = rows(&[]);
+    let more = rows(&["--cluster", "8x8gpu64cpu+4x0gpu64cpu"]);
+    // The baselines run without data workers: CPU-only machines change nothing for them.
+    assert_eq!(jct(&paper, "no-dw-tuned"), jct(&more, "no-dw-tuned"));
+    assert_eq!(jct(&paper, "no-dw-hw"), jct(&more, "no-dw-hw"));
+    for policy in ["maxtp", "srtf", "fair"] {
+        assert!(
+            jct(&more, policy) < jct(&paper, policy),
+            "{policy}: {} with CPU-only machines, {} without",
+            jct(&more, policy),
+            jct(&paper, policy)
+        );
+    }
+    for (spec, part) in [
+        ("8x8gpu64cpu+2x0gpu0cpu", "CPUs must be positive"),
+        ("8x8gpu64cpu+0x0gpu64cpu", "machine count"),
+        ("4x0gpu64cpu", "no machine has GPUs"),
+    ] {
+        let out = lode(&["simulate", "--synthetic", "2", "--cluster", spec]);
+        assert_eq!(out.status.code(), Some(2), "{spec}: {}", stderr(&out));
+        assert!(stderr(&out).contains(part), "{spec}: {}", stderr(&out));
+    }
+}
