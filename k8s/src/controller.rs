@@ -140,14 +140,14 @@ impl DispatcherStatus for GrpcDispatcher {
     ) -> BoxFuture<'a, Result<DispatcherReading, String>> {
         Box::pin(async move {
             let call = async {
-                let mut client = lode_proto::service::connect(url, token.expose(), self.tls.as_ref())
-                    .await
-                    .map_err(|e| error_chain(&e))?;
+                let mut client =
+                    lode_proto::service::connect(url, token.expose(), self.tls.as_ref())
+                        .await
+                        .map_err(|e| error_chain(&e))?;
                 let request = lode_proto::service::v1::StatusRequest { job_id };
-                let answer = client
-                    .status(request)
-                    .await
-                    .map_err(|status| lode_proto::service::RpcError::of("Status")(status).to_string())?;
+                let answer = client.status(request).await.map_err(|status| {
+                    lode_proto::service::RpcError::of("Status")(status).to_string()
+                })?;
                 Ok(reading_of(&answer.into_inner()))
             };
             match tokio::time::timeout(self.timeout, call).await {
@@ -250,7 +250,11 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    pub fn new(client: Client, config: ControllerConfig, dispatcher: Arc<dyn DispatcherStatus>) -> Context {
+    pub fn new(
+        client: Client,
+        config: ControllerConfig,
+        dispatcher: Arc<dyn DispatcherStatus>,
+    ) -> Context {
         let backoff = Backoff::new(config.backoff_base, config.backoff_max);
         Context {
             client,
@@ -280,9 +284,13 @@ pub async fn reconcile(job: Arc<LodeJob>, ctx: Arc<Context>) -> Result<Action, E
         }
         Err(err) => {
             // Best effort: the API server may be the thing that failed.
-            if let Some(status) = plan::failed_status(&job, err.reason(), &err.message(), (ctx.now)()) {
+            if let Some(status) =
+                plan::failed_status(&job, err.reason(), &err.message(), (ctx.now)())
+            {
                 let jobs: Api<LodeJob> = Api::namespaced(ctx.client.clone(), &ns);
-                if let Err(e) = write_status(&jobs, &job.name_any(), &status, &ctx.config.field_manager).await {
+                if let Err(e) =
+                    write_status(&jobs, &job.name_any(), &status, &ctx.config.field_manager).await
+                {
                     warn!(job = %key(&job), cause = %e, "cannot record the failure in the status");
                 }
             }
@@ -299,8 +307,14 @@ async fn reconcile_inner(job: &LodeJob, ctx: &Context, ns: &str) -> Result<Actio
     let pools: Api<LodePool> = Api::namespaced(client.clone(), ns);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
     let observed = Observed {
-        secret: list(&secrets, &name).await?.into_iter().find(|s| s.name_any() == plan::secret_name(&name)),
-        service: list(&services, &name).await?.into_iter().find(|s| s.name_any() == plan::service_name(&name)),
+        secret: list(&secrets, &name)
+            .await?
+            .into_iter()
+            .find(|s| s.name_any() == plan::secret_name(&name)),
+        service: list(&services, &name)
+            .await?
+            .into_iter()
+            .find(|s| s.name_any() == plan::service_name(&name)),
         pools: list(&pools, &name).await?,
         deployments: list(&deployments, &name).await?,
     };
@@ -399,7 +413,10 @@ where
         .await
         .map(|l| l.items)
         .map_err(|source| Error::Kube {
-            action: format!("list {} of LodeJob {job}", K::plural(&K::DynamicType::default())),
+            action: format!(
+                "list {} of LodeJob {job}",
+                K::plural(&K::DynamicType::default())
+            ),
             reason: "ListFailed",
             source,
         })
@@ -419,7 +436,9 @@ where
     if force {
         params = params.force();
     }
-    api.patch(name, &params, &Patch::Apply(body)).await.map(drop)
+    api.patch(name, &params, &Patch::Apply(body))
+        .await
+        .map(drop)
 }
 
 async fn write_status(
@@ -434,9 +453,13 @@ async fn write_status(
         "metadata": {"name": name},
         "status": status,
     });
-    jobs.patch_status(name, &PatchParams::apply(manager).force(), &Patch::Apply(&body))
-        .await
-        .map(drop)
+    jobs.patch_status(
+        name,
+        &PatchParams::apply(manager).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map(drop)
 }
 
 /// A failed reconcile's retry: the job's next backoff delay.
@@ -465,7 +488,10 @@ pub async fn run(
         })?;
     fn owned<K>(client: &Client, ns: Option<&str>) -> Api<K>
     where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope> + Clone + DeserializeOwned + std::fmt::Debug,
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug,
         K::DynamicType: Default,
     {
         match ns {

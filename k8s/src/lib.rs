@@ -32,7 +32,8 @@ pub use controller::{run, ControllerConfig, Error};
 pub use types::{LodeJob, LodeJobSpec, LodeJobStatus, LodePool};
 
 /// The CRDs of Lode's resources, in the order they are installed.
-pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
+pub fn crds(
+) -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
 {
     use kube::CustomResourceExt as _;
     vec![types::LodeJob::crd(), types::LodePool::crd()]

@@ -147,14 +147,18 @@ pub struct DispatcherReading {
     pub workers_per_stage: BTreeMap<u32, u32>,
 }
 
-/// One object the job should have.
+/// One object the job should have. (Unboxed: a plan holds a handful, built once per reconcile.)
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Child {
     Secret(Secret),
     Service(Service),
     Pool(LodePool),
     /// A pool's status subresource (written apart from its spec).
-    PoolStatus { name: String, status: LodePoolStatus },
+    PoolStatus {
+        name: String,
+        status: LodePoolStatus,
+    },
     Deployment(Deployment),
 }
 
@@ -362,10 +366,7 @@ pub fn plan(
     let mut stage_statuses = Vec::new();
     for &stage in &stages {
         let pool_name = pool_name(&name, stage);
-        let old_pool = observed
-            .pools
-            .iter()
-            .find(|p| p.name_any() == pool_name);
+        let old_pool = observed.pools.iter().find(|p| p.name_any() == pool_name);
         let (min, max) = job.spec.bounds(stage);
         let replicas = if finished {
             0
@@ -554,7 +555,9 @@ fn set_condition_unknown(
     now: Timestamp,
     generation: Option<i64>,
 ) {
-    put_condition(conditions, type_, "Unknown", reason, message, now, generation);
+    put_condition(
+        conditions, type_, "Unknown", reason, message, now, generation,
+    );
 }
 
 fn put_condition(
@@ -651,7 +654,10 @@ impl Context<'_> {
     fn labels(&self, component: &str, stage: Option<u32>) -> BTreeMap<String, String> {
         let mut labels = BTreeMap::from([
             ("app.kubernetes.io/name".to_owned(), "lode".to_owned()),
-            ("app.kubernetes.io/component".to_owned(), component.to_owned()),
+            (
+                "app.kubernetes.io/component".to_owned(),
+                component.to_owned(),
+            ),
             (
                 "app.kubernetes.io/managed-by".to_owned(),
                 "lode-controller".to_owned(),
@@ -885,4 +891,4 @@ impl Context<'_> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -43,7 +43,10 @@ pub enum RenderError {
 pub fn parse_job(text: &str) -> Result<LodeJob, RenderError> {
     let value: serde_yaml::Value =
         serde_yaml::from_str(text).map_err(|source| RenderError::Job { source })?;
-    let api_version = value.get("apiVersion").and_then(|v| v.as_str()).unwrap_or("");
+    let api_version = value
+        .get("apiVersion")
+        .and_then(|v| v.as_str())
+        .unwrap_or("");
     let kind = value.get("kind").and_then(|v| v.as_str()).unwrap_or("");
     if api_version != "lode.dev/v1alpha1" || kind != "LodeJob" {
         return Err(RenderError::WrongKind {
@@ -69,8 +72,12 @@ pub fn render(mut job: LodeJob, status: Option<DispatcherReading>) -> Result<Str
             .join("; ");
         return Err(RenderError::Invalid { errors });
     }
-    job.metadata.uid.get_or_insert_with(|| RENDER_UID.to_owned());
-    job.metadata.namespace.get_or_insert_with(|| "default".to_owned());
+    job.metadata
+        .uid
+        .get_or_insert_with(|| RENDER_UID.to_owned());
+    job.metadata
+        .namespace
+        .get_or_insert_with(|| "default".to_owned());
     let view = status.map_or(DispatcherView::NotAsked, DispatcherView::Reading);
     let plan = plan::plan(
         &job,

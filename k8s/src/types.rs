@@ -24,6 +24,8 @@ pub const VERSION: &str = "v1alpha1";
 /// A training job fed by Lode's data workers: its training pod runs `lode train` (which serves
 /// the job's dispatcher in-process), and the controller gives it a token, a Service for the
 /// dispatcher and a pool of data workers per stage of the cut.
+// kube's `printcolumn(...)` repeats the same keys once per column, by design.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "lode.dev",
@@ -42,8 +44,17 @@ pub const VERSION: &str = "v1alpha1";
         json_path = ".status.queue.consumption",
         description = "steps the training side consumed"
     ),
-    printcolumn(name = "Dispatcher", type_ = "string", json_path = ".status.dispatcher", priority = 1),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Dispatcher",
+        type_ = "string",
+        json_path = ".status.dispatcher",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct LodeJobSpec {
@@ -216,6 +227,8 @@ pub struct Watermark {
 
 /// A stage's data-worker pool, made by the controller; `kubectl scale`, HPA and KEDA drive it
 /// through its `scale` subresource.
+// kube's `printcolumn(...)` repeats the same keys once per column, by design.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "lode.dev",
@@ -345,13 +358,19 @@ impl LodeJobSpec {
         if !is_quantity(&self.workers.cpu) {
             bad(
                 "spec.workers.cpu",
-                format!("{:?} is not a Kubernetes quantity (e.g. 1, 500m)", self.workers.cpu),
+                format!(
+                    "{:?} is not a Kubernetes quantity (e.g. 1, 500m)",
+                    self.workers.cpu
+                ),
             );
         }
         if !is_quantity(&self.workers.memory) {
             bad(
                 "spec.workers.memory",
-                format!("{:?} is not a Kubernetes quantity (e.g. 1Gi)", self.workers.memory),
+                format!(
+                    "{:?} is not a Kubernetes quantity (e.g. 1Gi)",
+                    self.workers.memory
+                ),
             );
         }
         if let Some(policy) = &self.workers.image_pull_policy {
@@ -381,7 +400,10 @@ impl LodeJobSpec {
         }
         if let Some(secret) = &self.tls_secret {
             if !is_dns_subdomain(secret) {
-                bad("spec.tlsSecret", format!("{secret:?} is not a Secret's name"));
+                bad(
+                    "spec.tlsSecret",
+                    format!("{secret:?} is not a Secret's name"),
+                );
             }
         }
         let mut check_bounds = |field: &str, min: i32, max: i32| {
@@ -395,7 +417,11 @@ impl LodeJobSpec {
                 bad(field, format!("maximum {max} exceeds {MAX_STAGE_WORKERS}"));
             }
         };
-        check_bounds("spec.minWorkers/maxWorkers", self.min_workers, self.max_workers);
+        check_bounds(
+            "spec.minWorkers/maxWorkers",
+            self.min_workers,
+            self.max_workers,
+        );
         for (i, b) in self.stages.iter().enumerate() {
             check_bounds(&format!("spec.stages[{i}]"), b.min_workers, b.max_workers);
         }

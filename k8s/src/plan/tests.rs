@@ -82,8 +82,12 @@ fn apply(job: &mut LodeJob, observed: &mut Observed, plan: &Plan, ready: bool) {
             Child::Secret(_) => observed.secret = serde_json::from_value(json).ok(),
             Child::Service(_) => observed.service = serde_json::from_value(json).ok(),
             Child::Pool(p) => {
-                let old = observed.pools.iter().position(|o| o.name_any() == p.name_any());
-                let mut new: LodePool = serde_json::from_value(json).unwrap_or_else(|e| panic!("{e}"));
+                let old = observed
+                    .pools
+                    .iter()
+                    .position(|o| o.name_any() == p.name_any());
+                let mut new: LodePool =
+                    serde_json::from_value(json).unwrap_or_else(|e| panic!("{e}"));
                 if let Some(i) = old {
                     new.status = observed.pools[i].status.clone();
                     observed.pools[i] = new;
@@ -93,8 +97,8 @@ fn apply(job: &mut LodeJob, observed: &mut Observed, plan: &Plan, ready: bool) {
             }
             Child::PoolStatus { name, status } => {
                 let pool = observed.pools.iter_mut().find(|p| &p.name_any() == name);
-                pool.unwrap_or_else(|| panic!("status of a missing pool {name}")).status =
-                    Some(status.clone());
+                pool.unwrap_or_else(|| panic!("status of a missing pool {name}"))
+                    .status = Some(status.clone());
             }
             Child::Deployment(d) => {
                 let mut new: Deployment =
@@ -105,7 +109,9 @@ fn apply(job: &mut LodeJob, observed: &mut Observed, plan: &Plan, ready: bool) {
                     ready_replicas: if ready { replicas } else { Some(0) },
                     ..DeploymentStatus::default()
                 });
-                observed.deployments.retain(|o| o.name_any() != d.name_any());
+                observed
+                    .deployments
+                    .retain(|o| o.name_any() != d.name_any());
                 observed.deployments.push(new);
             }
         }
@@ -153,14 +159,19 @@ fn a_new_job_gets_its_token_secret_and_service_first() {
     let spec = service.spec.as_ref().unwrap_or_else(|| panic!("no spec"));
     assert_eq!(spec.selector.as_ref(), Some(&job.spec.training_selector));
     assert_eq!(spec.ports.as_ref().map(|p| p[0].port), Some(7070));
-    let status = plan.status.unwrap_or_else(|| panic!("a new job's status is written"));
+    let status = plan
+        .status
+        .unwrap_or_else(|| panic!("a new job's status is written"));
     assert_eq!(status.phase, Some(Phase::Pending));
     assert_eq!(status.observed_generation, Some(3));
     assert_eq!(
         status.dispatcher.as_deref(),
         Some("http://wide-deep-lode-dispatcher.ml.svc:7070")
     );
-    assert_eq!(condition(&status, condition::DISPATCHER_REACHABLE).status, "Unknown");
+    assert_eq!(
+        condition(&status, condition::DISPATCHER_REACHABLE).status,
+        "Unknown"
+    );
 }
 
 #[test]
@@ -190,9 +201,16 @@ fn each_stage_the_dispatcher_reports_gets_a_pool_and_its_deployment() {
             _ => None,
         })
         .unwrap_or_else(|| panic!("no stage-1 Deployment"));
-    let spec = deployment.spec.as_ref().unwrap_or_else(|| panic!("no spec"));
+    let spec = deployment
+        .spec
+        .as_ref()
+        .unwrap_or_else(|| panic!("no spec"));
     assert_eq!(spec.replicas, Some(1), "a new pool starts at its minimum");
-    let pod = spec.template.spec.as_ref().unwrap_or_else(|| panic!("no pod spec"));
+    let pod = spec
+        .template
+        .spec
+        .as_ref()
+        .unwrap_or_else(|| panic!("no pod spec"));
     let container = &pod.containers[0];
     assert_eq!(
         container.args.as_deref().unwrap_or_default(),
@@ -218,12 +236,18 @@ fn each_stage_the_dispatcher_reports_gets_a_pool_and_its_deployment() {
         .as_ref()
         .and_then(|v| v.secret_key_ref.as_ref())
         .unwrap_or_else(|| panic!("LODE_TOKEN is not from the Secret"));
-    assert_eq!((key.name.as_str(), key.key.as_str()), ("wide-deep-lode-token", TOKEN_KEY));
+    assert_eq!(
+        (key.name.as_str(), key.key.as_str()),
+        ("wide-deep-lode-token", TOKEN_KEY)
+    );
     let status = plan.status.unwrap_or_else(|| panic!("no status"));
     assert_eq!(status.phase, Some(Phase::Running));
     assert_eq!(status.stage_count, Some(2));
     let queue = status.queue.unwrap_or_else(|| panic!("no queue counters"));
-    assert_eq!((queue.production, queue.consumption, queue.epoch), (50, 42, 0));
+    assert_eq!(
+        (queue.production, queue.consumption, queue.epoch),
+        (50, 42, 0)
+    );
     assert_eq!(queue.watermark, Some(Watermark { epoch: 0, step: 41 }));
 }
 
@@ -261,7 +285,11 @@ fn a_size_set_by_the_scheduler_stays_and_one_out_of_bounds_is_clamped() {
             _ => None,
         })
         .collect();
-    assert_eq!(replicas, [3, 3], "the pool keeps 3 and its Deployment follows");
+    assert_eq!(
+        replicas,
+        [3, 3],
+        "the pool keeps 3 and its Deployment follows"
+    );
     assert!(
         plan.writes.iter().all(|c| c.kind() != ChildKind::Pool),
         "a size within bounds is not rewritten"
@@ -292,10 +320,17 @@ fn an_unreachable_dispatcher_keeps_every_pool_and_says_why() {
     let status = plan.status.unwrap_or_else(|| panic!("the status changes"));
     assert_eq!(status.phase, Some(Phase::DispatcherUnreachable));
     let c = condition(&status, condition::DISPATCHER_REACHABLE);
-    assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "DispatcherUnreachable"));
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "DispatcherUnreachable")
+    );
     assert!(c.message.contains("cannot connect"), "{}", c.message);
     assert_eq!(status.stages.len(), 2);
-    assert_eq!(status.queue, job.status.as_ref().and_then(|s| s.queue.clone()), "last counters kept");
+    assert_eq!(
+        status.queue,
+        job.status.as_ref().and_then(|s| s.queue.clone()),
+        "last counters kept"
+    );
 }
 
 #[test]
@@ -307,7 +342,11 @@ fn fewer_stages_delete_the_extra_pools_and_end_of_data_scales_to_zero() {
         apply(&mut job, &mut observed, &plan, true);
     }
     let plan = plan_of(&job, &observed, &reading(1));
-    let gone: Vec<(ChildKind, &str)> = plan.deletes.iter().map(|d| (d.kind, d.name.as_str())).collect();
+    let gone: Vec<(ChildKind, &str)> = plan
+        .deletes
+        .iter()
+        .map(|d| (d.kind, d.name.as_str()))
+        .collect();
     assert_eq!(
         gone,
         [
@@ -340,12 +379,22 @@ fn an_invalid_spec_makes_nothing_and_names_the_field() {
     bad.workers.memory = "a lot".into();
     let job = job(bad);
     let plan = plan_of(&job, &Observed::default(), &reading(2));
-    assert_eq!((plan.desired.len(), plan.writes.len(), plan.deletes.len()), (0, 0, 0));
+    assert_eq!(
+        (plan.desired.len(), plan.writes.len(), plan.deletes.len()),
+        (0, 0, 0)
+    );
     let status = plan.status.unwrap_or_else(|| panic!("no status"));
     assert_eq!(status.phase, Some(Phase::Invalid));
     let c = condition(&status, condition::VALID);
-    assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "InvalidSpec"));
-    assert!(c.message.starts_with("spec.workers.memory: "), "{}", c.message);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "InvalidSpec")
+    );
+    assert!(
+        c.message.starts_with("spec.workers.memory: "),
+        "{}",
+        c.message
+    );
 }
 
 #[test]
@@ -355,8 +404,14 @@ fn a_condition_keeps_its_transition_time_while_its_status_holds() {
     let plan = plan_of(&job, &observed, &reading(1));
     apply(&mut job, &mut observed, &plan, true);
     let first = job.status.clone().unwrap_or_default();
-    let later = super::plan(&job, &observed, &reading(1), Timestamp::from_second(1_900_000_000).unwrap_or(now()), &mut || Token::from_test(TOKEN))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let later = super::plan(
+        &job,
+        &observed,
+        &reading(1),
+        Timestamp::from_second(1_900_000_000).unwrap_or(now()),
+        &mut || Token::from_test(TOKEN),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let status = later.status.unwrap_or(first.clone());
     assert_eq!(
         condition(&status, condition::VALID).last_transition_time,
@@ -370,10 +425,16 @@ fn a_failure_is_recorded_once_in_the_reconciled_condition() {
     let status = failed_status(&job, "ApplyFailed", "apply Deployment x: 409", now())
         .unwrap_or_else(|| panic!("a first failure changes the status"));
     let c = condition(&status, condition::RECONCILED);
-    assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "ApplyFailed"));
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "ApplyFailed")
+    );
     assert_eq!(status.phase, Some(Phase::Error));
     job.status = Some(status);
-    assert_eq!(failed_status(&job, "ApplyFailed", "apply Deployment x: 409", now()), None);
+    assert_eq!(
+        failed_status(&job, "ApplyFailed", "apply Deployment x: 409", now()),
+        None
+    );
 }
 
 #[test]
@@ -387,8 +448,14 @@ fn the_token_is_redacted_from_debug() {
 #[test]
 fn subset_compares_only_what_is_wanted() {
     let have = serde_json::json!({"a": 1, "b": {"c": [1, {"d": 2, "e": 3}]}, "f": "x"});
-    assert!(is_subset(&serde_json::json!({"b": {"c": [1, {"d": 2}]}}), &have));
-    assert!(!is_subset(&serde_json::json!({"b": {"c": [1]}}), &have), "array lengths differ");
+    assert!(is_subset(
+        &serde_json::json!({"b": {"c": [1, {"d": 2}]}}),
+        &have
+    ));
+    assert!(
+        !is_subset(&serde_json::json!({"b": {"c": [1]}}), &have),
+        "array lengths differ"
+    );
     assert!(!is_subset(&serde_json::json!({"a": 2}), &have));
     assert!(!is_subset(&serde_json::json!({"g": null}), &have));
 }
@@ -412,7 +479,13 @@ fn view_strategy() -> impl Strategy<Value = DispatcherView> {
 }
 
 fn spec_strategy() -> impl Strategy<Value = LodeJobSpec> {
-    (0i32..4, 0i32..5, proptest::collection::vec((0u32..4, 0i32..3, 0i32..4), 0..3), any::<bool>(), any::<bool>())
+    (
+        0i32..4,
+        0i32..5,
+        proptest::collection::vec((0u32..4, 0i32..3, 0i32..4), 0..3),
+        any::<bool>(),
+        any::<bool>(),
+    )
         .prop_map(|(min, extra, stages, tls, external)| {
             let mut s = spec();
             s.min_workers = min;
@@ -429,7 +502,11 @@ fn spec_strategy() -> impl Strategy<Value = LodeJobSpec> {
                 }
             }
             s.tls_secret = tls.then(|| "wide-deep-tls".to_owned());
-            s.scaler = if external { Scaler::External } else { Scaler::Lode };
+            s.scaler = if external {
+                Scaler::External
+            } else {
+                Scaler::Lode
+            };
             s
         })
 }
