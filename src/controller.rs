@@ -21,12 +21,14 @@ pub fn run_controller(args: ControllerArgs, out: &mut dyn std::io::Write) -> any
             .status
             .as_ref()
             .map(|p| {
-                let text = std::fs::read_to_string(p)
-                    .with_context(|| format!("{}: cannot read the dispatcher status", p.display()))?;
+                let text = std::fs::read_to_string(p).with_context(|| {
+                    format!("{}: cannot read the dispatcher status", p.display())
+                })?;
                 lode_k8s::render::parse_status(&text).with_context(|| p.display().to_string())
             })
             .transpose()?;
-        let yaml = lode_k8s::render::render(job, status).with_context(|| path.display().to_string())?;
+        let yaml =
+            lode_k8s::render::render(job, status).with_context(|| path.display().to_string())?;
         out.write_all(yaml.as_bytes())?;
         return Ok(());
     }
@@ -55,7 +57,13 @@ pub fn run_controller(args: ControllerArgs, out: &mut dyn std::io::Write) -> any
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
         let client = lode_k8s::controller::client().await?;
-        lode_k8s::run(client, config, dispatcher, lode_proto::process::stop_requested()).await
+        lode_k8s::run(
+            client,
+            config,
+            dispatcher,
+            lode_proto::process::stop_requested(),
+        )
+        .await
     })?;
     Ok(())
 }

@@ -85,6 +85,11 @@ pub enum Error {
     },
     #[error(transparent)]
     Plan(#[from] PlanError),
+    #[error("cannot configure the Kubernetes client (in a pod: its ServiceAccount; elsewhere: KUBECONFIG or ~/.kube/config)")]
+    Config {
+        #[source]
+        source: kube::Error,
+    },
     #[error("the LodeJob CRD is not served ({hint})")]
     NoCrd {
         hint: &'static str,
@@ -100,6 +105,7 @@ impl Error {
             Error::Kube { reason, .. } => reason,
             Error::Plan(_) => "PlanFailed",
             Error::NoCrd { .. } => "NoCrd",
+            Error::Config { .. } => "NoClient",
         }
     }
 
@@ -469,6 +475,13 @@ pub fn error_policy(job: Arc<LodeJob>, err: &Error, ctx: Arc<Context>) -> Action
     Action::requeue(delay)
 }
 
+/// A client from the environment: the pod's ServiceAccount in a cluster, else the kubeconfig.
+pub async fn client() -> Result<Client, Error> {
+    Client::try_default()
+        .await
+        .map_err(|source| Error::Config { source })
+}
+
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(
     client: Client,
@@ -480,12 +493,22 @@ pub async fn run(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    jobs.list(&ListParams::default().limit(1))
-        .await
-        .map_err(|source| Error::NoCrd {
-            hint: "install it with `kubectl apply -f deploy/crds.yaml`, and check the RBAC",
+    match jobs.list(&ListParams::default().limit(1)).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            return Err(Error::NoCrd {
+                hint: "install it with `kubectl apply -f deploy/crds.yaml`",
+                source: kube::Error::Api(status),
+            })
+        }
+        Err(source) => return Err(Error::Kube {
+            action:
+                "list LodeJobs at start-up (is the API server reachable, and does RBAC allow it?)"
+                    .into(),
+            reason: "ListFailed",
             source,
-        })?;
+        }),
+    }
     fn owned<K>(client: &Client, ns: Option<&str>) -> Api<K>
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
