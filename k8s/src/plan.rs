@@ -104,13 +104,37 @@ impl std::fmt::Debug for Token {
     }
 }
 
-/// The objects observed for a job (listed by [`JOB_LABEL`]).
-#[derive(Debug, Clone, Default)]
+/// The objects observed for a job (listed by [`JOB_LABEL`]). Its `Debug` leaves the
+/// Secret's data out.
+#[derive(Clone, Default)]
 pub struct Observed {
     pub secret: Option<Secret>,
     pub service: Option<Service>,
     pub pools: Vec<LodePool>,
     pub deployments: Vec<Deployment>,
+}
+
+impl std::fmt::Debug for Observed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Observed")
+            .field("secret", &self.secret.as_ref().map(RedactedSecret))
+            .field("service", &self.service)
+            .field("pools", &self.pools)
+            .field("deployments", &self.deployments)
+            .finish()
+    }
+}
+
+/// A Secret's `Debug`: its metadata, never its data.
+struct RedactedSecret<'a>(&'a Secret);
+
+impl std::fmt::Debug for RedactedSecret<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Secret")
+            .field("metadata", &self.0.metadata)
+            .field("data", &"<redacted>")
+            .finish_non_exhaustive()
+    }
 }
 
 /// What the dispatcher said this time.
@@ -148,8 +172,9 @@ pub struct DispatcherReading {
 }
 
 /// One object the job should have. (Unboxed: a plan holds a handful, built once per reconcile.)
+/// Its `Debug` leaves a Secret's data out.
 #[allow(clippy::large_enum_variant)]
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub enum Child {
     Secret(Secret),
     Service(Service),
@@ -160,6 +185,22 @@ pub enum Child {
         status: LodePoolStatus,
     },
     Deployment(Deployment),
+}
+
+impl std::fmt::Debug for Child {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Child::Secret(o) => f.debug_tuple("Secret").field(&RedactedSecret(o)).finish(),
+            Child::Service(o) => f.debug_tuple("Service").field(o).finish(),
+            Child::Pool(o) => f.debug_tuple("Pool").field(o).finish(),
+            Child::PoolStatus { name, status } => f
+                .debug_struct("PoolStatus")
+                .field("name", name)
+                .field("status", status)
+                .finish(),
+            Child::Deployment(o) => f.debug_tuple("Deployment").field(o).finish(),
+        }
+    }
 }
 
 /// The kinds of children, for deletions and logs.

@@ -439,9 +439,19 @@ fn a_failure_is_recorded_once_in_the_reconciled_condition() {
 
 #[test]
 fn the_token_is_redacted_from_debug() {
-    let plan = plan_of(&job(spec()), &Observed::default(), &reading(1));
-    let debug = format!("{plan:?}");
-    assert!(!debug.contains(TOKEN));
+    let mut job = job(spec());
+    let mut observed = Observed::default();
+    let plan = plan_of(&job, &observed, &reading(1));
+    apply(&mut job, &mut observed, &plan, true);
+    assert!(observed.secret.is_some());
+    // The token as text, and as the bytes a derived Debug of the Secret's data would print.
+    let bytes = format!("{:?}", ByteString(TOKEN.as_bytes().to_vec()));
+    let bytes = bytes.trim_start_matches("ByteString(").trim_end_matches(')');
+    for debug in [format!("{plan:?}"), format!("{observed:?}")] {
+        assert!(!debug.contains(TOKEN), "{debug}");
+        assert!(!debug.contains(bytes), "{debug}");
+        assert!(debug.contains("wide-deep-lode-token"), "the Secret is still named");
+    }
     assert!(format!("{:?}", Token::from_test(TOKEN)).contains("redacted"));
 }
 
