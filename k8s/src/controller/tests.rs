@@ -810,3 +810,130 @@ async fn a_dispatcher_that_does_not_listen_is_a_cause_not_a_crash() {
     assert!(cause.contains(&format!("127.0.0.1:{port}")), "{cause}");
     assert!(!cause.contains(TOKEN));
 }
+
+/// The whole controller (`run`): its watches and the first reconcile of a job listed at start,
+/// against an API server that answers lists with that job, holds watches open, and echoes
+/// applies. Every request must be one RBAC allows; the Secret and Service are applied once;
+/// the controller stops on its shutdown signal.
+#[tokio::test]
+async fn the_controller_watches_within_its_rbac_reconciles_once_and_shuts_down() {
+    use bytes::Bytes;
+    use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+    use std::convert::Infallible;
+
+    type Answer = BoxBody<Bytes, Infallible>;
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Answer>>();
+    let client = Client::new(service, NS);
+    let status_written = Arc::new(tokio::sync::Notify::new());
+    let written = status_written.clone();
+    let server = tokio::spawn(async move {
+        let mut seen: Vec<(String, String)> = Vec::new();
+        while let Some((request, send)) = handle.next_request().await {
+            let method = request.method().clone();
+            let path = request.uri().path().to_owned();
+            let query = request.uri().query().unwrap_or("").to_owned();
+            let (verb, group, resource) = rbac_of(&method, &path, &query);
+            assert!(
+                allows(CONTROLLER_CALLS, &verb, &group, &resource),
+                "{verb} {group}/{resource} ({method} {path}?{query}) is not in rbac::CONTROLLER_CALLS"
+            );
+            if verb == "watch" && resource != "lodejobs" {
+                assert!(
+                    query
+                        .contains("labelSelector=app.kubernetes.io%2Fmanaged-by%3Dlode-controller"),
+                    "the watch of {resource} selects the controller's objects: {query}"
+                );
+            }
+            seen.push((verb.clone(), path.clone()));
+            let bytes = request
+                .into_body()
+                .collect_bytes()
+                .await
+                .unwrap_or_default();
+            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let json = |v: Value| -> Answer {
+                Full::new(Bytes::from(serde_json::to_vec(&v).unwrap_or_default())).boxed()
+            };
+            let answer = match verb.as_str() {
+                // A watch that stays open and quiet.
+                "watch" => BodyExt::boxed(StreamBody::new(futures::stream::pending::<
+                    Result<http_body::Frame<Bytes>, Infallible>,
+                >())),
+                "list" if resource == "lodejobs" => {
+                    let mut job = serde_json::to_value(job(spec())).unwrap_or_default();
+                    job["metadata"]["resourceVersion"] = json!("5");
+                    json(
+                        json!({"apiVersion": "lode.dev/v1alpha1", "kind": "LodeJobList",
+                                "metadata": {"resourceVersion": "5"}, "items": [job]}),
+                    )
+                }
+                "list" => json(json!({"apiVersion": "v1", "kind": "List",
+                                      "metadata": {"resourceVersion": "5"}, "items": []})),
+                "patch" if resource == "lodejobs/status" => {
+                    let mut whole = serde_json::to_value(job(spec())).unwrap_or_default();
+                    whole["status"] = body["status"].clone();
+                    written.notify_one();
+                    json(whole)
+                }
+                "patch" => json(body),
+                other => panic!("unexpected {other} {path}"),
+            };
+            let response = Response::builder()
+                .status(200)
+                .header("content-type", "application/json")
+                .body(answer)
+                .unwrap_or_else(|e| panic!("{e}"));
+            send.send_response(response);
+        }
+        seen
+    });
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let controller = tokio::spawn(run(
+        client,
+        ControllerConfig::default(),
+        Arc::new(FakeDispatcher::default()),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    tokio::time::timeout(Duration::from_secs(30), status_written.notified())
+        .await
+        .unwrap_or_else(|_| panic!("the job's status was never written"));
+    let _ = stop.send(());
+    let result = tokio::time::timeout(Duration::from_secs(30), controller)
+        .await
+        .unwrap_or_else(|_| panic!("the controller did not stop on its shutdown signal"));
+    assert!(matches!(result, Ok(Ok(()))), "{result:?}");
+    let seen = match server.await {
+        Ok(seen) => seen,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    };
+    let applied: Vec<&str> = seen
+        .iter()
+        .filter(|(verb, _)| verb == "patch")
+        .map(|(_, path)| path.as_str())
+        .collect();
+    assert_eq!(
+        applied,
+        [
+            "/api/v1/namespaces/ml/secrets/wide-deep-lode-token",
+            "/api/v1/namespaces/ml/services/wide-deep-lode-dispatcher",
+            JOB_STATUS,
+        ]
+    );
+    let watched: std::collections::BTreeSet<&str> = seen
+        .iter()
+        .filter(|(verb, _)| verb == "watch")
+        .map(|(_, path)| path.as_str())
+        .collect();
+    assert_eq!(
+        watched.into_iter().collect::<Vec<_>>(),
+        [
+            "/api/v1/secrets",
+            "/api/v1/services",
+            "/apis/apps/v1/deployments",
+            "/apis/lode.dev/v1alpha1/lodejobs",
+            "/apis/lode.dev/v1alpha1/lodepools",
+        ]
+    );
+}

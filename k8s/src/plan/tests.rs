@@ -446,11 +446,16 @@ fn the_token_is_redacted_from_debug() {
     assert!(observed.secret.is_some());
     // The token as text, and as the bytes a derived Debug of the Secret's data would print.
     let bytes = format!("{:?}", ByteString(TOKEN.as_bytes().to_vec()));
-    let bytes = bytes.trim_start_matches("ByteString(").trim_end_matches(')');
+    let bytes = bytes
+        .trim_start_matches("ByteString(")
+        .trim_end_matches(')');
     for debug in [format!("{plan:?}"), format!("{observed:?}")] {
         assert!(!debug.contains(TOKEN), "{debug}");
         assert!(!debug.contains(bytes), "{debug}");
-        assert!(debug.contains("wide-deep-lode-token"), "the Secret is still named");
+        assert!(
+            debug.contains("wide-deep-lode-token"),
+            "the Secret is still named"
+        );
     }
     assert!(format!("{:?}", Token::from_test(TOKEN)).contains("redacted"));
 }
