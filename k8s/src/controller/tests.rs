@@ -584,6 +584,35 @@ async fn a_scaled_pool_moves_its_deployment_and_an_out_of_bounds_size_is_clamped
 }
 
 #[tokio::test]
+async fn a_new_worker_image_updates_each_deployment_and_nothing_else() {
+    let mut job = job(spec());
+    let (secret, service, pools, deployments) = settled(&mut job, 2);
+    job.spec.workers.image = "lode:0.2.0".into();
+    job.metadata.generation = Some(4);
+    let image = |body: &Value| {
+        owned_by_the_job(body);
+        assert_eq!(
+            body["spec"]["template"]["spec"]["containers"][0]["image"],
+            "lode:0.2.0"
+        );
+        assert_eq!(body["spec"]["replicas"], 1, "the size is kept");
+    };
+    let script = vec![
+        Expect::list(SECRETS, secret),
+        Expect::list(SERVICES, service),
+        Expect::list(POOLS, pools),
+        Expect::list(DEPLOYMENTS, deployments),
+        Expect::apply(DEPLOYMENTS, "wide-deep-lode-stage-0", true, image),
+        Expect::apply(DEPLOYMENTS, "wide-deep-lode-stage-1", true, image),
+        Expect::status(|status| assert_eq!(status["observedGeneration"], 4)),
+    ];
+    let h = Harness::new(script, vec![Ok(reading(2))]);
+    assert!(h.reconcile(&job).await.is_ok());
+    let (applied, _) = h.finish().await;
+    assert_eq!(applied.len(), 3);
+}
+
+#[tokio::test]
 async fn fewer_stages_delete_the_extra_pool_and_its_deployment() {
     let mut job = job(spec());
     let (secret, service, pools, deployments) = settled(&mut job, 2);
