@@ -378,24 +378,18 @@ fn settled(job: &mut LodeJob, stages: u32) -> (Vec<Value>, Vec<Value>, Vec<Value
             job.status = Some(status);
         }
     }
-    let json = |v: &dyn erased::ToJson| v.to_json();
+    fn items<T: serde::Serialize>(objects: &[T]) -> Vec<Value> {
+        objects
+            .iter()
+            .map(|o| serde_json::to_value(o).unwrap_or_default())
+            .collect()
+    }
     (
-        observed.secret.iter().map(|s| json(s)).collect(),
-        observed.service.iter().map(|s| json(s)).collect(),
-        observed.pools.iter().map(|s| json(s)).collect(),
-        observed.deployments.iter().map(|s| json(s)).collect(),
+        items(observed.secret.as_slice()),
+        items(observed.service.as_slice()),
+        items(&observed.pools),
+        items(&observed.deployments),
     )
-}
-
-mod erased {
-    pub trait ToJson {
-        fn to_json(&self) -> serde_json::Value;
-    }
-    impl<T: serde::Serialize> ToJson for T {
-        fn to_json(&self) -> serde_json::Value {
-            serde_json::to_value(self).unwrap_or_default()
-        }
-    }
 }
 
 fn owned_by_the_job(body: &Value) {
