@@ -67,3 +67,65 @@ pub fn run_controller(args: ControllerArgs, out: &mut dyn std::io::Write) -> any
     })?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use crate::cli::{Cli, Command};
+
+    /// Each rendered worker container's command line is one `lode worker` takes: the flags the
+    /// planner writes exist, with values of their types. (The token comes from the
+    /// environment, LODE_TOKEN, in the pod; here it is given as the flag it stands for.)
+    #[test]
+    fn rendered_worker_commands_parse_as_lode_worker() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/samples");
+        let status = std::fs::read_to_string(root.join("dispatcher-status.json")).expect("status");
+        let mut checked = 0;
+        for sample in ["lodejob.yaml", "lodejob-tls.yaml"] {
+            let text = std::fs::read_to_string(root.join(sample)).expect("sample");
+            let job = lode_k8s::render::parse_job(&text).expect("sample LodeJob");
+            let status = lode_k8s::render::parse_status(&status).expect("sample status");
+            let yaml = lode_k8s::render::render(job, Some(status)).expect("render");
+            for doc in yaml
+                .split("---\n")
+                .filter(|d| d.contains("kind: Deployment"))
+            {
+                let deployment = lode_k8s::render::yaml_to_json(doc).expect("rendered YAML");
+                let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+                let mut argv: Vec<String> = vec![container["command"][0]
+                    .as_str()
+                    .expect("command")
+                    .to_owned()];
+                for arg in container["args"].as_array().expect("args") {
+                    argv.push(
+                        arg.as_str()
+                            .expect("string arg")
+                            .replace("$(POD_NAME)", "pod-0"),
+                    );
+                }
+                assert_eq!(container["env"][0]["name"], "LODE_TOKEN");
+                argv.extend(["--token".to_owned(), "t0ken".to_owned()]);
+                let cli = Cli::try_parse_from(&argv)
+                    .unwrap_or_else(|e| panic!("{sample}: {argv:?} is not a lode command: {e}"));
+                let Command::Worker(args) = cli.command else {
+                    panic!("{sample}: {argv:?} is not `lode worker`")
+                };
+                assert!(
+                    args.dispatcher.contains("-lode-dispatcher."),
+                    "{}",
+                    args.dispatcher
+                );
+                assert_eq!(args.name.as_deref(), Some("pod-0"));
+                assert!(args.stage.is_some());
+                assert_eq!(
+                    args.tls.tls_ca.is_some(),
+                    args.dispatcher.starts_with("https://"),
+                    "a CA exactly for https"
+                );
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 4, "two stages of two samples");
+    }
+}

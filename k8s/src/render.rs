@@ -95,6 +95,11 @@ pub fn render(mut job: LodeJob, status: Option<DispatcherReading>) -> Result<Str
     .map_err(|source| RenderError::Yaml { source })
 }
 
+/// One YAML document as JSON (for callers that do not depend on a YAML parser).
+pub fn yaml_to_json(text: &str) -> Result<serde_json::Value, serde_yaml::Error> {
+    serde_yaml::from_str(text)
+}
+
 /// Values as a YAML stream of documents, each opened by `---`.
 pub fn yaml_stream(
     values: impl IntoIterator<Item = serde_json::Value>,
