@@ -58,10 +58,49 @@ pub enum Command {
     /// Move data workers between running jobs under MaxTP, SRTF or Fair, from each job's
     /// queue metrics, on an interval.
     Scheduler(SchedulerArgs),
+    /// Run the Kubernetes controller of LodeJobs; or, without a cluster, print the CRDs
+    /// (--print-crd) or the objects a LodeJob would get (--render).
+    Controller(ControllerArgs),
     /// List the ops data workers run natively (the kernel registry); a stage node of any other
     /// op stays in training. With --coverage, cut each construct graph and say whether its
     /// whole data side runs natively.
     Kernels(KernelsArgs),
+}
+
+/// `lode controller`.
+#[derive(Debug, Args)]
+pub struct ControllerArgs {
+    /// Watch LodeJobs in this namespace only (default: every namespace). Also LODE_NAMESPACE.
+    #[arg(long, env = "LODE_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// The field manager of every server-side apply.
+    #[arg(long, default_value = "lode-controller")]
+    pub field_manager: String,
+    /// How often each job is reconciled again (when its dispatcher's counters are read).
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub resync: std::time::Duration,
+    /// How long a dispatcher has to answer its Status RPC.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub dispatcher_timeout: std::time::Duration,
+    /// The first retry's delay after a failed reconcile (doubled per further failure, at most
+    /// 5 minutes).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub backoff: std::time::Duration,
+    /// Print the objects the controller would make for the LodeJob in FILE, as YAML, and exit
+    /// (a dry run: no cluster is contacted).
+    #[arg(long, value_name = "LODEJOB.yaml", conflicts_with = "print_crd")]
+    pub render: Option<PathBuf>,
+    /// With --render: the dispatcher's status to plan from, JSON with `stages` and optionally
+    /// `epoch`, `watermark`, `endOfData`, `stepsConsumed`, `stepsPerEpoch`, `stepsComputed`,
+    /// `workersPerStage` (default: no answer yet, so only the Secret and the Service).
+    #[arg(long, value_name = "STATUS.json", requires = "render")]
+    pub status: Option<PathBuf>,
+    /// Print the CRDs (LodeJob, LodePool) as YAML and exit.
+    #[arg(long)]
+    pub print_crd: bool,
+    // The CA for dispatchers of jobs with spec.tlsSecret (reached over https://).
+    #[command(flatten)]
+    pub tls: ClientTlsArgs,
 }
 
 #[derive(Debug, Args)]

@@ -11,6 +11,7 @@
 //!   consumer's log held to the dispatcher's order).
 //! - `simulate`: `lode simulate` (`lode_scheduler::experiment`).
 //! - `scheduler`: `lode scheduler` (`lode_scheduler::local`).
+//! - `controller`: `lode controller` (`lode_k8s`): the controller, `--render`, `--print-crd`.
 //! - `train`: `lode train` (the session hook of `lode_train::hook`, answered
 //!   with a job cut by `lode_decoupler`).
 //! - [`run`]: dispatches a parsed command; `main` only parses, sets up logging and exits.
@@ -26,6 +27,7 @@
 //!   input.
 
 pub mod cli;
+pub mod controller;
 pub mod exec;
 pub mod run_report;
 pub mod runtime;
@@ -71,6 +73,7 @@ pub fn run(command: Command, out: &mut dyn std::io::Write) -> anyhow::Result<()>
         Command::Synthetic(args) => run_synthetic(args, out),
         Command::Kernels(args) => run_kernels(args, out),
         Command::Scheduler(args) => scheduler::run_scheduler(args, out),
+        Command::Controller(args) => controller::run_controller(args, out),
         Command::Train(args) => train::run_train(args, out),
     }
 }

@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod constructs;
+mod controller;
 mod convert;
 mod exec;
 mod fixtures;
