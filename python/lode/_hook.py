@@ -328,9 +328,17 @@ def _patch_saver(module):
     saver.restore = lode_restore
 
 
+def _patch_datasets(module):
+    # TensorFlow 2: the program's dataset is replaced where it is iterated (lode._tf2).
+    from lode import _tf2
+
+    _tf2.patch(module)
+
+
 _PATCHES = {
     "tensorflow.python.client.session": _patch_session,
     "tensorflow.python.training.saver": _patch_saver,
+    "tensorflow.python.data.ops.dataset_ops": _patch_datasets,
 }
 
 

@@ -68,8 +68,9 @@ fn ds_err(node: &NodeDef, reason: impl Into<String>) -> ExecError {
     }
 }
 
-/// A function body compiled as a program over its arguments.
-pub fn compile_function(f: &FunctionDef, ctx: &BuildCtx<'_>) -> Result<Program> {
+/// A function body compiled as a program over its arguments; `grappler`: TensorFlow runs
+/// grappler's rewrites on it (see [`Compile::grappler`]): not on a tf.data function's body.
+pub fn compile_function(f: &FunctionDef, ctx: &BuildCtx<'_>, grappler: bool) -> Result<Program> {
     let signature = f.signature.as_ref().ok_or_else(|| ExecError::Graph {
         node: "(function)".into(),
         reason: "a library function has no signature".into(),
@@ -91,6 +92,7 @@ pub fn compile_function(f: &FunctionDef, ctx: &BuildCtx<'_>) -> Result<Program> 
             naming: Naming::Function { args: &args },
             args: args.len(),
             roots: &roots,
+            grappler,
         },
         ctx,
     )
@@ -152,7 +154,9 @@ impl Pipeline {
                     let body = ctx.library.get(f.name.as_str()).ok_or_else(|| {
                         ds_err(node, format!("function {} is not in the library", f.name))
                     })?;
-                    let program = compile_function(body, ctx)?;
+                    // tf.data runs its functions as written: no grappler rewrite (an `x / c`
+                    // in a map is an exact division in TensorFlow 1 and 2 alike).
+                    let program = compile_function(body, ctx, false)?;
                     let ncaptured = node.attr_types("Targuments")?.len();
                     let captured_names = data_inputs.get(1..1 + ncaptured).ok_or_else(|| {
                         ds_err(node, "fewer captured inputs than Targuments lists")
