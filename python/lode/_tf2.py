@@ -292,8 +292,26 @@ def _serve(dataset):
     return stand_in
 
 
+def _derived_from_stand_in(dataset):
+    """Whether the dataset is, or is made from, a stand-in (AutoGraph's loop wraps the one it
+    was given in a scan)."""
+    seen, todo = set(), [dataset]
+    while todo:
+        d = todo.pop()
+        if id(d) in seen:
+            continue
+        seen.add(id(d))
+        if getattr(d, _REPLACED, False):
+            return True
+        try:
+            todo.extend(d._inputs())
+        except (AttributeError, NotImplementedError, TypeError):
+            pass
+    return False
+
+
 def _stand_in_for(dataset):
-    if getattr(dataset, _REPLACED, False):
+    if _derived_from_stand_in(dataset):
         return None
     import tensorflow as tf
 
@@ -344,3 +362,22 @@ def patch(module):
 
     base.__iter__ = lode_iter
     base.reduce = lode_reduce
+
+    # AutoGraph's `for x in dataset` inside a tf.function: its loop (registered for DatasetV2
+    # when the module loaded) is given the stand-in.
+    from tensorflow.python.autograph.operators import control_flow
+    from tensorflow.python.data.ops import dataset_autograph
+
+    loop = dataset_autograph._tf_ag_dataset_for_stmt
+
+    def lode_for_stmt(ds, *args, **kwargs):
+        import tensorflow as tf
+
+        if tf.inside_function():
+            stand_in = _stand_in_for(ds)
+            if stand_in is not None:
+                ds = _in_graph(stand_in)
+        return loop(ds, *args, **kwargs)
+
+    # The registry refuses a second registration of a type: its entry is replaced in place.
+    control_flow.for_loop_registry._registry[base] = lode_for_stmt
