@@ -128,7 +128,8 @@ pub fn run_train(args: TrainArgs, out: &mut dyn std::io::Write) -> anyhow::Resul
     drop(scratch);
     if args.strict && !served && status.success() {
         // Nothing said no, yet nothing was trained on Lode: the program never created a
-        // session on a graph with a pipeline nor iterated a tf.data dataset.
+        // session on a graph with a pipeline nor iterated a tf.data dataset. (Without
+        // --strict the hook says so at the program's exit.)
         bail!(
             "--strict: the program ended without Lode serving an input pipeline (it created no \
              session on a graph with a tf.data pipeline and iterated no tf.data dataset)"

@@ -370,6 +370,10 @@ class _Finder(importlib.abc.MetaPathFinder):
 def _at_exit():
     if _state["connected"]:
         native().lode_shutdown()
+    elif not _state["said"]:
+        # Nothing was served and nothing said why: say it once (`lode train --strict` fails).
+        _say("the program ended without Lode serving an input pipeline (it created no session on "
+             "a graph with a tf.data pipeline and iterated no tf.data dataset); it ran unchanged")
 
 
 def install():

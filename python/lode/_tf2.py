@@ -73,9 +73,11 @@ def _why_not(dataset, graph):
         nodes.extend(f.node_def)
     by_name = {n.name: n for n in graph.node}
     for n in nodes:
+        if n.op == "GeneratorDataset":
+            return f"its source is Python (from_generator: {n.op} {n.name})"
+    for n in nodes:
         if n.op in _PYTHON_OPS:
-            what = "from_generator" if n.op == "GeneratorDataset" else "py_function/numpy_function"
-            return f"its pipeline runs Python ({what}: {n.op} {n.name})"
+            return f"its pipeline runs Python (py_function/numpy_function: {n.op} {n.name})"
         if n.op in _SEEDED_BY_ATTR and n.attr["seed"].i == 0 and n.attr["seed2"].i == 0:
             return f"its pipeline has an unseeded random op ({n.op} {n.name}): each run draws anew"
     for n in graph.node:
