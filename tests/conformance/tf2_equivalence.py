@@ -36,7 +36,9 @@ CASES = {
     "keras_fit": ("tf2_keras_fit.py", ["--data", WIDE_DEEP, "--epochs", "3"], 24),
     "keras_preprocessing": ("tf2_keras_preprocessing.py", ["--data", WIDE_DEEP, "--epochs", "3"], 24),
     "custom_loop": ("tf2_custom_loop.py", ["--data", REGRESSION, "--epochs", "3"], 48),
-    "custom_loop_in_function": ("tf2_custom_loop.py", ["--data", REGRESSION, "--epochs", "3", "--in-function"], 48),
+    "custom_loop_in_function": ("tf2_custom_loop.py", ["--data", REGRESSION, "--epochs", "3", "--mode", "loop-in-function"], 48),
+    "iter_in_function": ("tf2_custom_loop.py", ["--data", REGRESSION, "--epochs", "3", "--mode", "iter-in-function"], 48),
+    "reduce_in_function": ("tf2_custom_loop.py", ["--data", REGRESSION, "--epochs", "3", "--mode", "reduce-in-function"], 48),
 }
 
 # case -> what the `lode:` line says
