@@ -328,9 +328,17 @@ def _patch_saver(module):
     saver.restore = lode_restore
 
 
+def _patch_datasets(module):
+    # TensorFlow 2: the program's dataset is replaced where it is iterated (lode._tf2).
+    from lode import _tf2
+
+    _tf2.patch(module)
+
+
 _PATCHES = {
     "tensorflow.python.client.session": _patch_session,
     "tensorflow.python.training.saver": _patch_saver,
+    "tensorflow.python.data.ops.dataset_ops": _patch_datasets,
 }
 
 
@@ -362,6 +370,10 @@ class _Finder(importlib.abc.MetaPathFinder):
 def _at_exit():
     if _state["connected"]:
         native().lode_shutdown()
+    elif not _state["said"]:
+        # Nothing was served and nothing said why: say it once (`lode train --strict` fails).
+        _say("the program ended without Lode serving an input pipeline (it created no session on "
+             "a graph with a tf.data pipeline and iterated no tf.data dataset); it ran unchanged")
 
 
 def install():
