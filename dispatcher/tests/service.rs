@@ -363,8 +363,12 @@ async fn workers_share_the_receivers_window_as_leases() {
     assert_eq!(over.max_leases, 24);
     assert_eq!(
         over.outcome,
-        Some(Outcome::Wait(v1::Wait { retry_after_ms: 0 })),
-        "48 held, 24 allowed: nothing more, and no pause (it asks once it holds less)"
+        Some(Outcome::Wait(v1::Wait {
+            retry_after_ms: u64::try_from(lode_dispatcher::service::LEASE_RETRY_AFTER.as_millis())
+                .expect("small")
+        })),
+        "48 held, 24 allowed, nothing returned: nothing more, and a pause (it asks at its \
+         limit only when everything it holds is parked)"
     );
     let Some(Outcome::Leases(theirs)) = client
         .lease(batch(second.worker_id))
@@ -597,7 +601,11 @@ async fn register_lease_complete_consume_round_trip() {
     assert_eq!(&first.stage_graph[..], b"graph of stage 0");
     assert_eq!(first.receiver_addr, "", "no consumer yet");
     assert_eq!(first.lease_duration_ms, LEASE_MS);
-    assert_eq!(first.heartbeat_interval_ms, 1_000);
+    assert_eq!(
+        first.heartbeat_interval_ms,
+        u64::try_from(lode_dispatcher::service::DEFAULT_HEARTBEAT_INTERVAL.as_millis())
+            .expect("small")
+    );
     assert_eq!(first.max_leases, 2);
 
     let consumer = client
