@@ -220,6 +220,10 @@ enum Fault {
     Frozen(Duration),
     /// A worker SIGKILLed, and a new one started on its host.
     Killed,
+    /// The dispatcher's host (the consumer then on a host of its own, 5) cut off from
+    /// everyone for the duration: its workers are lost and register again, and the workers
+    /// deliver what they hold; late frames of their old leases are dropped.
+    DispatcherCut(Duration),
     /// One worker 4x slower than the others (one thread for a stage its peers split over
     /// four: [`SLOW_THREADS`] against [`THREADS`]).
     Slow,
@@ -233,9 +237,14 @@ impl Fault {
             Fault::Frozen(_) => "frozen",
             Fault::Killed => "killed",
             Fault::Slow => "slow worker",
+            Fault::DispatcherCut(_) => "dispatcher cut off",
         }
     }
 }
+
+/// Hosts of a run: the dispatcher's (and the consumer's) on 1, workers on 2 to 4, and 5 for
+/// the consumer when the dispatcher's host is cut off.
+const HOSTS: usize = 5;
 
 /// Threads of a healthy worker: the synthetic stage splits its latency over four.
 const THREADS: &str = "4";
@@ -310,12 +319,17 @@ fn record_list(line: &Value) -> Vec<&Value> {
     }
 }
 
-/// Runs `job` on a fresh four-host cluster (dispatcher and consumer on host 1, a worker on
+/// Runs `job` on a fresh cluster of [`HOSTS`] hosts (dispatcher and consumer on host 1, a worker on
 /// each of `worker_hosts`, from 2 to 4) with `fault` injected into the worker of host 4 (the
 /// slow one of [`Fault::Slow`] too).
 fn run(job: &Job, fault: Fault, worker_hosts: &[usize], extra_dispatcher: &[&str]) -> Report {
-    let mut cluster = Cluster::new(4);
-    for host in 1..=4 {
+    let mut cluster = Cluster::new(HOSTS);
+    let consumer_host = if matches!(fault, Fault::DispatcherCut(_)) {
+        5
+    } else {
+        1
+    };
+    for host in 1..=HOSTS {
         cluster.shape(host, "1gbit");
     }
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -333,16 +347,31 @@ fn run(job: &Job, fault: Fault, worker_hosts: &[usize], extra_dispatcher: &[&str
     cluster.start(disp);
     let addr = format!("http://{listen}");
     wait_listening(&cluster, &journal);
-    let before: Vec<(u64, u64)> = (1..=4).map(|h| cluster.link_bytes(h)).collect();
+    let before: Vec<(u64, u64)> = (1..=HOSTS).map(|h| cluster.link_bytes(h)).collect();
     let step_ms = format!("{}ms", job.step_time.as_millis());
-    let mut consume = cluster.lode(1, &["consume", "--dispatcher", &addr, "--token", TOKEN]);
+    let mut consume = cluster.lode(
+        consumer_host,
+        &["consume", "--dispatcher", &addr, "--token", TOKEN],
+    );
     consume
         .args(["--step-time", &step_ms, "--capacity", "32"])
-        .args(["--listen", &format!("{}:7001", cluster.addr(1))])
+        .args(["--listen", &format!("{}:7001", cluster.addr(consumer_host))])
         .args(["--log", log.to_str().expect("UTF-8"), "-q"])
         .stdout(Stdio::null());
     let started = Instant::now();
     let consumer = cluster.start(consume);
+    // Workers start once the consumer registered: a lease granted before is revoked when it
+    // registers (and leased again), which would count as leased twice in a calm run.
+    while !std::fs::read_to_string(journal.join("journal.jsonl"))
+        .unwrap_or_default()
+        .contains("\"Consumer\"")
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the consumer did not register"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let worker = |cluster: &Cluster, host: usize, name: &str| {
         let mut w = cluster.lode(host, &["worker", "--dispatcher", &addr, "--token", TOKEN]);
         let slow = fault == Fault::Slow && host == 4;
@@ -365,6 +394,11 @@ fn run(job: &Job, fault: Fault, worker_hosts: &[usize], extra_dispatcher: &[&str
     std::thread::sleep(job.at);
     match fault {
         Fault::None | Fault::Slow => {}
+        Fault::DispatcherCut(d) => {
+            cluster.link(1, false);
+            std::thread::sleep(d);
+            cluster.link(1, true);
+        }
         Fault::LinkDown(d) => {
             cluster.link(4, false);
             std::thread::sleep(d);
@@ -393,7 +427,7 @@ fn run(job: &Job, fault: Fault, worker_hosts: &[usize], extra_dispatcher: &[&str
         std::thread::sleep(Duration::from_millis(20));
     }
     let wall = started.elapsed();
-    let bytes = (1..=4)
+    let bytes = (1..=HOSTS)
         .map(|h| {
             let (rx, tx) = cluster.link_bytes(h);
             (rx - before[h - 1].0, tx - before[h - 1].1)
@@ -482,7 +516,7 @@ fn assert_exactly_once(got: &Report, calm: &[Value], batch: u64) {
 fn table(reports: &[Report]) -> String {
     let calm = reports.first().map_or(Duration::ZERO, |r| r.stall);
     let mut out = String::from(
-        "| run | time (s) | stall (s) | extra stall (s) | leased twice | MB in/out per host (h1, h2, h3, h4) |\n\
+        "| run | time (s) | stall (s) | extra stall (s) | leased twice | MB in/out per host (h1 … h5) |\n\
          |---|---|---|---|---|---|\n",
     );
     for r in reports {
@@ -563,11 +597,13 @@ fn cluster_faults_cost_little_and_lose_nothing() {
             Fault::Frozen(fault),
             Fault::Killed,
             Fault::Slow,
+            Fault::DispatcherCut(fault),
         ],
         |only| match only.as_str() {
             "link" => vec![Fault::LinkDown(fault)],
             "frozen" => vec![Fault::Frozen(fault)],
             "killed" => vec![Fault::Killed],
+            "dispatcher" => vec![Fault::DispatcherCut(fault)],
             _ => vec![Fault::Slow],
         },
     ) {
@@ -589,7 +625,12 @@ fn cluster_faults_cost_little_and_lose_nothing() {
     // stall stays under the bound (2 s here, under a shared CI machine's noise; the benchmark
     // reports the figures against the issue's 1 s).
     let bound = Duration::from_millis(env_u64("LODE_CLUSTER_MAX_EXTRA_STALL_MS", 2000));
-    for r in &reports[1..] {
+    // The dispatcher's host cut off stalls the job for about the cut (workers hold only a few
+    // steps, and lease no more until it is back): it is checked for exactly-once only.
+    for r in reports[1..]
+        .iter()
+        .filter(|r| r.fault != Fault::DispatcherCut(fault).name())
+    {
         assert!(
             r.stall.saturating_sub(reports[0].stall) < bound,
             "{}: extra stall over {bound:?}\n{table}",
@@ -623,12 +664,16 @@ fn a_slow_worker_does_not_hold_back_the_job() {
     // workers held fewer steps: 26% slower).
     let ratio = three.wall.as_secs_f64() / two.wall.as_secs_f64();
     let table = table(&[two, three]);
+    eprintln!("{table}with the slow worker: {ratio:.2}x the time of the two alone");
+    if let Ok(out) = std::env::var("LODE_CLUSTER_STRAGGLER_TABLE") {
+        std::fs::write(
+            out,
+            format!("{table}\nwith the slow worker: {ratio:.2}x the time\n"),
+        )
+        .expect("write the table");
+    }
     assert!(
         ratio < 1.15,
         "with the slow worker {ratio:.2}x the time\n{table}"
     );
-    eprintln!("{table}");
-    if let Ok(out) = std::env::var("LODE_CLUSTER_STRAGGLER_TABLE") {
-        std::fs::write(out, &table).expect("write the table");
-    }
 }
