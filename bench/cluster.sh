@@ -13,4 +13,4 @@ export LODE_CLUSTER_STEPS="${LODE_CLUSTER_STEPS:-2000}"
 export LODE_CLUSTER_FAULT_MS="${LODE_CLUSTER_FAULT_MS:-6000}"
 export LODE_CLUSTER_FAULT_AT_MS="${LODE_CLUSTER_FAULT_AT_MS:-5000}"
 export LODE_CLUSTER_MAX_EXTRA_STALL_MS="${LODE_CLUSTER_MAX_EXTRA_STALL_MS:-1000}"
-exec cargo nextest run --test e2e cluster:: --test-threads 1 --no-capture
+exec cargo nextest run --test e2e cluster:: --test-threads 1 --no-capture "$@"
