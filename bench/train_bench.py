@@ -16,6 +16,10 @@ program bench/train_program.py runs --steps steps and reports its rate over the 
     full     `lode train --workers N` (the full stateless cut), unchanged program
     cached   the input nearly free: one parsed batch cached and repeated, in process
 
+--variant NAME=DIR adds, in every round, the Lode configurations run again with DIR first on
+the training program's PYTHONPATH (another build of Lode's package, `pip install --target DIR
+./python`): a paired before/after of a change to the training side.
+
 --pin puts the training process on CPU 0 and everything else (Lode's dispatcher and workers,
 tf.data service's dispatcher and workers) on CPU 1; without it nothing is pinned. Lode's runs
 are checked against the plain run of the same round: their losses must be bit-identical (a
@@ -89,6 +93,7 @@ class Service:
 
     def __init__(self, python, workers, pin, tmp):
         self.procs, self.logs = [], []
+        tmp = tempfile.mkdtemp(prefix="service-", dir=tmp)  # no ready file of an earlier run
         ready = os.path.join(tmp, "dispatcher.addr")
         self.spawn(pinned(1, [python, PEER, "tf-dispatcher", "--ready", ready], pin), tmp, "dispatcher")
         wait_for(ready, self.procs, "tf.data service dispatcher")
@@ -122,8 +127,10 @@ class Service:
             log.close()
 
 
-def run_one(args, model, config, data, tmp):
+def run_one(args, model, config, data, tmp, path=None):
     losses = os.path.join(tmp, f"{model}.{config}.losses")
+    env = QUIET if path is None else {**QUIET, "PYTHONPATH": os.pathsep.join(
+        p for p in (path, QUIET.get("PYTHONPATH")) if p)}
     program = [args.python, PROGRAM, "--model", model, "--data", data, "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--losses", losses]
     service = None
@@ -140,7 +147,7 @@ def run_one(args, model, config, data, tmp):
             lode.append("--simple")
         cmd = pinned(1, lode + ["--", *pinned(0, program, args.pin)], args.pin)
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, env=QUIET, timeout=args.timeout)
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
     finally:
         if service is not None:
             service.__exit__()
@@ -161,25 +168,29 @@ def same_losses(a, b):
         return [line.split(" ", 2)[:2] for line in fa] == [line.split(" ", 2)[:2] for line in fb]
 
 
-def summary(rows, models, configs):
+def label(row):
+    return LABELS[row["config"]] + (f" [{row['variant']}]" if row.get("variant") else "")
+
+
+def summary(rows, models):
     out = ["| model | configuration | samples/s median [range] | x tf.data service | x plain TF "
            "| training CPU us/sample median [range] | CPU x plain |",
            "|---|---|---|---|---|---|---|"]
     for model in models:
         med = {}
-        for config in configs:
-            rs = [r for r in rows if r["model"] == model and r["config"] == config]
-            if rs:
-                med[config] = (statistics.median(r["samples_per_s"] for r in rs),
-                               statistics.median(r["cpu_us_per_sample"] for r in rs), rs)
-        for config, (rate, cpu, rs) in med.items():
+        for key in dict.fromkeys(label(r) for r in rows if r["model"] == model):
+            rs = [r for r in rows if r["model"] == model and label(r) == key]
+            med[key] = (statistics.median(r["samples_per_s"] for r in rs),
+                        statistics.median(r["cpu_us_per_sample"] for r in rs), rs)
+        for key, (rate, cpu, rs) in med.items():
             rates = [r["samples_per_s"] for r in rs]
             cpus = [r["cpu_us_per_sample"] for r in rs]
 
             def ratio(base, value, i):
+                base = LABELS[base]
                 return f"{value / med[base][i]:.2f}x" if base in med else "-"
 
-            out.append(f"| {model} | {LABELS[config]} | {rate:,.0f} [{min(rates):,.0f}-{max(rates):,.0f}] "
+            out.append(f"| {model} | {key} | {rate:,.0f} [{min(rates):,.0f}-{max(rates):,.0f}] "
                        f"| {ratio('service', rate, 0)} | {ratio('plain', rate, 0)} "
                        f"| {cpu:.2f} [{min(cpus):.2f}-{max(cpus):.2f}] | {ratio('plain', cpu, 1)} |")
     return "\n".join(out)
@@ -193,6 +204,8 @@ def main():
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=DIR",
+                    help="also run the Lode configurations with DIR first on PYTHONPATH")
     ap.add_argument("--pin", action="store_true", help="the training process on CPU 0, the rest on CPU 1")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--out", default=os.path.join(REPO, "target", "bench-data", "train-results.jsonl"))
@@ -208,6 +221,12 @@ def main():
     for c in configs:
         if c not in CONFIGS:
             die(f"--configs: {c!r} is not one of {', '.join(CONFIGS)}")
+    variants = []
+    for v in args.variant:
+        name, sep, path = v.partition("=")
+        if not sep or not name or not os.path.isdir(os.path.join(path, "lode")):
+            die(f"--variant {v!r}: expected NAME=DIR, DIR holding a `lode` package")
+        variants.append((name, os.path.abspath(path)))
     if args.rounds < 1 or args.workers < 1 or not 0 < args.warmup < args.steps:
         die("--rounds and --workers must be positive, --warmup between 0 and --steps")
     if not os.access(args.python, os.X_OK):
@@ -225,32 +244,35 @@ def main():
             for model in models:
                 data = os.path.join(data_root, model, "data")
                 plain_losses = None
-                for config in configs:
+                runs = [(c, None, None) for c in configs] + [
+                    (c, name, path) for name, path in variants for c in configs if c in ("simple", "full")]
+                for config, variant, path in runs:
+                    what = f"{model} {config}" + (f" [{variant}]" if variant else "")
                     try:
-                        row, losses = run_one(args, model, config, data, tmp)
+                        row, losses = run_one(args, model, config, data, tmp, path)
                     except (RuntimeError, subprocess.TimeoutExpired) as e:
-                        failures.append(f"round {rnd} {model} {config}: {e}")
-                        print(f"FAILED round {rnd} {model} {config}: {e}", file=sys.stderr)
+                        failures.append(f"round {rnd} {what}: {e}")
+                        print(f"FAILED round {rnd} {what}: {e}", file=sys.stderr)
                         continue
-                    row.update(config=config, round=rnd, pin=args.pin, workers=args.workers, started=started)
+                    row.update(config=config, variant=variant, round=rnd, pin=args.pin, workers=args.workers, started=started)
                     if config == "plain":
                         plain_losses = losses + ".plain"
                         os.replace(losses, plain_losses)
                     elif config in ("simple", "full") and plain_losses is not None:
                         row["losses_identical"] = same_losses(plain_losses, losses)
                         if not row["losses_identical"]:
-                            failures.append(f"round {rnd} {model} {config}: losses differ from plain TF's")
+                            failures.append(f"round {rnd} {what}: losses differ from plain TF's")
                     rows.append(row)
                     out.write(json.dumps(row) + "\n")
                     out.flush()
-                    print(f"round {rnd} {model:9} {LABELS[config]:22} {row['samples_per_s']:9,.0f} samples/s "
+                    print(f"round {rnd} {model:9} {label(row):28} {row['samples_per_s']:9,.0f} samples/s "
                           f"{row['cpu_us_per_sample']:6.2f} us CPU/sample"
                           + (f" losses {'identical' if row['losses_identical'] else 'DIFFER'}"
                              if "losses_identical" in row else ""), flush=True)
     pin = "pinned (training CPU 0, the rest CPU 1)" if args.pin else "unpinned"
     print(f"\n{started}, {args.rounds} rounds, {args.steps} steps (steady after {args.warmup}), "
           f"{args.workers} workers, {pin}\n")
-    print(summary(rows, models, configs))
+    print(summary(rows, models))
     for f in failures:
         print(f"FAILED: {f}", file=sys.stderr)
     sys.exit(1 if failures else 0)

@@ -131,15 +131,27 @@ def _replacement(source):
 
 
 class _Translator:
-    """Maps the program's graph elements to the training graph's elements of the same name."""
+    """Maps the program's graph elements to the training graph's elements of the same name.
+
+    One per session: each element of the program's graph is looked up once (the lookup by
+    name is what costs), later runs that fetch it again find it in `memo`, so that a run's
+    translation is a walk of its fetch structure (as `make_callable` does it once)."""
 
     def __init__(self, source, target):
-        self.source = source
-        self.target = target
-
-    def __call__(self, x):
         import tensorflow as tf
 
+        self.source = source
+        self.target = target
+        self.tf = tf
+        self.elements = (tf.Tensor, tf.Operation)
+        # id(element) -> (element, its training-graph element); holding the element keeps
+        # its id from being reused by another object.
+        self.memo = {}
+
+    def __call__(self, x):
+        hit = self.memo.get(id(x))
+        if hit is not None and hit[0] is x:
+            return hit[1]
         if x is None or isinstance(x, (str, bytes)):
             return x
         if isinstance(x, list):
@@ -153,12 +165,17 @@ class _Translator:
                 return type(x)(items)
             except TypeError:
                 return dict(items)
+        tf = self.tf
         if isinstance(x, tf.SparseTensor):
             return tf.SparseTensor(self(x.indices), self(x.values), self(x.dense_shape))
         if isinstance(x, tf.IndexedSlices):
             return tf.IndexedSlices(self(x.values), self(x.indices), self(x.dense_shape))
-        if isinstance(x, (tf.Tensor, tf.Operation)):
-            return self.element(x.name) if x.graph is self.source else x
+        if isinstance(x, self.elements):
+            if x.graph is not self.source:
+                return x
+            y = self.element(x.name)
+            self.memo[id(x)] = (x, y)
+            return y
         element = getattr(x, "_as_graph_element", None)
         if callable(element):
             el = element()
@@ -183,9 +200,14 @@ def _extend(source, target):
     """Ops the program added to its graph after the session was created (an initializer, a
     saver): TensorFlow sends them with the next run, so they go into the training graph too.
     They read training-side names; one that reads data-side work cannot be added."""
+    # The graph's version grows with each op added: a run on an unchanged graph (every run
+    # of a training loop) costs no look at its ops.
+    if source.version == _state.get("version"):
+        return
     ops = source.get_operations()
     known = _state.get("known", len(ops))
     if len(ops) <= known:
+        _state["version"] = source.version
         return
     import tensorflow as tf
 
@@ -232,6 +254,7 @@ def _extend(source, target):
     for name in added:
         renamed[name] = f"{prefix}/{name}"
     _state["known"] = len(ops)
+    _state["version"] = source.version
 
 
 def _patch_session(module):
@@ -247,33 +270,36 @@ def _patch_session(module):
             return init(self, target, graph, config)
         init(self, target, replacement, config)
         self._lode_source = source
+        self._lode_translator = _Translator(source, replacement)
+        self._lode_finished = native().lode_run_finished
 
     def lode_run(self, fetches, feed_dict=None, options=None, run_metadata=None):
         source = getattr(self, "_lode_source", None)
         if source is None:
             return run(self, fetches, feed_dict, options, run_metadata)
         _extend(source, self.graph)
-        t = _Translator(source, self.graph)
+        t = self._lode_translator
         try:
             return run(self, t(fetches), t.feeds(feed_dict), options, run_metadata)
         finally:
-            native().lode_run_finished()
+            self._lode_finished()
 
     def lode_make_callable(self, fetches, feed_list=None, accept_options=False):
         source = getattr(self, "_lode_source", None)
         if source is None:
             return make_callable(self, fetches, feed_list, accept_options)
         _extend(source, self.graph)
-        t = _Translator(source, self.graph)
+        t = self._lode_translator
         call = make_callable(self, t(fetches), t(feed_list), accept_options)
+        finished = self._lode_finished
 
-        def finished(*args, **kwargs):
+        def call_and_finish(*args, **kwargs):
             try:
                 return call(*args, **kwargs)
             finally:
-                native().lode_run_finished()
+                finished()
 
-        return finished
+        return call_and_finish
 
     session = module.Session
     enter = session.__enter__
