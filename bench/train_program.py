@@ -14,11 +14,13 @@ copy of it a tf.data service user writes (the parsed dataset `distribute`d to th
 `parallel_epochs`); `--cached` is the input nearly free (one parsed batch cached and repeated).
 
 The last line of stdout is one JSON object: steps, the steady window's steps (after --warmup),
-its samples per second, and the process's own CPU (`time.process_time`: every thread of this
-process, TensorFlow's, tf.data's and Lode's receiver's) per sample over that window.
+its samples per second, the process's own CPU (`time.process_time`: every thread of this
+process, TensorFlow's, tf.data's and Lode's receiver's) per sample over that window, and
+Python's garbage collections per generation over it (with the objects the collector tracks).
 """
 
 import argparse
+import gc
 import json
 import os
 import struct
@@ -48,8 +50,8 @@ def session_config():
 class Clock:
     """Step count, and the wall and CPU clocks read when the steady window starts and ends."""
 
-    def __init__(self, warmup, out):
-        self.warmup, self.out, self.steps = warmup, out, 0
+    def __init__(self, warmup, out, steady_file=None):
+        self.warmup, self.out, self.steps, self.steady_file = warmup, out, 0, steady_file
         self.start = self.end = None
 
     def step(self, value):
@@ -58,9 +60,15 @@ class Clock:
         self.steps += 1
         if self.steps == self.warmup:
             self.start = (time.perf_counter(), time.process_time())
+            self.gc_start = [g["collections"] for g in gc.get_stats()]
+            if self.steady_file:
+                with open(self.steady_file + ".tmp", "w") as f:
+                    f.write(f"{os.getpid()}\n")
+                os.replace(self.steady_file + ".tmp", self.steady_file)
 
     def stop(self):
         self.end = (time.perf_counter(), time.process_time())
+        self.gc_end = [g["collections"] for g in gc.get_stats()]
 
     def report(self, args):
         if self.start is None:
@@ -70,7 +78,11 @@ class Clock:
         return {"model": args.model, "steps": self.steps, "steady_steps": steady,
                 "samples_per_s": steady * BATCH / wall,
                 "cpu_us_per_sample": cpu * 1e6 / (steady * BATCH),
-                "cpu_share": cpu / wall}
+                "cpu_share": cpu / wall,
+                # Python's collections of each generation over the window, per 1,000 steps.
+                "gc_per_1000_steps": [round((e - s) * 1000 / steady, 2)
+                                      for e, s in zip(self.gc_end, self.gc_start)],
+                "gc_objects": len(gc.get_objects())}
 
 
 def wide_deep(args, clock):
@@ -116,6 +128,7 @@ def main():
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--warmup", type=int, default=500, help="steps before the steady window")
     p.add_argument("--losses", default=os.devnull)
+    p.add_argument("--steady-file", help="written with this process's id when the window starts")
     variant = p.add_mutually_exclusive_group()
     variant.add_argument("--service", help="tf.data service dispatcher (grpc://HOST:PORT)")
     variant.add_argument("--cached", action="store_true", help="one parsed batch, repeated")
@@ -124,7 +137,7 @@ def main():
         p.error("--warmup must be positive and less than --steps")
     tf.compat.v1.disable_eager_execution()
     with open(args.losses, "w") as out:
-        clock = Clock(args.warmup, out)
+        clock = Clock(args.warmup, out, args.steady_file)
         (wide_deep if args.model == "wide_deep" else deepfm)(args, clock)
     print(json.dumps(clock.report(args)), flush=True)
 
