@@ -11,7 +11,9 @@ subgraph as a graph optimization pass would):
   on that graph instead, and the process connects to the job (one receiver per process).
 - `run` and `make_callable` translate what the program fetches and feeds (tensors, operations,
   variables, nested structures) into the training graph's elements of the same names, and tell
-  the training side when a run has finished (its step is then consumed).
+  the training side when a run has finished (its step is then consumed). A run without feeds
+  goes through a callable made once per distinct fetch structure (`_Callables`), so that a
+  training loop's step costs no per-run translation in TensorFlow's Python either.
 - `Saver.save` writes the next step beside the checkpoint (`PREFIX.lode.json`); `Saver.restore`
   reads it back, so a restarted program receives the step after its checkpoint.
 
@@ -196,6 +198,54 @@ class _Translator:
         return {self(k): v for k, v in feed_dict.items()}
 
 
+class _Callables:
+    """`session.run` without feeds, once per distinct fetch structure, as a callable of the
+    training graph (`make_callable` with options): TensorFlow's per-run Python (the fetch
+    handler, the feed checks) then runs once per structure, not once per step. The results are
+    the ones `run` returns (the same fetch handler builds them), the errors the same types.
+
+    A structure is keyed by its shape and the ids of its elements; the entry holds the
+    elements, so that no other object takes their ids while it lives. At most `LIMIT`
+    structures are kept (the oldest goes first); anything but lists, tuples, dicts, tensors
+    and operations of the program's graph is not cached (`run` takes it as it is)."""
+
+    LIMIT = 64
+
+    def __init__(self, session, translator, make_callable):
+        self.session = session
+        self.translator = translator
+        self.make_callable = make_callable
+        self.entries = {}
+
+    def key(self, x, leaves):
+        if isinstance(x, self.translator.elements):
+            if x.graph is not self.translator.source:
+                return None
+            leaves.append(x)
+            return id(x)
+        if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
+            parts = tuple(self.key(v, leaves) for v in x)
+            return None if None in parts else (type(x), parts)
+        if type(x) is dict:
+            parts = tuple((k, self.key(v, leaves)) for k, v in x.items())
+            return None if any(p is None for _, p in parts) else (dict, parts)
+        return None
+
+    def get(self, fetches):
+        """The callable for `fetches`, or None when they are not cached."""
+        leaves = []
+        key = self.key(fetches, leaves)
+        if key is None:
+            return None
+        entry = self.entries.get(key)
+        if entry is None:
+            if len(self.entries) >= self.LIMIT:
+                del self.entries[next(iter(self.entries))]
+            call = self.make_callable(self.session, self.translator(fetches), None, True)
+            entry = self.entries[key] = (call, leaves)
+        return entry[0]
+
+
 def _extend(source, target):
     """Ops the program added to its graph after the session was created (an initializer, a
     saver): TensorFlow sends them with the next run, so they go into the training graph too.
@@ -271,6 +321,7 @@ def _patch_session(module):
         init(self, target, replacement, config)
         self._lode_source = source
         self._lode_translator = _Translator(source, replacement)
+        self._lode_callables = _Callables(self, self._lode_translator, make_callable)
         self._lode_finished = native().lode_run_finished
 
     def lode_run(self, fetches, feed_dict=None, options=None, run_metadata=None):
@@ -280,6 +331,9 @@ def _patch_session(module):
         _extend(source, self.graph)
         t = self._lode_translator
         try:
+            call = None if feed_dict or self._closed else self._lode_callables.get(fetches)
+            if call is not None:
+                return call(options=options, run_metadata=run_metadata)
             return run(self, t(fetches), t.feeds(feed_dict), options, run_metadata)
         finally:
             self._lode_finished()
