@@ -137,9 +137,7 @@ pub unsafe extern "C" fn lode_recv(
     match with_side(|s| s.recv(run, stage, &cancelled)) {
         // SAFETY: `out` is non-null and valid for a write (the caller's contract).
         Ok(received) => unsafe { hand_out(received, out) },
-        Err(SideError::Consumer(lode_train::consumer::ConsumerError::Cancelled)) => {
-            LODE_CANCELLED
-        }
+        Err(SideError::Consumer(lode_train::consumer::ConsumerError::Cancelled)) => LODE_CANCELLED,
         Err(e) => fail(e),
     }
 }
