@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 
+from losses import QUIET, compare, losses, run
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.normpath(os.path.join(HERE, "..", "..", "fixtures"))
 PROGRAMS = os.path.join(FIXTURES, "programs")
@@ -50,26 +52,6 @@ FALLBACKS = {
     "none": "without Lode serving an input pipeline",
 }
 
-QUIET = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-
-
-def run(cmd, timeout=600, check=True):
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=QUIET)
-    if check and done.returncode != 0:
-        raise AssertionError(f"{cmd} exited {done.returncode}:\n{done.stderr[-3000:]}")
-    return done
-
-
-def losses(path):
-    """step -> hex bits."""
-    out = {}
-    with open(path) as f:
-        for line in f:
-            step, bits, _ = line.split(" ", 2)
-            out[int(step)] = bits
-    return out
-
-
 def said(stderr):
     return [line for line in stderr.splitlines() if line.startswith("lode:")]
 
@@ -77,18 +59,6 @@ def said(stderr):
 def plain(script, args, path):
     run([sys.executable, os.path.join(PROGRAMS, script), *args, "--losses", path])
     return losses(path)
-
-
-def compare(label, expected, got, minimum):
-    if len(expected) < minimum:
-        return [f"{label}: the plain run made {len(expected)} steps, fewer than {minimum}"]
-    if expected != got:
-        diff = [s for s in sorted(expected) if expected.get(s) != got.get(s)]
-        first = diff[0] if diff else None
-        return [f"{label}: {len(diff)} of {len(expected)} steps differ (or are missing), first at step {first}"
-                f" ({expected.get(first)} vs {got.get(first)})"]
-    print(f"ok    {label}: {len(expected)} losses equal bit for bit")
-    return []
 
 
 def equivalence(lode, name, tmp):
