@@ -98,6 +98,9 @@ pub struct ControllerArgs {
     /// Print the CRDs (LodeJob, LodePool) as YAML and exit.
     #[arg(long)]
     pub print_crd: bool,
+    /// With --render: `text` prints a YAML stream, `json` one JSON array of the objects.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text, requires = "render")]
+    pub format: OutputFormat,
     // The CA for dispatchers of jobs with spec.tlsSecret (reached over https://).
     #[command(flatten)]
     pub tls: ClientTlsArgs,
@@ -607,10 +610,20 @@ pub struct DrainArgs {
 
 #[derive(Debug, Args)]
 pub struct TrainArgs {
-    /// Local data-worker processes (default: one per core); 0 with --announce lets workers
-    /// started elsewhere (or `lode scheduler`) supply them.
+    /// Local data-worker processes (default: one per core); 0: workers come from elsewhere
+    /// (`lode worker`s dialing --listen or the --announce file, a LodeJob's pools, `lode
+    /// scheduler`).
     #[arg(long)]
     pub workers: Option<usize>,
+    /// Serve the job's dispatcher on ADDR; `0.0.0.0:7070` in a pod, for data workers in other
+    /// pods. The job's token is LODE_TOKEN when set (a Kubernetes Secret), else a random one.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    pub listen: String,
+    /// The host other machines reach this one by (e.g. the pod IP from the downward API):
+    /// the training process's receiver then listens on every interface and registers as
+    /// HOST, and --announce publishes the dispatcher as HOST.
+    #[arg(long, value_name = "HOST", env = "LODE_ADVERTISE")]
+    pub advertise: Option<String>,
     /// Threads per local data worker.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
