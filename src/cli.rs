@@ -550,6 +550,8 @@ pub struct RunArgs {
 pub enum SchedulerBackend {
     /// `lode worker` processes on this machine, for jobs started with `lode run --announce`.
     Local,
+    /// The LodeJobs of a Kubernetes cluster: their LodePools' replicas and node affinity.
+    Kubernetes,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -567,8 +569,20 @@ pub struct SchedulerArgs {
     #[arg(long, value_enum, default_value_t = SchedulerBackend::Local)]
     pub backend: SchedulerBackend,
     /// The directory jobs are announced in (`lode run --announce DIR`); read every round.
-    #[arg(long, value_name = "DIR")]
-    pub jobs: PathBuf,
+    /// Local backend only (and needed there).
+    #[arg(long, value_name = "DIR", required_if_eq("backend", "local"))]
+    pub jobs: Option<PathBuf>,
+    /// Kubernetes backend: schedule the LodeJobs of this namespace only (default: every
+    /// namespace). Also LODE_NAMESPACE.
+    #[arg(long, env = "LODE_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Kubernetes backend: only nodes with this label hold data workers (`KEY=VALUE`,
+    /// repeatable).
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub node_selector: Vec<String>,
+    /// Kubernetes backend: how long a dispatcher has to answer a Status or Drain RPC.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub dispatcher_timeout: std::time::Duration,
     /// Time between rounds.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub interval: std::time::Duration,

@@ -39,7 +39,7 @@ pub fn client_tls(ca: Option<&Path>) -> anyhow::Result<Option<ClientTls>> {
     Ok(ca.map(ClientTls::from_ca_file).transpose()?)
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
