@@ -176,13 +176,24 @@ fn deployment(job: &str) -> Value {
 /// A reading: `consumed` steps consumed and computed, `compute_s` of worker time (spread over
 /// `workers`, named as their pods), `busy_s` of the training side's busy time.
 fn reading(consumed: u64, compute_s: u64, busy_s: u64, workers: &[(&str, u64)]) -> StatusResponse {
+    reading_of(consumed, compute_s, busy_s, workers, 1_000_000)
+}
+
+/// [`reading`] of a job of one epoch of `per_epoch` steps.
+fn reading_of(
+    consumed: u64,
+    compute_s: u64,
+    busy_s: u64,
+    workers: &[(&str, u64)],
+    per_epoch: u64,
+) -> StatusResponse {
     let n = workers.len().max(1) as u64;
     StatusResponse {
         steps_consumed: consumed,
         steps_computed: consumed,
         compute_us: compute_s * 1_000_000,
         consumer_busy_us: busy_s * 1_000_000,
-        steps_per_epoch: 1_000_000,
+        steps_per_epoch: per_epoch,
         epochs: 1,
         stages: 1,
         workers: workers
@@ -227,15 +238,16 @@ fn scheduler(
     )
 }
 
-/// Two jobs on one GPU node with two CPU-only nodes of data-worker room: `hungry` consumes
-/// 100 steps/s and its one worker makes them at full load (it waits on data); `sated` consumes
-/// 10 steps/s, its worker mostly idle (the training side is the bottleneck).
+/// Two jobs on one GPU node with two CPU-only nodes of 4 CPUs for data workers, both waiting
+/// on data (their one worker busy all the time): `hungry` consumes 100 steps/s and has a
+/// million steps to go, `short` consumes 20 steps/s and has 2800 to go. MaxTP gives more to
+/// the job a worker speeds up most, SRTF to the one that finishes first, Fair splits evenly.
 fn two_jobs() -> (Cluster, BTreeMap<String, VecDeque<StatusResponse>>) {
     let cluster = Cluster {
         nodes: vec![
             node("gpu-0", 8, "16"),
-            node("cpu-0", 0, "16"),
-            node("cpu-1", 0, "16"),
+            node("cpu-0", 0, "4"),
+            node("cpu-1", 0, "4"),
         ],
         pods: vec![
             pod(
@@ -246,18 +258,18 @@ fn two_jobs() -> (Cluster, BTreeMap<String, VecDeque<StatusResponse>>) {
                 4,
             ),
             pod(
-                "sated-train",
+                "short-train",
                 "gpu-0",
-                json!({"app": "sated-train"}),
+                json!({"app": "short-train"}),
                 "4",
                 4,
             ),
             worker_pod("hungry", 0, "cpu-0"),
-            worker_pod("sated", 0, "cpu-1"),
+            worker_pod("short", 0, "cpu-1"),
         ],
-        jobs: vec![lodejob("hungry"), lodejob("sated")],
-        pools: vec![pool("hungry", 1, 16, "lode"), pool("sated", 1, 16, "lode")],
-        deployments: vec![deployment("hungry"), deployment("sated")],
+        jobs: vec![lodejob("hungry"), lodejob("short")],
+        pools: vec![pool("hungry", 1, 16, "lode"), pool("short", 1, 16, "lode")],
+        deployments: vec![deployment("hungry"), deployment("short")],
     };
     let answers = BTreeMap::from([
         (
@@ -268,10 +280,10 @@ fn two_jobs() -> (Cluster, BTreeMap<String, VecDeque<StatusResponse>>) {
             ]),
         ),
         (
-            "http://sated:7070".to_owned(),
+            "http://short:7070".to_owned(),
             VecDeque::from([
-                reading(0, 0, 0, &[("sated-w0", 1)]),
-                reading(100, 1, 10, &[("sated-w0", 1)]),
+                reading_of(0, 0, 0, &[("short-w0", 1)], 3000),
+                reading_of(200, 10, 1, &[("short-w0", 1)], 3000),
             ]),
         ),
     ]);
@@ -280,9 +292,9 @@ fn two_jobs() -> (Cluster, BTreeMap<String, VecDeque<StatusResponse>>) {
 
 /// The facts of `two_jobs`, written out by hand: what the kube layer must read from the cluster.
 fn two_jobs_facts(round: usize) -> ClusterFacts {
-    let node = |name: &str, gpus, other: u64, other_mem: u64| NodeFacts {
+    let node = |name: &str, gpus, cpu: u64, other: u64, other_mem: u64| NodeFacts {
         name: name.into(),
-        allocatable_cpu_millicores: 16_000,
+        allocatable_cpu_millicores: cpu,
         allocatable_memory_bytes: 64 << 30,
         other_cpu_requests_millicores: other,
         other_memory_requests_bytes: other_mem,
@@ -316,11 +328,11 @@ fn two_jobs_facts(round: usize) -> ClusterFacts {
     };
     ClusterFacts {
         nodes: vec![
-            node("gpu-0", 8, 8000, 2 << 30),
-            node("cpu-0", 0, 0, 0),
-            node("cpu-1", 0, 0, 0),
+            node("gpu-0", 8, 16_000, 8000, 2 << 30),
+            node("cpu-0", 0, 4000, 0, 0),
+            node("cpu-1", 0, 4000, 0, 0),
         ],
-        jobs: vec![job("hungry", "cpu-0"), job("sated", "cpu-1")],
+        jobs: vec![job("hungry", "cpu-0"), job("short", "cpu-1")],
     }
 }
 
@@ -394,12 +406,11 @@ async fn replicas_and_affinities_are_what_decide_chose_under_each_policy() {
                         .map(|p| p.replicas)
                         .unwrap_or(0)
                 };
-                if policy == Policy::MaxTp {
-                    assert!(
-                        want("ml/hungry") > want("ml/sated"),
-                        "MaxTp gives the data-bound job more workers: {:?}",
-                        expected.pools
-                    );
+                let (hungry, short) = (want("ml/hungry"), want("ml/short"));
+                match policy {
+                    Policy::MaxTp => assert!(hungry > short, "{policy:?}: {hungry} vs {short}"),
+                    Policy::Srtf => assert!(short > hungry, "{policy:?}: {hungry} vs {short}"),
+                    Policy::Fair => assert_eq!(hungry, short, "{policy:?}"),
                 }
                 let events = writes
                     .iter()
