@@ -515,7 +515,7 @@ def cmd_check(args):
             same = got.shape == want.shape and got.dtype == want.dtype
             if same and got.dtype.kind == "f":
                 # x / c: Lode multiplies by 1/c as grappler rewrites it in a session; tf.data's
-                # function runtime divides, so a float may be 1 ulp apart (README, "Stage
+                # function runtime divides, so a float may be 1 ulp apart (docs/architecture.md, "Stage
                 # equivalence")
                 bits = np.dtype(f"i{got.dtype.itemsize}")
                 ulps = np.abs(got.view(bits).astype(np.int64) - want.view(bits))

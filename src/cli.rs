@@ -364,6 +364,13 @@ pub struct DispatcherArgs {
     /// How long a worker may hold a step before it is leased again.
     #[arg(long, default_value_t = 10_000)]
     pub lease_ms: u64,
+    /// How often workers heartbeat; one silent for --missed-heartbeats of them is lost and
+    /// its steps are leased again.
+    #[arg(long, default_value_t = lode_dispatcher::service::DEFAULT_HEARTBEAT_MS)]
+    pub heartbeat_ms: u64,
+    /// Heartbeat intervals a worker may stay silent before it is declared lost.
+    #[arg(long, default_value_t = lode_dispatcher::service::DEFAULT_MISSED_HEARTBEATS)]
+    pub missed_heartbeats: u32,
     /// Steps one worker may hold at once (it leases up to half of them in one request).
     #[arg(long, default_value_t = lode_dispatcher::DEFAULT_MAX_LEASES)]
     pub max_leases: u32,

@@ -195,6 +195,8 @@ pub fn run_dispatcher(args: DispatcherArgs, out: &mut dyn std::io::Write) -> any
     service.tls = tls;
     service.stop_at_end = !args.keep_serving;
     service.journal_compact_bytes = args.journal_compact;
+    service.heartbeat_interval = Duration::from_millis(args.heartbeat_ms);
+    service.missed_heartbeats = args.missed_heartbeats;
     runtime()?.block_on(async {
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await

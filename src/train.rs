@@ -12,7 +12,7 @@ use anyhow::{bail, Context as _};
 use lode_dispatcher::{JobId, RunSettings, ServiceConfig, DEFAULT_MAX_LEASES};
 use lode_proto::plan::PlanDir;
 use lode_scheduler::local::WorkerCommand;
-use lode_train::hook::{self, Accepted, GraphId, GraphRequest, JobAddress, Refusal};
+use lode_train::hook::{self, Accepted, GraphId, GraphRequest, JobAddress, Refusal, RequestKind};
 
 use crate::cli::TrainArgs;
 use crate::runtime::{client_tls, dispatcher_config, LocalJob};
@@ -161,10 +161,20 @@ pub fn run_train(args: TrainArgs, out: &mut dyn std::io::Write) -> anyhow::Resul
         strict: args.strict,
     };
     let (status, job) = hook::run_program(&program, move |request| start_job(request, &settings))?;
+    let served = job.is_some();
     // The job ends with the program: workers killed, the dispatcher stopped.
     drop(job);
     out.flush()?;
     drop(scratch);
+    if args.strict && !served && status.success() {
+        // Nothing said no, yet nothing was trained on Lode: the program never created a
+        // session on a graph with a pipeline nor iterated a tf.data dataset. (Without
+        // --strict the hook says so at the program's exit.)
+        bail!(
+            "--strict: the program ended without Lode serving an input pipeline (it created no \
+             session on a graph with a tf.data pipeline and iterated no tf.data dataset)"
+        );
+    }
     match status.code() {
         Some(0) => Ok(()),
         Some(code) => Err(ProgramExit(code).into()),
@@ -233,9 +243,13 @@ fn start_job(request: &GraphRequest, settings: &Settings) -> Result<(LocalJob, A
     // The training side ends each pass of the iterator itself (an iterator may be initialized
     // again): the job's order runs on for as many passes as the program asks for.
     let pass_steps = config.total_steps().filter(|&n| n != u64::MAX);
-    // Each initialization creates the program's pipeline anew (its seed generators too), so
-    // every pass has the first pass's order.
-    config.restart_every = config.epochs;
+    // A TF1 initialization creates the program's pipeline anew (its seed generators too), so
+    // every pass has the first pass's order. A TF2 dataset keeps its seed generators across
+    // its iterators: pass k is epoch k, the order running on.
+    config.restart_every = match request.kind {
+        RequestKind::Session => config.epochs,
+        RequestKind::Dataset => None,
+    };
     config.epochs = None;
     let journal = settings.dir.join("journal");
     let (mut service, _) =

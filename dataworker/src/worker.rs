@@ -336,6 +336,57 @@ async fn run_registration(
     let stage_index = reg.stage;
     WorkerStats::add(&stats.registrations, 1);
     tracing::info!(worker_id, stage = stage_index, "registered");
+    let shared = Arc::new(Mutex::new(Shared {
+        receiver_addr: reg.receiver_addr.clone(),
+        draining: false,
+        end_of_data: false,
+        generation: 0,
+        heard: std::time::Instant::now(),
+        lost: None,
+    }));
+    let heartbeat = {
+        let mut client = dispatcher.clone();
+        let shared = shared.clone();
+        let job = config.job;
+        let every = Duration::from_millis(reg.heartbeat_interval_ms.max(10));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                match client
+                    .heartbeat(HeartbeatRequest {
+                        job_id: job,
+                        worker_id,
+                    })
+                    .await
+                {
+                    Ok(answer) => {
+                        let answer = answer.into_inner();
+                        if let Ok(mut s) = shared.lock() {
+                            s.heard = std::time::Instant::now();
+                            s.draining = answer.draining;
+                            s.end_of_data |= answer.end_of_data;
+                            s.generation = s.generation.max(answer.generation);
+                            if !answer.receiver_addr.is_empty() {
+                                s.receiver_addr = answer.receiver_addr;
+                            }
+                        }
+                    }
+                    Err(status) if status.code() == tonic::Code::NotFound => {
+                        if let Ok(mut s) = shared.lock() {
+                            s.lost = Some(status.message().to_owned());
+                        }
+                    }
+                    Err(status) => tracing::warn!(%status, "heartbeat failed"),
+                }
+            }
+        })
+    };
+    // Stopped when the worker stops, also on the error paths: a worker that registers again
+    // must not leave the old registration's heartbeat running. Started before the stage
+    // loads (which reads its data source and may take seconds on a busy host): the
+    // dispatcher declares a worker silent for about a second lost.
+    let heartbeat_guard = AbortOnDrop(heartbeat.abort_handle());
     let plan: Plan = serde_json::from_str(&reg.plan_json).map_err(|e| bad("plan", e))?;
     let graph: GraphDef =
         lode_proto::io::decode_binary(&reg.stage_graph).map_err(|e| bad("stage graph", e))?;
@@ -389,56 +440,6 @@ async fn run_registration(
             Some((i, s.send.tensors.iter().map(|t| t.tensor.clone()).collect()))
         })
         .collect();
-
-    let shared = Arc::new(Mutex::new(Shared {
-        receiver_addr: reg.receiver_addr.clone(),
-        draining: false,
-        end_of_data: false,
-        generation: 0,
-        heard: std::time::Instant::now(),
-        lost: None,
-    }));
-    let heartbeat = {
-        let mut client = dispatcher.clone();
-        let shared = shared.clone();
-        let job = config.job;
-        let every = Duration::from_millis(reg.heartbeat_interval_ms.max(10));
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            loop {
-                tick.tick().await;
-                match client
-                    .heartbeat(HeartbeatRequest {
-                        job_id: job,
-                        worker_id,
-                    })
-                    .await
-                {
-                    Ok(answer) => {
-                        let answer = answer.into_inner();
-                        if let Ok(mut s) = shared.lock() {
-                            s.heard = std::time::Instant::now();
-                            s.draining = answer.draining;
-                            s.end_of_data |= answer.end_of_data;
-                            s.generation = s.generation.max(answer.generation);
-                            if !answer.receiver_addr.is_empty() {
-                                s.receiver_addr = answer.receiver_addr;
-                            }
-                        }
-                    }
-                    Err(status) if status.code() == tonic::Code::NotFound => {
-                        if let Ok(mut s) = shared.lock() {
-                            s.lost = Some(status.message().to_owned());
-                        }
-                    }
-                    Err(status) => tracing::warn!(%status, "heartbeat failed"),
-                }
-            }
-        })
-    };
-    // Stopped when the worker stops, also on the error paths: a worker that registers again
-    // must not leave the old registration's heartbeat running.
-    let heartbeat_guard = AbortOnDrop(heartbeat.abort_handle());
 
     let mut out = Outbox {
         encoder: StepEncoder::new(CodecConfig {

@@ -7,7 +7,7 @@
 //! - **The lease limit.** A step counts against the worker's `max_leases` from its lease until
 //!   the dispatcher answered the report that completes it (the dispatcher counts it until then
 //!   too), so [`WorkerState::next_lease`] never asks for more than the room left: never more
-//!   than the limit outstanding.
+//!   than the limit outstanding, but for the one step of "Nothing waits on a lost step".
 //! - **Batches.** A lease asks for `k` steps and a report carries every delivered step not yet
 //!   reported (at most one of each in flight). `k` adapts so that a lease round trip is at
 //!   most [`ROUND_TRIP_SHARE`] of the work it buys: `k = ceil(round trip / (share · step
@@ -43,6 +43,15 @@
 //!   ([`WorkerState::hold_back`]): the receiver would refuse it too. The receiver sizes the
 //!   pause from its consumer's rate, so that the step comes back about when the window reaches
 //!   it.
+//! - **Nothing waits on a lost step.** When every step the worker holds is parked (the
+//!   receiver's window is full) and it has no room to lease, it still asks for one step, at
+//!   the dispatcher's pace: the window may be waiting for a step a lost worker held, which
+//!   the dispatcher has taken back and grants beyond a worker's share (and only such a
+//!   step), one at most (never more than the limit and one outstanding). Otherwise every
+//!   worker would sit on parked steps until its leases expired.
+//! - **A slow worker holds little.** A worker holds at most what it computes in
+//!   [`HOLD_HORIZON`] at its measured step time ([`WorkerState::held_limit`]), so a
+//!   straggler's steps are not the ones the training side waits for.
 //! - **Revoked at once.** When a receiver registers or the training side rewinds, the
 //!   dispatcher revokes every lease and its lease generation goes up; lease and heartbeat
 //!   answers carry it. The queued and parked steps of an older generation are dropped at once
@@ -97,6 +106,16 @@ pub const MAX_REPORT_DELAY: Duration = Duration::from_millis(250);
 
 /// Weight of a new sample in the moving averages of step time and round trip.
 const EWMA_WEIGHT: f64 = 0.2;
+
+/// About the most work, in the worker's own measured step time, that it holds at once (see
+/// [`WorkerState::held_limit`]): a slow worker (a throttled CPU, a busy host) holds few steps,
+/// so that the training side, which needs steps in order, never waits long on one that sits
+/// in a slow worker's queue while its peers could have computed it.
+pub const HOLD_HORIZON: Duration = Duration::from_millis(150);
+
+/// The fewest steps [`WorkerState::held_limit`] allows: one computing and one leased ahead,
+/// so that a slow step never waits for a lease round trip.
+pub const MIN_HELD: usize = 2;
 
 /// A leased step, as the worker holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -194,6 +213,9 @@ pub struct WorkerState {
     /// Steps in the report in flight (still counted by the dispatcher).
     reporting: usize,
     lease_in_flight: bool,
+    /// Steps the lease request in flight asked for beyond the limit: 1 when everything held
+    /// was parked (see the module docs), else 0.
+    beyond: usize,
     /// After a `Wait` answer: no lease request before this.
     lease_not_before: Option<Instant>,
     end: Option<End>,
@@ -219,6 +241,7 @@ impl WorkerState {
             delivered_since: None,
             reporting: 0,
             lease_in_flight: false,
+            beyond: 0,
             lease_not_before: None,
             end: None,
             draining: false,
@@ -233,11 +256,37 @@ impl WorkerState {
         self.max_leases
     }
 
+    /// The steps the worker lets itself hold now: the dispatcher's limit, and at most what it
+    /// computes in [`HOLD_HORIZON`] at its measured step time (at least [`MIN_HELD`]). A
+    /// worker 4x slower than its peers then holds a quarter as many steps, and the ones it
+    /// holds are done about as soon as theirs.
+    pub fn held_limit(&self) -> usize {
+        let Some(step) = self.step_time.filter(|t| *t > 0.0) else {
+            return self.max_leases;
+        };
+        let steps = HOLD_HORIZON.as_secs_f64() / step;
+        if !steps.is_finite() || steps >= self.max_leases as f64 {
+            return self.max_leases;
+        }
+        // Below max_leases (a usize): the conversion cannot truncate.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let steps = steps.ceil() as usize;
+        steps.max(MIN_HELD).min(self.max_leases)
+    }
+
     /// The dispatcher's lease limit for this worker changed (its share of the training side's
     /// window, which changes as workers join and leave): steps held past a lower limit stay,
     /// and the worker leases again once it holds fewer.
     pub fn set_max_leases(&mut self, max_leases: u32) {
         self.max_leases = usize::try_from(max_leases.max(1)).unwrap_or(usize::MAX);
+    }
+
+    /// Whether every step held waits on the receiver's window (parked), none to run or send.
+    fn all_parked(&self) -> bool {
+        !self.parked.is_empty()
+            && self.queued.is_empty()
+            && self.running.is_empty()
+            && self.pushing.is_empty()
     }
 
     /// Steps the dispatcher counts as this worker's: leased and not yet reported back.
@@ -258,7 +307,7 @@ impl WorkerState {
 
     /// Steps asked for per lease now (see the module docs).
     pub fn batch_size(&self) -> u32 {
-        let cap = u32::try_from(self.max_leases / 2)
+        let cap = u32::try_from(self.held_limit() / 2)
             .unwrap_or(u32::MAX)
             .clamp(1, MAX_BATCH);
         let (Some(step), Some(rtt)) = (self.step_time, self.round_trip) else {
@@ -313,9 +362,20 @@ impl WorkerState {
             1
         } else {
             let room = self
-                .max_leases
+                .held_limit()
                 .saturating_sub(outstanding.saturating_sub(freed));
             let k = usize::try_from(self.batch_size()).unwrap_or(1);
+            if room == 0 && self.all_parked() && outstanding <= self.max_leases {
+                // Everything held waits for the receiver's window, which waits for a step
+                // someone else held (a lost worker's, returned to the dispatcher): ask for
+                // one more, which the dispatcher grants beyond the share only when it is
+                // such a returned step, and otherwise answers with a pause. One at most:
+                // never more than the limit and one outstanding.
+                self.lease_in_flight = true;
+                self.lease_not_before = None;
+                self.beyond = 1;
+                return Some(1);
+            }
             // Enough work ahead already, or no room: wait for steps to finish.
             if room == 0 || self.queued.len() >= k {
                 return None;
@@ -330,6 +390,7 @@ impl WorkerState {
     /// The dispatcher granted `steps` (within what was asked) after a `round_trip`.
     pub fn leased(&mut self, steps: Vec<HeldStep>, round_trip: Duration) {
         self.lease_in_flight = false;
+        let limit = self.max_leases + std::mem::take(&mut self.beyond);
         self.round_trip = Some(ewma(self.round_trip, round_trip.as_secs_f64()));
         if let Some(newest) = steps.iter().map(|s| s.generation).max() {
             self.void_before(newest);
@@ -365,7 +426,7 @@ impl WorkerState {
                 continue;
             }
             // Beyond the limit would be a dispatcher bug; refuse to hold more than it allows.
-            if self.outstanding() < self.max_leases {
+            if self.outstanding() < limit {
                 self.queued.insert(at, step);
             }
         }
@@ -374,6 +435,7 @@ impl WorkerState {
     /// Nothing to lease now: ask again after `retry_after`.
     pub fn wait(&mut self, retry_after: Duration, now: Instant) {
         self.lease_in_flight = false;
+        self.beyond = 0;
         self.lease_not_before = Some(now + retry_after);
     }
 
@@ -385,6 +447,7 @@ impl WorkerState {
     /// The dispatcher answered end of data or drained: lease nothing more.
     pub fn ended(&mut self, end: End) {
         self.lease_in_flight = false;
+        self.beyond = 0;
         self.end = Some(end);
     }
 
@@ -648,7 +711,7 @@ impl WorkerState {
         }
         let k = usize::try_from(self.batch_size()).unwrap_or(1);
         let due = self.delivered.len() >= k.saturating_mul(2).min(MAX_REPORT)
-            || (self.queued.len() < k && self.max_leases.saturating_sub(self.outstanding()) < k)
+            || (self.queued.len() < k && self.held_limit().saturating_sub(self.outstanding()) < k)
             || self.report_due().is_some_and(|t| now >= t)
             || (self.queued.is_empty() && self.running.is_empty() && self.pushing.is_empty())
             || self.draining

@@ -479,6 +479,12 @@ impl DispatcherState {
         self.stage(stage)?.leases.get(&seq).copied()
     }
 
+    /// Whether `stage` has a returned step (its lease expired or was revoked) waiting to be
+    /// leased again: likely the one the training side waits for.
+    pub fn has_returned(&self, stage: StageId) -> bool {
+        self.stage(stage).is_some_and(|st| !st.pending.is_empty())
+    }
+
     /// Whether `stage` completed `step` and the training side has not consumed it yet.
     pub fn is_completed(&self, stage: StageId, step: StepId) -> bool {
         match (self.stage(stage), self.seq_of(step)) {

@@ -310,6 +310,66 @@ async fn consecutive_steps_of_an_unshuffled_job_are_leased_as_runs() {
     }
 }
 
+/// A worker at its share still gets a returned step (a lost or expired lease's, the one the
+/// training side is likely waiting for while every other worker's steps are parked on its
+/// full window), and only such a step: otherwise a pause.
+#[tokio::test]
+async fn a_worker_at_its_share_gets_a_returned_step_and_only_that() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut roomy = config(1);
+    roomy.records = 3000;
+    roomy.max_leases_per_worker = 64;
+    let server = Server::start(dir.path(), roomy).await;
+    let mut client = server.client().await;
+    let first = register(&mut client, 0).await;
+    let second = register(&mut client, 0).await;
+    client
+        .register_consumer(v1::RegisterConsumerRequest {
+            job_id: JOB,
+            receiver_addr: "http://127.0.0.1:9".into(),
+            resume_from: None,
+            window: 8,
+        })
+        .await
+        .expect("consumer");
+    let mut ask = async |worker| {
+        let answer = client
+            .lease(v1::LeaseRequest {
+                job_id: JOB,
+                worker_id: worker,
+                max_steps: 64,
+                ..Default::default()
+            })
+            .await
+            .expect("lease")
+            .into_inner();
+        assert_eq!(answer.max_leases, 4, "two share 8");
+        match answer.outcome {
+            Some(Outcome::Leases(granted)) => {
+                Ok(unfold(granted).iter().map(|l| l.step).collect::<Vec<_>>())
+            }
+            other => Err(other),
+        }
+    };
+    assert_eq!(ask(second.worker_id).await, Ok(vec![0, 1, 2, 3]));
+    server.clock.advance(Duration::from_millis(LEASE_MS / 2));
+    assert_eq!(ask(first.worker_id).await, Ok(vec![4, 5, 6, 7]));
+    let pause = Some(Outcome::Wait(v1::Wait {
+        retry_after_ms: u64::try_from(lode_dispatcher::service::LEASE_RETRY_AFTER.as_millis())
+            .expect("small"),
+    }));
+    assert_eq!(
+        ask(first.worker_id).await,
+        Err(pause.clone()),
+        "at its share, nothing returned"
+    );
+    // The second worker's leases expire: the first, at its share, gets them one at a time,
+    // lowest first.
+    server.clock.advance(Duration::from_millis(LEASE_MS / 2));
+    assert_eq!(ask(first.worker_id).await, Ok(vec![0]));
+    assert_eq!(ask(first.worker_id).await, Ok(vec![1]));
+}
+
 /// The workers of a stage share the training side's window as leases: each registration and
 /// each lease answer says the worker's share now, and a worker over it leases nothing more.
 #[tokio::test]
@@ -363,8 +423,12 @@ async fn workers_share_the_receivers_window_as_leases() {
     assert_eq!(over.max_leases, 24);
     assert_eq!(
         over.outcome,
-        Some(Outcome::Wait(v1::Wait { retry_after_ms: 0 })),
-        "48 held, 24 allowed: nothing more, and no pause (it asks once it holds less)"
+        Some(Outcome::Wait(v1::Wait {
+            retry_after_ms: u64::try_from(lode_dispatcher::service::LEASE_RETRY_AFTER.as_millis())
+                .expect("small")
+        })),
+        "48 held, 24 allowed, nothing returned: nothing more, and a pause (it asks at its \
+         limit only when everything it holds is parked)"
     );
     let Some(Outcome::Leases(theirs)) = client
         .lease(batch(second.worker_id))
@@ -597,7 +661,11 @@ async fn register_lease_complete_consume_round_trip() {
     assert_eq!(&first.stage_graph[..], b"graph of stage 0");
     assert_eq!(first.receiver_addr, "", "no consumer yet");
     assert_eq!(first.lease_duration_ms, LEASE_MS);
-    assert_eq!(first.heartbeat_interval_ms, 1_000);
+    assert_eq!(
+        first.heartbeat_interval_ms,
+        u64::try_from(lode_dispatcher::service::DEFAULT_HEARTBEAT_INTERVAL.as_millis())
+            .expect("small")
+    );
     assert_eq!(first.max_leases, 2);
 
     let consumer = client

@@ -381,15 +381,33 @@ pub async fn connect_receiver(
     )
 }
 
+/// How often a channel pings its peer over HTTP/2. Across hosts a cut link or a frozen peer
+/// leaves the TCP connection open, and its requests would wait on retransmissions for
+/// minutes; a ping unanswered within [`KEEPALIVE_TIMEOUT`] closes the connection instead, so
+/// that the channel reconnects (at once when the link is back) and its requests fail fast.
+pub const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long a keepalive ping may go unanswered before the connection is closed: long enough
+/// for a ping queued behind a step's frame on a slow link.
+pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long a connection attempt may take (a peer behind a cut link never answers its SYN).
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A channel to `addr`: tonic's own connector in plaintext, [`tls::dial`] over TLS (also
 /// when tonic reconnects).
 async fn open_channel(addr: &str, tls: Option<&ClientTls>) -> Result<Channel, ClientError> {
     let trust = tls::trust_for(addr, tls)?.cloned();
-    let endpoint =
-        Endpoint::from_shared(addr.to_owned()).map_err(|source| ClientError::InvalidAddress {
+    let endpoint = Endpoint::from_shared(addr.to_owned())
+        .map_err(|source| ClientError::InvalidAddress {
             addr: addr.to_owned(),
             source,
-        })?;
+        })?
+        .tcp_nodelay(true)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true);
     let connected = match trust {
         None => endpoint.connect().await,
         Some(trust) => {

@@ -2,9 +2,11 @@
 //
 // DWRecv has exactly the attributes the decoupler writes (T, shapes, from_stage). Its outputs
 // take their static shapes from `shapes`, so shape inference and grappler see what they saw in
-// the original graph. Waiting for a step happens off TensorFlow's op threads (an AsyncOpKernel
-// whose work runs on a thread of its own) and observes the step's cancellation (a closed
-// session). The end of the job's data is OutOfRange, as IteratorGetNext reports it.
+// the original graph. A step already buffered is taken and copied on the op's own thread (no
+// hand-off: that is the common case, the workers ahead of training); waiting for one happens
+// off TensorFlow's op threads (an AsyncOpKernel whose wait runs on a thread of its own) and
+// observes the step's cancellation (a closed session). The end of the job's data is
+// OutOfRange, as IteratorGetNext reports it.
 //
 // DWIteratorInit stands in for the program's MakeIterator: running it restarts the job's data
 // order as re-initializing the iterator restarts the pipeline.
@@ -80,6 +82,15 @@ class DWRecvOp : public AsyncOpKernel {
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    const int64_t run = ctx->step_id();
+    LodePart* ready = nullptr;
+    const int32_t now = lode_try_recv(run, stage_, &ready);
+    if (now != LODE_WOULD_BLOCK) {
+      absl::Status status = Take(ctx, now, ready);
+      if (!status.ok()) ctx->SetStatus(status);
+      done();
+      return;
+    }
     LodeCancel* cancel = lode_cancel_new();
     CancellationManager* cm = ctx->cancellation_manager();
     CancellationToken token = CancellationManager::kInvalidToken;
@@ -92,7 +103,6 @@ class DWRecvOp : public AsyncOpKernel {
         return;
       }
     }
-    const int64_t run = ctx->step_id();
     ctx->env()->SchedClosure([this, ctx, done = std::move(done), cancel, cm, token, run]() {
       absl::Status status = Receive(ctx, run, cancel);
       if (cm != nullptr) cm->DeregisterCallback(token);
@@ -105,7 +115,13 @@ class DWRecvOp : public AsyncOpKernel {
  private:
   absl::Status Receive(OpKernelContext* ctx, int64_t run, const LodeCancel* cancel) {
     LodePart* part = nullptr;
-    switch (lode_recv(run, stage_, cancel, &part)) {
+    const int32_t answer = lode_recv(run, stage_, cancel, &part);  // before `part` is read
+    return Take(ctx, answer, part);
+  }
+
+  // The outputs from what lode_recv or lode_try_recv answered (`part` is set on LODE_OK).
+  absl::Status Take(OpKernelContext* ctx, int32_t answer, LodePart* part) {
+    switch (answer) {
       case LODE_OK:
         break;
       case LODE_END_OF_DATA:

@@ -14,6 +14,7 @@ extern "C" {
 #define LODE_END_OF_DATA 1
 #define LODE_CANCELLED 2
 #define LODE_ERROR 3
+#define LODE_WOULD_BLOCK 4
 
 typedef struct LodePart LodePart;
 typedef struct LodeCancel LodeCancel;
@@ -29,6 +30,7 @@ typedef struct LodeTensorView {
 
 int32_t lode_connect(const char* config_json);
 int32_t lode_recv(int64_t run, int64_t stage, const LodeCancel* cancel, LodePart** out);
+int32_t lode_try_recv(int64_t run, int64_t stage, LodePart** out);
 size_t lode_part_count(const LodePart* part);
 int32_t lode_part_tensor(const LodePart* part, size_t index, LodeTensorView* view);
 int32_t lode_part_string(const LodePart* part, size_t index, size_t element,

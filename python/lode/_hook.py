@@ -11,7 +11,9 @@ subgraph as a graph optimization pass would):
   on that graph instead, and the process connects to the job (one receiver per process).
 - `run` and `make_callable` translate what the program fetches and feeds (tensors, operations,
   variables, nested structures) into the training graph's elements of the same names, and tell
-  the training side when a run has finished (its step is then consumed).
+  the training side when a run has finished (its step is then consumed). A run without feeds
+  goes through a callable made once per distinct fetch structure (`_Callables`), so that a
+  training loop's step costs no per-run translation in TensorFlow's Python either.
 - `Saver.save` writes the next step beside the checkpoint (`PREFIX.lode.json`); `Saver.restore`
   reads it back, so a restarted program receives the step after its checkpoint.
 
@@ -131,15 +133,27 @@ def _replacement(source):
 
 
 class _Translator:
-    """Maps the program's graph elements to the training graph's elements of the same name."""
+    """Maps the program's graph elements to the training graph's elements of the same name.
+
+    One per session: each element of the program's graph is looked up once (the lookup by
+    name is what costs), later runs that fetch it again find it in `memo`, so that a run's
+    translation is a walk of its fetch structure (as `make_callable` does it once)."""
 
     def __init__(self, source, target):
-        self.source = source
-        self.target = target
-
-    def __call__(self, x):
         import tensorflow as tf
 
+        self.source = source
+        self.target = target
+        self.tf = tf
+        self.elements = (tf.Tensor, tf.Operation)
+        # id(element) -> (element, its training-graph element); holding the element keeps
+        # its id from being reused by another object.
+        self.memo = {}
+
+    def __call__(self, x):
+        hit = self.memo.get(id(x))
+        if hit is not None and hit[0] is x:
+            return hit[1]
         if x is None or isinstance(x, (str, bytes)):
             return x
         if isinstance(x, list):
@@ -153,12 +167,17 @@ class _Translator:
                 return type(x)(items)
             except TypeError:
                 return dict(items)
+        tf = self.tf
         if isinstance(x, tf.SparseTensor):
             return tf.SparseTensor(self(x.indices), self(x.values), self(x.dense_shape))
         if isinstance(x, tf.IndexedSlices):
             return tf.IndexedSlices(self(x.values), self(x.indices), self(x.dense_shape))
-        if isinstance(x, (tf.Tensor, tf.Operation)):
-            return self.element(x.name) if x.graph is self.source else x
+        if isinstance(x, self.elements):
+            if x.graph is not self.source:
+                return x
+            y = self.element(x.name)
+            self.memo[id(x)] = (x, y)
+            return y
         element = getattr(x, "_as_graph_element", None)
         if callable(element):
             el = element()
@@ -179,13 +198,66 @@ class _Translator:
         return {self(k): v for k, v in feed_dict.items()}
 
 
+class _Callables:
+    """`session.run` without feeds, once per distinct fetch structure, as a callable of the
+    training graph (`make_callable` with options): TensorFlow's per-run Python (the fetch
+    handler, the feed checks) then runs once per structure, not once per step. The results are
+    the ones `run` returns (the same fetch handler builds them), the errors the same types.
+
+    A structure is keyed by its shape and the ids of its elements; the entry holds the
+    elements, so that no other object takes their ids while it lives. At most `LIMIT`
+    structures are kept (the oldest goes first); anything but lists, tuples, dicts, tensors
+    and operations of the program's graph is not cached (`run` takes it as it is)."""
+
+    LIMIT = 64
+
+    def __init__(self, session, translator, make_callable):
+        self.session = session
+        self.translator = translator
+        self.make_callable = make_callable
+        self.entries = {}
+
+    def key(self, x, leaves):
+        if isinstance(x, self.translator.elements):
+            if x.graph is not self.translator.source:
+                return None
+            leaves.append(x)
+            return id(x)
+        if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
+            parts = tuple(self.key(v, leaves) for v in x)
+            return None if None in parts else (type(x), parts)
+        if type(x) is dict:
+            parts = tuple((k, self.key(v, leaves)) for k, v in x.items())
+            return None if any(p is None for _, p in parts) else (dict, parts)
+        return None
+
+    def get(self, fetches):
+        """The callable for `fetches`, or None when they are not cached."""
+        leaves = []
+        key = self.key(fetches, leaves)
+        if key is None:
+            return None
+        entry = self.entries.get(key)
+        if entry is None:
+            if len(self.entries) >= self.LIMIT:
+                del self.entries[next(iter(self.entries))]
+            call = self.make_callable(self.session, self.translator(fetches), None, True)
+            entry = self.entries[key] = (call, leaves)
+        return entry[0]
+
+
 def _extend(source, target):
     """Ops the program added to its graph after the session was created (an initializer, a
     saver): TensorFlow sends them with the next run, so they go into the training graph too.
     They read training-side names; one that reads data-side work cannot be added."""
+    # The graph's version grows with each op added: a run on an unchanged graph (every run
+    # of a training loop) costs no look at its ops.
+    if source.version == _state.get("version"):
+        return
     ops = source.get_operations()
     known = _state.get("known", len(ops))
     if len(ops) <= known:
+        _state["version"] = source.version
         return
     import tensorflow as tf
 
@@ -232,6 +304,7 @@ def _extend(source, target):
     for name in added:
         renamed[name] = f"{prefix}/{name}"
     _state["known"] = len(ops)
+    _state["version"] = source.version
 
 
 def _patch_session(module):
@@ -247,33 +320,40 @@ def _patch_session(module):
             return init(self, target, graph, config)
         init(self, target, replacement, config)
         self._lode_source = source
+        self._lode_translator = _Translator(source, replacement)
+        self._lode_callables = _Callables(self, self._lode_translator, make_callable)
+        self._lode_finished = native().lode_run_finished
 
     def lode_run(self, fetches, feed_dict=None, options=None, run_metadata=None):
         source = getattr(self, "_lode_source", None)
         if source is None:
             return run(self, fetches, feed_dict, options, run_metadata)
         _extend(source, self.graph)
-        t = _Translator(source, self.graph)
+        t = self._lode_translator
         try:
+            call = None if feed_dict or self._closed else self._lode_callables.get(fetches)
+            if call is not None:
+                return call(options=options, run_metadata=run_metadata)
             return run(self, t(fetches), t.feeds(feed_dict), options, run_metadata)
         finally:
-            native().lode_run_finished()
+            self._lode_finished()
 
     def lode_make_callable(self, fetches, feed_list=None, accept_options=False):
         source = getattr(self, "_lode_source", None)
         if source is None:
             return make_callable(self, fetches, feed_list, accept_options)
         _extend(source, self.graph)
-        t = _Translator(source, self.graph)
+        t = self._lode_translator
         call = make_callable(self, t(fetches), t(feed_list), accept_options)
+        finished = self._lode_finished
 
-        def finished(*args, **kwargs):
+        def call_and_finish(*args, **kwargs):
             try:
                 return call(*args, **kwargs)
             finally:
-                native().lode_run_finished()
+                finished()
 
-        return finished
+        return call_and_finish
 
     session = module.Session
     enter = session.__enter__
@@ -328,9 +408,17 @@ def _patch_saver(module):
     saver.restore = lode_restore
 
 
+def _patch_datasets(module):
+    # TensorFlow 2: the program's dataset is replaced where it is iterated (lode._tf2).
+    from lode import _tf2
+
+    _tf2.patch(module)
+
+
 _PATCHES = {
     "tensorflow.python.client.session": _patch_session,
     "tensorflow.python.training.saver": _patch_saver,
+    "tensorflow.python.data.ops.dataset_ops": _patch_datasets,
 }
 
 
@@ -362,6 +450,10 @@ class _Finder(importlib.abc.MetaPathFinder):
 def _at_exit():
     if _state["connected"]:
         native().lode_shutdown()
+    elif not _state["said"]:
+        # Nothing was served and nothing said why: say it once (`lode train --strict` fails).
+        _say("the program ended without Lode serving an input pipeline (it created no session on "
+             "a graph with a tf.data pipeline and iterated no tf.data dataset); it ran unchanged")
 
 
 def install():

@@ -36,6 +36,8 @@ import sys
 import tempfile
 import time
 
+from losses import QUIET, compare, losses, run
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.normpath(os.path.join(HERE, "..", "..", "fixtures"))
 PROGRAM = os.path.join(FIXTURES, "programs", "wide_deep_session.py")
@@ -48,8 +50,8 @@ WIDE_DEEP_LONG = ([PROGRAM, "--data", DATA, "--epochs", "40"], FIXTURES)
 # relative to the model's directory.
 DEEPFM = ([os.path.join(FIXTURES, "programs", "import_meta.py"), "--model", os.path.join(FIXTURES, "deepfm"),
            "--steps", "150"], os.path.join(FIXTURES, "deepfm"))
-QUIET = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-QUIET.pop("LODE_TOKEN", None)
+# The pods' environment: this one (the image's) without a job token of its own.
+QUIET = {k: v for k, v in QUIET.items() if k != "LODE_TOKEN"}
 
 PREFIX = f"lodek-{os.getpid()}-"
 # A private /24 of its own per run (the pid picks it), only ever inside the namespaces.
@@ -57,34 +59,9 @@ SUBNET = f"10.{77 + os.getpid() % 100}.{os.getpid() % 250}"
 PORT = 7070
 
 
-def run(cmd, timeout=600, env=None, check=True, **kw):
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or QUIET, **kw)
-    if check and done.returncode != 0:
-        raise AssertionError(f"{cmd} exited {done.returncode}:\n{done.stderr[-3000:]}")
-    return done
-
-
-def losses(path):
-    """step -> hex bits, the last line of each step winning (a retried step is logged again)."""
-    out = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                step, bits, _ = line.split(" ", 2)
-                out[int(step)] = bits
-    return out
-
-
-def compare(label, expected, got, minimum=150):
-    if len(expected) < minimum:
-        return [f"{label}: the plain run made {len(expected)} steps, fewer than {minimum}"]
-    if expected != got:
-        diff = [s for s in sorted(expected) if expected.get(s) != got.get(s)]
-        first = diff[0] if diff else None
-        return [f"{label}: {len(diff)} of {len(expected)} steps differ, first at step {first}"
-                f" ({expected.get(first)} vs {got.get(first)})"]
-    print(f"ok    {label}: {len(expected)} losses equal bit for bit")
-    return []
+def logged(path):
+    """The losses a program has logged so far ({} before its loss file exists)."""
+    return losses(path) if os.path.exists(path) else {}
 
 
 def plain(tmp, name, program):
@@ -143,7 +120,7 @@ def listen_and_separate_workers(lode, tmp, expected):
     if "training on Lode" not in err:
         failures.append(f"listen: the program did not train on Lode: {err[-1000:]}")
     return failures + compare("lode train --workers 0 --listen 0.0.0.0:PORT, two lode workers dialing it",
-                              expected, losses(path))
+                              expected, logged(path), 150)
 
 
 class Cluster:
@@ -363,7 +340,7 @@ def rendered_pods(lode, tmp, cluster, run_name, program, expected, kill):
         deployment, victim = workers[0]
         victim.send_signal(signal.SIGKILL)
         victim.wait()
-        killed = None if program.poll() is not None else len(losses(path))
+        killed = None if program.poll() is not None else len(logged(path))
         time.sleep(1.0)
         start_worker(deployment, f"{run_name}-{deployment['metadata']['name'][-7:]}-new")
     try:
@@ -388,7 +365,7 @@ def rendered_pods(lode, tmp, cluster, run_name, program, expected, kill):
         if killed is None:
             failures.append(f"{run_name}: the worker pod was killed only after training ended")
         label += f", one worker pod SIGKILLed 1 s in ({killed} losses logged by then) and replaced"
-    return failures + compare(label, expected, losses(path))
+    return failures + compare(label, expected, logged(path), 150)
 
 
 def main():

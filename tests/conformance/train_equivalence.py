@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 
+from losses import QUIET, compare, losses, run
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.normpath(os.path.join(HERE, "..", "..", "fixtures"))
 PROGRAMS = os.path.join(FIXTURES, "programs")
@@ -75,42 +77,11 @@ CASES = {
     ),
 }
 
-QUIET = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-
-
-def run(cmd, timeout=600, env=None, check=True):
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or QUIET)
-    if check and done.returncode != 0:
-        raise AssertionError(f"{cmd} exited {done.returncode}:\n{done.stderr[-3000:]}")
-    return done
-
-
-def losses(path):
-    """step -> hex bits, the last line of each step winning (a restarted run redoes steps)."""
-    out = {}
-    with open(path) as f:
-        for line in f:
-            step, bits, _ = line.split(" ", 2)
-            out[int(step)] = bits
-    return out
-
-
 def plain(name, tmp):
     script, args, _ = CASES[name]
     path = os.path.join(tmp, f"{name}.plain.txt")
     run([sys.executable, os.path.join(PROGRAMS, script), *args, "--losses", path])
     return losses(path)
-
-
-def compare(label, expected, got, minimum=150):
-    if len(expected) < minimum:
-        return [f"{label}: the plain run made {len(expected)} steps, fewer than {minimum}"]
-    if expected != got:
-        diff = [s for s in sorted(expected) if expected.get(s) != got.get(s)]
-        return [f"{label}: {len(diff)} of {len(expected)} steps differ, first at step {diff[0] if diff else '?'}"
-                f" ({expected.get(diff[0]) if diff else ''} vs {got.get(diff[0]) if diff else ''})"]
-    print(f"ok    {label}: {len(expected)} losses equal bit for bit")
-    return []
 
 
 def check_cut(label, stderr, cut):
@@ -128,7 +99,7 @@ def equivalence(lode, name, expected, tmp):
     path = os.path.join(tmp, f"{name}.lode.txt")
     done = run([lode, "train", "--workers", "2", "--journal", os.path.join(tmp, f"{name}.job"), "--",
                 sys.executable, os.path.join(PROGRAMS, script), *args, "--losses", path])
-    return check_cut(name, done.stderr, cut) + compare(f"{name} (lode train --workers 2)", expected, losses(path))
+    return check_cut(name, done.stderr, cut) + compare(f"{name} (lode train --workers 2)", expected, losses(path), 150)
 
 
 def over_tls(lode, expected, tmp):
@@ -140,7 +111,7 @@ def over_tls(lode, expected, tmp):
                 "--tls-key", os.path.join(tls, "server.key"), "--tls-ca", os.path.join(tls, "ca.crt"),
                 "--journal", os.path.join(tmp, "tls.job"), "--",
                 sys.executable, os.path.join(PROGRAMS, script), *args, "--losses", path])
-    return check_cut("tls", done.stderr, cut) + compare("regression_monitored over TLS", expected, losses(path))
+    return check_cut("tls", done.stderr, cut) + compare("regression_monitored over TLS", expected, losses(path), 150)
 
 
 # A journal compacted every few KB: the runs below go through many compactions, and the
@@ -230,7 +201,7 @@ def checkpoint_restart(lode, expected, tmp):
     if restart_at != 60 or steps[: 71] != list(range(71)):
         return [f"restart: the restarted program began at step {restart_at}, expected 60 (its checkpoint)"]
     print("note  restart: killed after step 70, restarted from the checkpoint of step 60")
-    return compare("regression_monitored killed and restarted from its checkpoint", expected, losses(path))
+    return compare("regression_monitored killed and restarted from its checkpoint", expected, losses(path), 150)
 
 
 NO_JOB = """

@@ -2,6 +2,7 @@
 //! One test binary (see Cargo.toml); each module is one command or concern.
 
 mod bad_input;
+mod cluster;
 mod constructs;
 mod controller;
 mod convert;

@@ -90,3 +90,28 @@ fn a_pod_token_is_taken_from_lode_token_and_never_shown() {
         stderr(&out)
     );
 }
+
+#[test]
+fn strict_fails_a_program_that_ends_without_lode_serving_a_pipeline() {
+    // `true` never asks the hook: without --strict it ran unchanged (status 0); with it,
+    // lode train says that nothing was served and exits 2. A failing program keeps its own
+    // status.
+    let out = lode(&["train", "--strict", "--workers", "1", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("without Lode serving an input pipeline"),
+        "{}",
+        stderr(&out)
+    );
+    let failed = lode(&[
+        "train",
+        "--strict",
+        "--workers",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "exit 5",
+    ]);
+    assert_eq!(failed.status.code(), Some(5), "{}", stderr(&failed));
+}

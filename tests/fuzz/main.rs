@@ -10,7 +10,7 @@
 //! campaign finishing) no hang.
 //!
 //! In CI each reader runs [`CI_CASES`] cases (a few seconds each in a debug build). A longer
-//! campaign sets `LODE_FUZZ_CASES` (see the README's "Fuzzing"):
+//! campaign sets `LODE_FUZZ_CASES` (see "Fuzzing" in docs/architecture.md):
 //!
 //! ```sh
 //! LODE_FUZZ_CASES=1000000 LODE_FUZZ_SEED=1 cargo test --release --test fuzz -- --test-threads 1

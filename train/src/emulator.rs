@@ -81,6 +81,9 @@ struct LogLine<'a> {
     step: u64,
     records: &'a [u64],
     digest: String,
+    /// When the step arrived, in microseconds since the consumer started: the gaps between
+    /// lines are the training side's stalls (the cluster harness reads them).
+    at_us: u64,
 }
 
 /// A step's digest: TensorFlow's Fingerprint64 over the wire form of every tensor of every
@@ -157,6 +160,8 @@ pub fn emulate(
                 step: step.step,
                 records,
                 digest: digest(&step, &mut scratch),
+                at_us: u64::try_from(training.duration_since(started).as_micros())
+                    .unwrap_or(u64::MAX),
             };
             serde_json::to_writer(&mut log.out, &line)
                 .map_err(|e| log_error(std::io::Error::other(e)))?;

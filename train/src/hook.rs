@@ -59,6 +59,23 @@ pub struct GraphRequest {
     pub graph: PathBuf,
     /// The program's working directory: relative data paths resolve against it.
     pub cwd: PathBuf,
+    /// Where the graph comes from (absent: a TF1 session's graph).
+    #[serde(default)]
+    pub kind: RequestKind,
+}
+
+/// The two ways a program meets its pipeline.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RequestKind {
+    /// A TF1 session's graph: each run of the iterator's initializer re-creates the pipeline
+    /// (its seed generators too), so every pass has the first pass's order.
+    #[default]
+    Session,
+    /// A TF2 `tf.data.Dataset` iterated by the program (python/lode/_tf2.py): the dataset's
+    /// own graph, wrapped in an iterator. Each new iterator of the same dataset draws the next
+    /// seeds from the dataset's seed generators, so pass `k` has epoch `k`'s order.
+    Dataset,
 }
 
 /// How the training process reaches its job (the training side's `JobConfig`).
@@ -436,5 +453,19 @@ mod tests {
         let mut reply = String::new();
         BufReader::new(&b).read_line(&mut reply).expect("read");
         assert!(reply.contains("one job per program"), "{reply}");
+    }
+
+    #[test]
+    fn a_request_names_its_kind_and_a_session_request_needs_none() {
+        let session: GraphRequest =
+            serde_json::from_str(r#"{"graph": "g.pb", "cwd": "."}"#).expect("session");
+        assert_eq!(session.kind, RequestKind::Session);
+        let dataset: GraphRequest =
+            serde_json::from_str(r#"{"graph": "g.pb", "cwd": ".", "kind": "dataset"}"#)
+                .expect("dataset");
+        assert_eq!(dataset.kind, RequestKind::Dataset);
+        let bad =
+            serde_json::from_str::<GraphRequest>(r#"{"graph": "g", "cwd": ".", "kind": "x"}"#);
+        assert!(bad.is_err(), "an unknown kind is a malformed request");
     }
 }

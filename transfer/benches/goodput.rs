@@ -32,7 +32,7 @@
 //! `LODE_BENCH_STEPS=<n>` and `LODE_BENCH_PUSHERS=<n>` override the defaults;
 //! `LODE_BENCH_ONLY=<text>` runs only the transports whose name contains it, beside TCP).
 //!
-//! Figures (2 vCPU AMD EPYC, shared with other builds): see the README's goodput paragraph.
+//! Figures (2 vCPU AMD EPYC, shared with other builds): see docs/benchmarks.md (goodput).
 
 use std::sync::Arc;
 

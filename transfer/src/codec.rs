@@ -17,7 +17,7 @@
 //! decompressed. A sender on the receiver's own machine (a loopback connection) leaves it out
 //! of uncompressed frames (flag 2): the bytes never leave the machine's memory, where the
 //! kernel's own copy does not sum them either, and the two XXH3 passes over every byte were
-//! a fifth of the transfer's CPU (see the README's goodput figures). A receiver takes an
+//! a fifth of the transfer's CPU (see the goodput figures in docs/benchmarks.md). A receiver takes an
 //! unsummed frame only on its data plane and only from a loopback peer
 //! ([`TransferError::Unsummed`] otherwise), and says so in its welcome: a sender leaves the
 //! checksum out only when both ends see loopback (`DataPlaneClient::is_loopback`);

@@ -67,6 +67,8 @@ pub(crate) struct Core {
     /// Who has been answered end of data (the training side; workers), for
     /// [`Core::finished`]; not journaled (a restarted dispatcher tells them again).
     told_end: ToldEnd,
+    /// When [`Core::tick`] last ran; not journaled.
+    last_tick: Option<Time>,
 }
 
 /// Who knows the job ended.
@@ -194,6 +196,7 @@ impl Core {
                 drained,
                 receiver_addr,
                 receiver_window: super::DEFAULT_RECEIVER_WINDOW,
+                last_tick: None,
                 next_worker,
                 failed: false,
                 compact_bytes: 0,
@@ -436,9 +439,17 @@ impl Core {
     }
 
     /// Expires leases due at `now`, then declares lost every worker silent for longer than
-    /// `silence_ms`.
+    /// `silence_ms`, unless the dispatcher itself was stalled: when more than half of
+    /// `silence_ms` passed since the last tick (a slow journal sync, a starved process), the
+    /// heartbeats that arrived meanwhile may not be applied yet, and every worker would look
+    /// silent. The next tick, on time, decides.
     pub(crate) fn tick(&mut self, now: Time, silence_ms: u64) -> Result<(), ApplyError> {
         self.apply(Command::Tick, now)?;
+        let previous = self.last_tick.replace(now);
+        if previous.is_some_and(|t| now.as_millis().saturating_sub(t.as_millis()) > silence_ms / 2)
+        {
+            return Ok(());
+        }
         let silent: Vec<(WorkerId, Time)> = self
             .state
             .workers()
@@ -529,6 +540,33 @@ mod tests {
         };
         core.apply(command, Time(at)).expect("register");
         worker
+    }
+
+    /// A tick late by more than half the silence (the dispatcher itself stalled) declares no
+    /// one lost; the next one on time does, of those still silent.
+    #[test]
+    fn a_stalled_dispatcher_declares_no_one_lost_until_it_ticks_on_time() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut core = open(dir.path());
+        let quiet = register(&mut core, StageId(0), 0);
+        let late = register(&mut core, StageId(0), 0);
+        core.tick(Time(100), 1_000).expect("tick");
+        // Stalled from 100 to 2,000 ms: both look silent.
+        core.tick(Time(2_000), 1_000).expect("tick");
+        assert!(
+            core.state().worker(quiet).is_some(),
+            "not lost at a late tick"
+        );
+        assert!(
+            core.state().worker(late).is_some(),
+            "not lost at a late tick"
+        );
+        // The heartbeat that waited behind the stall arrives; the next tick is on time.
+        core.apply(Command::Heartbeat { worker: late }, Time(2_010))
+            .expect("heartbeat");
+        core.tick(Time(2_100), 1_000).expect("tick");
+        assert!(core.state().worker(quiet).is_none(), "still silent: lost");
+        assert!(core.state().worker(late).is_some(), "heard from: kept");
     }
 
     #[test]

@@ -99,8 +99,15 @@ pub const LEASE_RETRY_AFTER: Duration = Duration::from_millis(100);
 /// training side rewinds), and the stage's workers stay to redo it until the end of data.
 pub const FINISHED_RETRY_AFTER: Duration = Duration::from_millis(250);
 
-/// The heartbeat interval [`ServiceConfig::new`] sets.
-pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+/// The heartbeat interval [`ServiceConfig::new`] sets. Short, so that a worker that stops
+/// making progress (a cut link, a frozen or dead host, whose connections stay open) is
+/// declared lost, and its leases go to another, about a second after it fell silent rather
+/// than at a lease deadline: with [`DEFAULT_MISSED_HEARTBEATS`], 1 s. A heartbeat is a small
+/// RPC and a short journal line (not synced): five a second per worker.
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(DEFAULT_HEARTBEAT_MS);
+
+/// [`DEFAULT_HEARTBEAT_INTERVAL`] in milliseconds.
+pub const DEFAULT_HEARTBEAT_MS: u64 = 200;
 
 /// Missed heartbeats after which [`ServiceConfig::new`]'s service declares a worker lost.
 pub const DEFAULT_MISSED_HEARTBEATS: u32 = 5;

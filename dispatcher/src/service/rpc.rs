@@ -636,16 +636,23 @@ fn lease_outcome(
     // passed since the last background tick is leased again now.
     core.apply(Command::Tick, now)?;
     // Within its share of the receiver's window: a worker over it (another one joined)
-    // leases nothing until it holds less; the answer tells it its limit, and it asks again
-    // once it has room, so there is nothing to wait for.
+    // leases nothing until it holds less, except a returned step (a lost worker's, which the
+    // training side is likely waiting for, while every other worker sits on steps the full
+    // window parks): one at a time, so a worker holds at most its share plus what was
+    // returned. Otherwise the answer tells it its limit and a pause (a worker asks at its
+    // limit only when everything it holds is parked).
     let max = match core.state().worker(worker) {
         Some(info) => {
             let held = u32::try_from(info.lease_count()).unwrap_or(u32::MAX);
             let limit = core.lease_limit(worker);
             if held >= limit {
-                return Ok(Outcome::Wait(v1::Wait { retry_after_ms: 0 }));
+                if !core.state().has_returned(info.stage) {
+                    return Ok(wait(LEASE_RETRY_AFTER));
+                }
+                1
+            } else {
+                max.min(limit - held)
             }
-            max.min(limit - held)
         }
         None => max,
     };

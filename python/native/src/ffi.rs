@@ -22,6 +22,8 @@ pub const LODE_OK: i32 = 0;
 pub const LODE_END_OF_DATA: i32 = 1;
 pub const LODE_CANCELLED: i32 = 2;
 pub const LODE_ERROR: i32 = 3;
+/// [`lode_try_recv`]: the run's step is not complete yet.
+pub const LODE_WOULD_BLOCK: i32 = 4;
 
 static SIDE: Mutex<Option<TrainingSide>> = Mutex::new(None);
 
@@ -133,26 +135,59 @@ pub unsafe extern "C" fn lode_recv(
             || crate::interrupt::interrupts() != interrupts
     };
     match with_side(|s| s.recv(run, stage, &cancelled)) {
-        Ok(Received::Part { step, part }) => {
-            let dims = step.parts[part]
-                .tensors
-                .iter()
-                .map(|t| {
-                    t.shape()
-                        .iter()
-                        .map(|&d| i64::try_from(d).unwrap_or(i64::MAX))
-                        .collect()
-                })
-                .collect();
-            let boxed = Box::new(LodePart { step, part, dims });
-            // SAFETY: `out` is non-null and valid for a write (the caller's contract).
-            unsafe { out.write(Box::into_raw(boxed)) };
-            LODE_OK
-        }
-        Ok(Received::EndOfData) => LODE_END_OF_DATA,
+        // SAFETY: `out` is non-null and valid for a write (the caller's contract).
+        Ok(received) => unsafe { hand_out(received, out) },
         Err(SideError::Consumer(lode_train::consumer::ConsumerError::Cancelled)) => LODE_CANCELLED,
         Err(e) => fail(e),
     }
+}
+
+/// [`lode_recv`] without waiting: [`LODE_WOULD_BLOCK`] when the step of run `run` is not
+/// complete yet (then nothing is written; wait with [`lode_recv`]). The DWRecv kernel calls
+/// this first, on TensorFlow's op thread, so that a step already buffered costs no thread hop.
+///
+/// # Safety
+/// `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn lode_try_recv(run: i64, stage: i64, out: *mut *mut LodePart) -> i32 {
+    if out.is_null() {
+        return fail("lode_try_recv: out is null");
+    }
+    let Ok(stage) = u32::try_from(stage) else {
+        return fail(format!(
+            "lode_try_recv: stage {stage} is not a stage number"
+        ));
+    };
+    match with_side(|s| s.try_recv(run, stage)) {
+        // SAFETY: `out` is non-null and valid for a write (the caller's contract).
+        Ok(Some(received)) => unsafe { hand_out(received, out) },
+        Ok(None) => LODE_WOULD_BLOCK,
+        Err(e) => fail(e),
+    }
+}
+
+/// Writes a received part to `*out` (or says the data ended).
+///
+/// # Safety
+/// `out` is non-null and valid for a write.
+unsafe fn hand_out(received: Received, out: *mut *mut LodePart) -> i32 {
+    let Received::Part { step, part } = received else {
+        return LODE_END_OF_DATA;
+    };
+    let dims = step.parts[part]
+        .tensors
+        .iter()
+        .map(|t| {
+            t.shape()
+                .iter()
+                .map(|&d| i64::try_from(d).unwrap_or(i64::MAX))
+                .collect()
+        })
+        .collect();
+    let boxed = Box::new(LodePart { step, part, dims });
+    // SAFETY: `out` is non-null and valid for a write (the caller's contract).
+    unsafe { out.write(Box::into_raw(boxed)) };
+    LODE_OK
 }
 
 /// How many tensors the part holds.

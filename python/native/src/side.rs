@@ -208,43 +208,65 @@ impl TrainingSide {
         })
     }
 
-    /// Stage `stage`'s tensors of the step of run `run` (see the module documentation).
+    /// Stage `stage`'s tensors of the step of run `run` (see the module documentation),
+    /// waiting for the step until `cancelled()`.
     pub fn recv(
         &mut self,
         run: i64,
         stage: u32,
         cancelled: &dyn Fn() -> bool,
     ) -> Result<Received, SideError> {
-        let step = match &self.current {
-            Some((id, step)) if *id == run => step.clone(),
+        if let Some(step) = self.current_of(run) {
+            return part_of(step, stage);
+        }
+        if self.pass_ended() {
+            return Ok(Received::EndOfData);
+        }
+        match self.consumer.next(cancelled)? {
+            Next::EndOfData => Ok(Received::EndOfData),
+            Next::Step(step) => part_of(self.begin(run, step), stage),
+        }
+    }
+
+    /// [`Self::recv`] without waiting: None when the run needs a step that is not complete
+    /// yet (the caller then waits with [`Self::recv`], off TensorFlow's op threads). The end
+    /// of the data is known here only at the end of a pass; otherwise `recv` finds it.
+    pub fn try_recv(&mut self, run: i64, stage: u32) -> Result<Option<Received>, SideError> {
+        if let Some(step) = self.current_of(run) {
+            return part_of(step, stage).map(Some);
+        }
+        if self.pass_ended() {
+            return Ok(Some(Received::EndOfData));
+        }
+        match self.consumer.try_next() {
+            None => Ok(None),
+            Some(step) => part_of(self.begin(run, step), stage).map(Some),
+        }
+    }
+
+    /// The step run `run` took already, if it did; else the previous run has finished (a
+    /// later run asks for data), and its step is consumed.
+    fn current_of(&mut self, run: i64) -> Option<Arc<Step>> {
+        match &self.current {
+            Some((id, step)) if *id == run => Some(step.clone()),
             _ => {
                 self.run_finished();
-                if self
-                    .pass_end()
-                    .is_some_and(|end| self.consumer.next_step() >= end)
-                {
-                    return Ok(Received::EndOfData);
-                }
-                match self.consumer.next(cancelled)? {
-                    Next::EndOfData => return Ok(Received::EndOfData),
-                    Next::Step(step) => {
-                        let step = Arc::new(step);
-                        self.current = Some((run, step.clone()));
-                        step
-                    }
-                }
+                None
             }
-        };
-        let part = step
-            .parts
-            .iter()
-            .position(|p| p.stage == stage)
-            .ok_or_else(|| SideError::NoPart {
-                step: step.step,
-                stage,
-                parts: step.parts.iter().map(|p| p.stage).collect(),
-            })?;
-        Ok(Received::Part { step, part })
+        }
+    }
+
+    /// The current pass has delivered all its steps.
+    fn pass_ended(&self) -> bool {
+        self.pass_end()
+            .is_some_and(|end| self.consumer.next_step() >= end)
+    }
+
+    /// Run `run` takes `step`.
+    fn begin(&mut self, run: i64, step: Step) -> Arc<Step> {
+        let step = Arc::new(step);
+        self.current = Some((run, step.clone()));
+        step
     }
 
     /// The run that took the current step has finished: the step is consumed.
@@ -302,6 +324,20 @@ impl TrainingSide {
     pub fn flush(&self) -> Result<(), SideError> {
         Ok(self.consumer.flush()?)
     }
+}
+
+/// Stage `stage`'s part of `step`.
+fn part_of(step: Arc<Step>, stage: u32) -> Result<Received, SideError> {
+    let part = step
+        .parts
+        .iter()
+        .position(|p| p.stage == stage)
+        .ok_or_else(|| SideError::NoPart {
+            step: step.step,
+            stage,
+            parts: step.parts.iter().map(|p| p.stage).collect(),
+        })?;
+    Ok(Received::Part { step, part })
 }
 
 /// Where an initialization of the iterator starts reading: `(pass, first step)`, given the

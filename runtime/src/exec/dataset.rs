@@ -68,8 +68,9 @@ fn ds_err(node: &NodeDef, reason: impl Into<String>) -> ExecError {
     }
 }
 
-/// A function body compiled as a program over its arguments.
-pub fn compile_function(f: &FunctionDef, ctx: &BuildCtx<'_>) -> Result<Program> {
+/// A function body compiled as a program over its arguments; `grappler`: TensorFlow runs
+/// grappler's rewrites on it (see [`Compile::grappler`]): not on a tf.data function's body.
+pub fn compile_function(f: &FunctionDef, ctx: &BuildCtx<'_>, grappler: bool) -> Result<Program> {
     let signature = f.signature.as_ref().ok_or_else(|| ExecError::Graph {
         node: "(function)".into(),
         reason: "a library function has no signature".into(),
@@ -91,6 +92,7 @@ pub fn compile_function(f: &FunctionDef, ctx: &BuildCtx<'_>) -> Result<Program> 
             naming: Naming::Function { args: &args },
             args: args.len(),
             roots: &roots,
+            grappler,
         },
         ctx,
     )
@@ -152,7 +154,9 @@ impl Pipeline {
                     let body = ctx.library.get(f.name.as_str()).ok_or_else(|| {
                         ds_err(node, format!("function {} is not in the library", f.name))
                     })?;
-                    let program = compile_function(body, ctx)?;
+                    // tf.data runs its functions as written: no grappler rewrite (an `x / c`
+                    // in a map is an exact division in TensorFlow 1 and 2 alike).
+                    let program = compile_function(body, ctx, false)?;
                     let ncaptured = node.attr_types("Targuments")?.len();
                     let captured_names = data_inputs.get(1..1 + ncaptured).ok_or_else(|| {
                         ds_err(node, "fewer captured inputs than Targuments lists")
@@ -483,6 +487,80 @@ fn stack(node: &str, group: Vec<Element>) -> Result<Element> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `x / c` with a constant `c`: a session's graph (grappler) multiplies by the
+    /// reciprocal, a tf.data function divides exactly, as TensorFlow runs each. 58 / 15 is
+    /// where they differ in float32.
+    #[test]
+    fn a_tf_data_function_divides_exactly_and_a_graph_by_the_reciprocal() {
+        use lode_proto::tf::attr_value::AttrValue;
+        use lode_proto::tf::op_def::{op_def::ArgDef, OpDef};
+        use lode_proto::tf::types::DataType;
+        use protobuf::EnumOrUnknown;
+
+        let mut f = FunctionDef::new();
+        let mut sig = OpDef::new();
+        sig.name = "divide".into();
+        for (name, out) in [("x", false), ("y", true)] {
+            let mut arg = ArgDef::new();
+            arg.name = name.into();
+            arg.type_ = EnumOrUnknown::new(DataType::DT_FLOAT);
+            if out {
+                sig.output_arg.push(arg);
+            } else {
+                sig.input_arg.push(arg);
+            }
+        }
+        f.signature = Some(sig).into();
+        let mut c = NodeDef::new();
+        c.name = "c".into();
+        c.op = "Const".into();
+        let mut dtype = AttrValue::new();
+        dtype.set_type(DataType::DT_FLOAT);
+        c.attr.insert("dtype".into(), dtype.clone());
+        let mut value = AttrValue::new();
+        value.set_tensor(crate::convert::to_proto_fields(
+            &Tensor::new(vec![], TensorData::Float32(vec![15.0])).expect("tensor"),
+        ));
+        c.attr.insert("value".into(), value);
+        let mut div = NodeDef::new();
+        div.name = "div".into();
+        div.op = "RealDiv".into();
+        div.input = vec!["x".into(), "c:output:0".into()];
+        div.attr.insert("T".into(), dtype.clone());
+        // Grappler keeps a fetched division as it is: the function returns what reads it.
+        let mut out = NodeDef::new();
+        out.name = "out".into();
+        out.op = "Identity".into();
+        out.input = vec!["div:z:0".into()];
+        out.attr.insert("T".into(), dtype);
+        f.node_def = vec![c, div, out];
+        f.ret.insert("y".into(), "out:output:0".into());
+
+        let library = HashMap::new();
+        let tables = std::sync::Mutex::new(HashMap::new());
+        let ctx = BuildCtx {
+            library: &library,
+            data_root: std::path::Path::new("."),
+            tables: &tables,
+        };
+        let x = || {
+            vec![Value::tensor(
+                Tensor::new(vec![1], TensorData::Float32(vec![58.0])).expect("tensor"),
+            )]
+        };
+        let value = |grappler: bool| -> f32 {
+            let program = compile_function(&f, &ctx, grappler).expect("compiles");
+            let out = program.run(x(), false).expect("runs");
+            match out[0].as_tensor().map(Tensor::data) {
+                Some(TensorData::Float32(v)) => v[0],
+                other => panic!("not a float tensor: {other:?}"),
+            }
+        };
+        assert_eq!(value(false).to_bits(), (58.0f32 / 15.0).to_bits());
+        assert_eq!(value(true).to_bits(), (58.0f32 * (1.0f32 / 15.0)).to_bits());
+        assert_ne!(value(false).to_bits(), value(true).to_bits());
+    }
 
     fn strings(v: &[&[u8]]) -> Value {
         Value::tensor(

@@ -1227,7 +1227,7 @@ fn if_(node: &NodeDef, ctx: &BuildCtx<'_>) -> Result<Built> {
             .library
             .get(name.as_str())
             .ok_or_else(|| attr_err(node, format!("{attr} {name} is not in the library")))?;
-        super::dataset::compile_function(f, ctx)
+        super::dataset::compile_function(f, ctx, true)
     };
     let then_branch = Arc::new(branch("then_branch")?);
     let else_branch = Arc::new(branch("else_branch")?);

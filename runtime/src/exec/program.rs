@@ -110,6 +110,10 @@ pub struct Compile<'a> {
     pub args: usize,
     /// The outputs, spelled as inputs are.
     pub roots: &'a [String],
+    /// TensorFlow runs grappler's rewrites on these nodes (a session's graph and the functions
+    /// it calls), so their `x / c` is `x * (1 / c)`; a tf.data function's body runs as
+    /// written (its divisions are exact).
+    pub grappler: bool,
 }
 
 /// The flat output index of output arg `arg`'s element `idx` of `node` (function-body
@@ -316,7 +320,8 @@ impl Program {
                 inputs.push(slot);
             }
             let mut built = built;
-            if node.op == "RealDiv"
+            if request.grappler
+                && node.op == "RealDiv"
                 && !root_nodes.contains(&i)
                 && inputs.len() == 2
                 && template[inputs[0]].is_none()

@@ -195,6 +195,7 @@ impl Stage {
                     },
                     args: 0,
                     roots,
+                    grappler: true,
                 },
                 &ctx,
             )?;
@@ -277,6 +278,7 @@ impl Stage {
                 },
                 args,
                 roots: &roots,
+                grappler: true,
             },
             &ctx,
         )?;
