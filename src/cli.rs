@@ -98,6 +98,9 @@ pub struct ControllerArgs {
     /// Print the CRDs (LodeJob, LodePool) as YAML and exit.
     #[arg(long)]
     pub print_crd: bool,
+    /// With --render: `text` prints a YAML stream, `json` one JSON array of the objects.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text, requires = "render")]
+    pub format: OutputFormat,
     // The CA for dispatchers of jobs with spec.tlsSecret (reached over https://).
     #[command(flatten)]
     pub tls: ClientTlsArgs,
@@ -554,6 +557,8 @@ pub struct RunArgs {
 pub enum SchedulerBackend {
     /// `lode worker` processes on this machine, for jobs started with `lode run --announce`.
     Local,
+    /// The LodeJobs of a Kubernetes cluster: their LodePools' replicas and node affinity.
+    Kubernetes,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -571,8 +576,20 @@ pub struct SchedulerArgs {
     #[arg(long, value_enum, default_value_t = SchedulerBackend::Local)]
     pub backend: SchedulerBackend,
     /// The directory jobs are announced in (`lode run --announce DIR`); read every round.
-    #[arg(long, value_name = "DIR")]
-    pub jobs: PathBuf,
+    /// Local backend only (and needed there).
+    #[arg(long, value_name = "DIR", required_if_eq("backend", "local"))]
+    pub jobs: Option<PathBuf>,
+    /// Kubernetes backend: schedule the LodeJobs of this namespace only (default: every
+    /// namespace). Also LODE_NAMESPACE.
+    #[arg(long, env = "LODE_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Kubernetes backend: only nodes with this label hold data workers (`KEY=VALUE`,
+    /// repeatable).
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub node_selector: Vec<String>,
+    /// Kubernetes backend: how long a dispatcher has to answer a Status or Drain RPC.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub dispatcher_timeout: std::time::Duration,
     /// Time between rounds.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub interval: std::time::Duration,
@@ -614,10 +631,20 @@ pub struct DrainArgs {
 
 #[derive(Debug, Args)]
 pub struct TrainArgs {
-    /// Local data-worker processes (default: one per core); 0 with --announce lets workers
-    /// started elsewhere (or `lode scheduler`) supply them.
+    /// Local data-worker processes (default: one per core); 0: workers come from elsewhere
+    /// (`lode worker`s dialing --listen or the --announce file, a LodeJob's pools, `lode
+    /// scheduler`).
     #[arg(long)]
     pub workers: Option<usize>,
+    /// Serve the job's dispatcher on ADDR; `0.0.0.0:7070` in a pod, for data workers in other
+    /// pods. The job's token is LODE_TOKEN when set (a Kubernetes Secret), else a random one.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    pub listen: String,
+    /// The host other machines reach this one by (e.g. the pod IP from the downward API):
+    /// the training process's receiver then listens on every interface and registers as
+    /// HOST, and --announce publishes the dispatcher as HOST.
+    #[arg(long, value_name = "HOST", env = "LODE_ADVERTISE")]
+    pub advertise: Option<String>,
     /// Threads per local data worker.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use lode_k8s::controller::{ControllerConfig, GrpcDispatcher};
 
-use crate::cli::ControllerArgs;
+use crate::cli::{ControllerArgs, OutputFormat};
 
 pub fn run_controller(args: ControllerArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
     if args.print_crd {
@@ -27,9 +27,18 @@ pub fn run_controller(args: ControllerArgs, out: &mut dyn std::io::Write) -> any
                 lode_k8s::render::parse_status(&text).with_context(|| p.display().to_string())
             })
             .transpose()?;
-        let yaml =
-            lode_k8s::render::render(job, status).with_context(|| path.display().to_string())?;
-        out.write_all(yaml.as_bytes())?;
+        let objects = lode_k8s::render::render_objects(job, status)
+            .with_context(|| path.display().to_string())?;
+        match args.format {
+            OutputFormat::Text => {
+                let yaml = lode_k8s::render::yaml_stream(objects)
+                    .context("cannot write the objects as YAML")?;
+                out.write_all(yaml.as_bytes())?;
+            }
+            OutputFormat::Json => {
+                writeln!(out, "{}", serde_json::Value::Array(objects))?;
+            }
+        }
         return Ok(());
     }
     let tls = args

@@ -39,7 +39,7 @@ pub fn client_tls(ca: Option<&Path>) -> anyhow::Result<Option<ClientTls>> {
     Ok(ca.map(ClientTls::from_ca_file).transpose()?)
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -90,13 +90,33 @@ impl LocalJob {
         announce: Option<&Path>,
         name: &str,
     ) -> anyhow::Result<LocalJob> {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").context("cannot listen")?;
-        let url = lode_proto::tls::url(listener.local_addr()?, service.tls.is_some());
+        LocalJob::start_on(service, "127.0.0.1:0", None, announce, name)
+    }
+
+    /// Serves `service` on `listen`. [`LocalJob::url`] is the address this machine dials (a
+    /// loopback one when `listen` binds every interface); the announcement carries `advertise`
+    /// (`HOST`, the bound port) when given, the address other machines dial.
+    pub fn start_on(
+        service: ServiceConfig,
+        listen: &str,
+        advertise: Option<&str>,
+        announce: Option<&Path>,
+        name: &str,
+    ) -> anyhow::Result<LocalJob> {
+        let listener = std::net::TcpListener::bind(listen)
+            .with_context(|| format!("the dispatcher cannot listen on {listen}"))?;
+        let (bound, tls) = (listener.local_addr()?, service.tls.is_some());
+        let url = lode_proto::tls::url(local_address(bound), tls);
+        let announced_url = match advertise {
+            Some(host) => lode_train::consumer::receiver_url(bound, Some(host), tls)
+                .map_err(|e| anyhow::anyhow!("{e}"))?,
+            None => url.clone(),
+        };
         let (job, token) = (service.job_id.0, service.token.clone());
         let dispatcher = DispatcherThread::spawn(listener, service)?;
         let announced = announce
             .map(|dir| {
-                let (name, dispatcher) = (name.to_owned(), url.clone());
+                let (name, dispatcher) = (name.to_owned(), announced_url.clone());
                 let token = token.clone();
                 Announcement {
                     name,
@@ -123,6 +143,17 @@ impl LocalJob {
             .with_context(|| format!("cannot start {}", command.exe.display()))?;
         self.workers.push(child);
         Ok(())
+    }
+}
+
+/// The address this machine dials for a server bound to `bound`: the loopback address of its
+/// family in place of an unspecified one (`0.0.0.0`, `[::]`).
+fn local_address(bound: std::net::SocketAddr) -> std::net::SocketAddr {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    match bound.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => (Ipv4Addr::LOCALHOST, bound.port()).into(),
+        IpAddr::V6(ip) if ip.is_unspecified() => (Ipv6Addr::LOCALHOST, bound.port()).into(),
+        _ => bound,
     }
 }
 
@@ -479,4 +510,17 @@ pub fn run_run(args: RunArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()
         bail!("the job's delivery broke its exactly-once rule (above)");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::local_address;
+
+    #[test]
+    fn a_server_on_every_interface_is_dialed_on_loopback() {
+        let dial = |s: &str| local_address(s.parse().expect("an address")).to_string();
+        assert_eq!(dial("0.0.0.0:7070"), "127.0.0.1:7070");
+        assert_eq!(dial("[::]:7070"), "[::1]:7070");
+        assert_eq!(dial("10.1.2.3:7070"), "10.1.2.3:7070");
+    }
 }

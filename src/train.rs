@@ -80,6 +80,41 @@ struct Settings {
     name: String,
     exe: PathBuf,
     tls: Option<TrainTls>,
+    token: String,
+    listen: String,
+    advertise: Option<String>,
+}
+
+/// The environment variable a pod's job token comes from (a Secret's `secretKeyRef`).
+const TOKEN_VAR: &str = "LODE_TOKEN";
+
+/// The job's token: LODE_TOKEN when set (never shown, even in an error), else a random one.
+fn job_token() -> anyhow::Result<String> {
+    match std::env::var(TOKEN_VAR) {
+        Ok(v) if v.trim().is_empty() => bail!("{TOKEN_VAR} is set but empty"),
+        Ok(v) => {
+            let token = v.trim();
+            if !token.chars().all(|c| c.is_ascii_graphic()) {
+                bail!(
+                    "{TOKEN_VAR} holds characters other than visible ASCII (it travels in a \
+                     request header); its value is not shown"
+                );
+            }
+            Ok(token.to_owned())
+        }
+        Err(std::env::VarError::NotPresent) => Ok(lode_proto::process::generate_token()),
+        Err(std::env::VarError::NotUnicode(_)) => bail!("{TOKEN_VAR} is not valid UTF-8"),
+    }
+}
+
+/// Whether `listen` (`HOST:PORT`) binds only this machine's loopback interface.
+fn is_loopback(listen: &str) -> bool {
+    let host = listen.rsplit_once(':').map_or(listen, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 pub fn run_train(args: TrainArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
@@ -100,8 +135,10 @@ pub fn run_train(args: TrainArgs, out: &mut dyn std::io::Write) -> anyhow::Resul
     let workers = args.workers.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });
-    if workers == 0 && args.announce.is_none() {
-        bail!("--workers 0 needs --announce DIR: otherwise no data worker can find the job");
+    if workers == 0 && args.announce.is_none() && is_loopback(&args.listen) {
+        bail!(
+            "--workers 0 needs --announce DIR or a --listen address other machines reach              (e.g. 0.0.0.0:7070): otherwise no data worker can find the job"
+        );
     }
     let settings = Settings {
         workers,
@@ -114,6 +151,9 @@ pub fn run_train(args: TrainArgs, out: &mut dyn std::io::Write) -> anyhow::Resul
         name: (args.name.clone()).unwrap_or_else(|| format!("train-{}", std::process::id())),
         exe: std::env::current_exe().context("cannot find the lode binary")?,
         tls: train_tls(&args)?,
+        token: job_token()?,
+        listen: args.listen.clone(),
+        advertise: args.advertise.clone(),
     };
     let program = hook::ProgramConfig {
         program: args.program.clone(),
@@ -211,13 +251,24 @@ fn start_job(request: &GraphRequest, settings: &Settings) -> Result<(LocalJob, A
         RequestKind::Dataset => None,
     };
     config.epochs = None;
-    let token = lode_proto::process::generate_token();
     let journal = settings.dir.join("journal");
-    let (mut service, _) = ServiceConfig::for_plan(&plan, JobId(1), &token, config, &journal)?;
+    let (mut service, _) =
+        ServiceConfig::for_plan(&plan, JobId(1), &settings.token, config, &journal)?;
     service.tls = settings.tls.as_ref().map(|t| t.server.clone());
     service.journal_compact_bytes = settings.journal_compact;
-    let mut job = LocalJob::start(service, settings.announce.as_deref(), &settings.name)
-        .map_err(|e| format!("{e:#}"))?;
+    let advertise = settings.advertise.as_deref();
+    let announce = settings.announce.as_deref();
+    let mut job = LocalJob::start_on(
+        service,
+        &settings.listen,
+        advertise,
+        announce,
+        &settings.name,
+    )
+    .map_err(|e| Refusal {
+        reason: format!("{e:#}"),
+        always: true,
+    })?;
     // Each worker takes the least staffed stage: with fewer workers than stages, a stage would
     // have none and the job could not make a step.
     let count = match settings.workers {
@@ -248,6 +299,10 @@ fn start_job(request: &GraphRequest, settings: &Settings) -> Result<(LocalJob, A
         tls_ca: tls_file(|t| &t.ca),
         tls_cert: tls_file(|t| &t.cert),
         tls_key: tls_file(|t| &t.key),
+        // Workers elsewhere dial the receiver at the advertised host; it listens on every
+        // interface for them.
+        listen: advertise.map(|_| "0.0.0.0:0".to_owned()),
+        advertise: advertise.map(str::to_owned),
     };
     let message = format!(
         "training on Lode: {} stage(s), {count} local data worker(s), job directory {}",
@@ -261,4 +316,24 @@ fn start_job(request: &GraphRequest, settings: &Settings) -> Result<(LocalJob, A
         message,
     };
     Ok((job, accepted))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_loopback;
+
+    #[test]
+    fn only_loopback_listen_addresses_hide_the_job() {
+        for listen in [
+            "127.0.0.1:0",
+            "127.0.0.9:7070",
+            "[::1]:7070",
+            "localhost:7070",
+        ] {
+            assert!(is_loopback(listen), "{listen}");
+        }
+        for listen in ["0.0.0.0:7070", "[::]:7070", "10.0.0.5:7070", "train-0:7070"] {
+            assert!(!is_loopback(listen), "{listen}");
+        }
+    }
 }

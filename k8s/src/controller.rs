@@ -546,4 +546,4 @@ pub async fn run(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

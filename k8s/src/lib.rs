@@ -11,8 +11,11 @@
 //!   server-side apply under one field manager, writes the status subresource.
 //! - [`render`]: the objects a job would get, as YAML, without a cluster (`lode controller
 //!   --render`).
-//! - [`rbac`]: the one list of API calls the controller makes, from which its RBAC rules are
-//!   derived and against which `deploy/rbac.yaml` is checked.
+//! - [`scheduler`]: `lode scheduler --backend kubernetes`, the kube calls around
+//!   `lode_scheduler::kubernetes`'s pure round (this crate depends on `lode-scheduler`; both are
+//!   libraries below the `lode` binary, and the scheduler crate knows nothing of kube).
+//! - [`rbac`]: the one list of API calls the controller makes (and the scheduler's), from which
+//!   their RBAC rules are derived and against which `deploy/rbac.yaml` is checked.
 //!
 //! # Invariants
 //! - Every object the controller makes carries the LodeJob's controller owner reference, so
@@ -26,6 +29,7 @@ pub mod controller;
 pub mod plan;
 pub mod rbac;
 pub mod render;
+pub mod scheduler;
 pub mod types;
 
 pub use controller::{run, ControllerConfig, Error};

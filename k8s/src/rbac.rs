@@ -60,6 +60,58 @@ pub const CONTROLLER_CALLS: &[ApiCall] = &[
     },
 ];
 
+/// Every call the scheduler's Kubernetes backend makes (`crate::scheduler`).
+pub const SCHEDULER_CALLS: &[ApiCall] = &[
+    ApiCall {
+        group: "",
+        resource: "nodes",
+        verbs: &["list"],
+        why: "each round: allocatable CPU, memory and GPUs, labels, schedulability",
+    },
+    ApiCall {
+        group: "",
+        resource: "pods",
+        verbs: &["list", "patch", "delete"],
+        why: "each round: what other pods request per node, the training pods' nodes, each pool's pods; a drained pod's deletion cost; a migrated pod deleted",
+    },
+    ApiCall {
+        group: "",
+        resource: "secrets",
+        verbs: &["get"],
+        why: "a job's token, for its dispatcher's Status and Drain RPCs",
+    },
+    ApiCall {
+        group: "",
+        resource: "events",
+        verbs: &["create"],
+        why: "an Event on the LodeJob per decision",
+    },
+    ApiCall {
+        group: "lode.dev",
+        resource: "lodejobs",
+        verbs: &["list"],
+        why: "each round: the jobs, their dispatchers and training selectors",
+    },
+    ApiCall {
+        group: "lode.dev",
+        resource: "lodepools",
+        verbs: &["list"],
+        why: "each round: the pools, their bounds, sizes and scalers",
+    },
+    ApiCall {
+        group: "lode.dev",
+        resource: "lodepools/scale",
+        verbs: &["patch"],
+        why: "a pool's replicas",
+    },
+    ApiCall {
+        group: "apps",
+        resource: "deployments",
+        verbs: &["list", "patch"],
+        why: "each pool's Deployment: its template's node affinity",
+    },
+];
+
 /// The calls as `(verb, group, resource)` triples, sorted.
 pub fn triples(calls: &[ApiCall]) -> Vec<(String, String, String)> {
     let mut out: Vec<(String, String, String)> = calls

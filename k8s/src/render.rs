@@ -62,7 +62,15 @@ pub fn parse_status(text: &str) -> Result<DispatcherReading, RenderError> {
 }
 
 /// The objects the controller would make for `job`, as a YAML stream.
-pub fn render(mut job: LodeJob, status: Option<DispatcherReading>) -> Result<String, RenderError> {
+pub fn render(job: LodeJob, status: Option<DispatcherReading>) -> Result<String, RenderError> {
+    yaml_stream(render_objects(job, status)?).map_err(|source| RenderError::Yaml { source })
+}
+
+/// The objects the controller would make for `job`, as JSON values (`--format json`).
+pub fn render_objects(
+    mut job: LodeJob,
+    status: Option<DispatcherReading>,
+) -> Result<Vec<serde_json::Value>, RenderError> {
     let errors = job.spec.validate(&job.name_any());
     if !errors.is_empty() {
         let errors = errors
@@ -86,13 +94,12 @@ pub fn render(mut job: LodeJob, status: Option<DispatcherReading>) -> Result<Str
         k8s_openapi::jiff::Timestamp::now(),
         &mut Token::generate,
     )?;
-    yaml_stream(
-        plan.desired
-            .iter()
-            .filter(|c| !matches!(c, Child::PoolStatus { .. }))
-            .map(Child::to_json),
-    )
-    .map_err(|source| RenderError::Yaml { source })
+    Ok(plan
+        .desired
+        .iter()
+        .filter(|c| !matches!(c, Child::PoolStatus { .. }))
+        .map(Child::to_json)
+        .collect())
 }
 
 /// One YAML document as JSON (for callers that do not depend on a YAML parser).

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use kube::ResourceExt as _;
-use lode_k8s::rbac::{triples, CONTROLLER_CALLS};
+use lode_k8s::rbac::{triples, ApiCall, CONTROLLER_CALLS, SCHEDULER_CALLS};
 use lode_k8s::render;
 use serde_json::Value;
 
@@ -37,11 +37,50 @@ fn the_committed_crds_are_the_generated_ones() {
 
 #[test]
 fn the_cluster_role_grants_exactly_the_calls_the_controller_makes() {
-    let docs = documents(&read("rbac.yaml"));
+    role_grants_exactly(
+        "rbac.yaml",
+        "lode-controller",
+        CONTROLLER_CALLS,
+        "controller.yaml",
+    );
+}
+
+#[test]
+fn the_schedulers_cluster_role_grants_exactly_the_calls_it_makes() {
+    role_grants_exactly(
+        "scheduler-rbac.yaml",
+        "lode-scheduler",
+        SCHEDULER_CALLS,
+        "scheduler.yaml",
+    );
+}
+
+#[test]
+fn the_kustomization_lists_every_manifest() {
+    let kustomization = documents(&read("kustomization.yaml"));
+    let listed: Vec<&str> = kustomization[0]["resources"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no resources"))
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for file in [
+        "crds.yaml",
+        "rbac.yaml",
+        "controller.yaml",
+        "scheduler-rbac.yaml",
+        "scheduler.yaml",
+    ] {
+        assert!(listed.contains(&file), "kustomization.yaml lacks {file}");
+    }
+}
+
+fn role_grants_exactly(file: &str, name: &str, calls: &[ApiCall], deployment: &str) {
+    let docs = documents(&read(file));
     let role = docs
         .iter()
-        .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "lode-controller")
-        .unwrap_or_else(|| panic!("no ClusterRole lode-controller in deploy/rbac.yaml"));
+        .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no ClusterRole {name} in deploy/{file}"));
     let mut granted = Vec::new();
     for rule in role["rules"]
         .as_array()
@@ -71,17 +110,17 @@ fn the_cluster_role_grants_exactly_the_calls_the_controller_makes() {
     }
     granted.sort();
     granted.dedup();
-    assert_eq!(granted, triples(CONTROLLER_CALLS));
+    assert_eq!(granted, triples(calls));
     let binding = docs
         .iter()
         .find(|d| d["kind"] == "ClusterRoleBinding")
         .unwrap_or_else(|| panic!("no ClusterRoleBinding"));
-    assert_eq!(binding["roleRef"]["name"], "lode-controller");
-    assert_eq!(binding["subjects"][0]["name"], "lode-controller");
-    let controller = documents(&read("controller.yaml"));
+    assert_eq!(binding["roleRef"]["name"], name);
+    assert_eq!(binding["subjects"][0]["name"], name);
+    let workload = documents(&read(deployment));
     assert_eq!(
-        controller[0]["spec"]["template"]["spec"]["serviceAccountName"],
-        "lode-controller"
+        workload[0]["spec"]["template"]["spec"]["serviceAccountName"],
+        name
     );
 }
 

@@ -25,6 +25,16 @@ fn print_crd_prints_the_committed_crds() {
     );
 }
 
+/// The kinds rendered for the sample LodeJob once its dispatcher reports two stages.
+const RUNNING_KINDS: [&str; 6] = [
+    "Secret",
+    "Service",
+    "LodePool",
+    "Deployment",
+    "LodePool",
+    "Deployment",
+];
+
 #[test]
 fn render_prints_the_secret_service_and_a_pool_per_stage() {
     let out = ok(&lode(&[
@@ -38,18 +48,7 @@ fn render_prints_the_secret_service_and_a_pool_per_stage() {
         .lines()
         .filter_map(|l| l.strip_prefix("kind: "))
         .collect();
-    assert_eq!(
-        kinds,
-        [
-            "Secret",
-            "Service",
-            "LodePool",
-            "Deployment",
-            "LodePool",
-            "Deployment"
-        ],
-        "{out}"
-    );
+    assert_eq!(kinds, RUNNING_KINDS, "{out}");
     assert!(out.contains("name: wide-deep-lode-stage-1"), "{out}");
     assert!(
         out.contains("http://wide-deep-lode-dispatcher.default.svc:7070"),
@@ -153,4 +152,32 @@ fn status_without_render_is_a_usage_error() {
     let out = lode(&["controller", "--status", "x.json"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--render"), "{}", stderr(&out));
+}
+
+#[test]
+fn render_as_json_is_the_same_objects_as_the_yaml() {
+    let json = ok(&lode(&[
+        "controller",
+        "--render",
+        &sample("lodejob.yaml"),
+        "--status",
+        &sample("dispatcher-status.json"),
+        "--format",
+        "json",
+    ]));
+    let objects: serde_json::Value =
+        serde_json::from_str(&json).unwrap_or_else(|e| panic!("not JSON: {e}: {json}"));
+    let kinds: Vec<&str> = objects
+        .as_array()
+        .unwrap_or_else(|| panic!("not an array: {json}"))
+        .iter()
+        .filter_map(|o| o["kind"].as_str())
+        .collect();
+    assert_eq!(kinds, RUNNING_KINDS, "{json}");
+    let worker = &objects[3]["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(worker["env"][0]["name"], "LODE_TOKEN");
+    assert!(
+        worker["env"][0]["valueFrom"]["secretKeyRef"].is_object(),
+        "{worker}"
+    );
 }

@@ -352,3 +352,25 @@ fn the_tuner_sizes_a_jobs_workers_from_measured_speedups() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+#[test]
+fn each_backend_refuses_what_it_cannot_use_with_status_2() {
+    let local = lode(&["scheduler", "--policy", "maxtp"]);
+    assert_eq!(local.status.code(), Some(2), "{}", stderr(&local));
+    assert!(stderr(&local).contains("--jobs"), "{}", stderr(&local));
+    let selector = lode(&[
+        "scheduler",
+        "--backend",
+        "kubernetes",
+        "--policy",
+        "fair",
+        "--node-selector",
+        "nokey",
+    ]);
+    assert_eq!(selector.status.code(), Some(2), "{}", stderr(&selector));
+    assert!(
+        stderr(&selector).contains("KEY=VALUE"),
+        "{}",
+        stderr(&selector)
+    );
+}

@@ -94,6 +94,12 @@ pub struct JobAddress {
     pub tls_cert: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_key: Option<PathBuf>,
+    /// Where the training process's receiver listens (default: a free loopback port).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    /// `HOST[:PORT]` workers on other machines dial for the receiver.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advertise: Option<String>,
 }
 
 /// A graph trained on Lode: what the hook swaps in.

@@ -122,7 +122,7 @@ impl Expect {
 }
 
 /// (verb, group, resource) of a request, as RBAC sees it.
-fn rbac_of(method: &Method, path: &str, query: &str) -> (String, String, String) {
+pub(crate) fn rbac_of(method: &Method, path: &str, query: &str) -> (String, String, String) {
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let (group, rest) = match parts.as_slice() {
         ["api", "v1", rest @ ..] => ("", rest),
@@ -152,6 +152,38 @@ fn rbac_of(method: &Method, path: &str, query: &str) -> (String, String, String)
     (verb.to_owned(), group.to_owned(), resource)
 }
 
+/// A request's method, path and query, asserted to be one of `calls` (named `list`).
+pub(crate) fn allowed(
+    request: &Request<Body>,
+    calls: &[crate::rbac::ApiCall],
+    list: &str,
+) -> (Method, String, String) {
+    let (method, path, query) = (
+        request.method().clone(),
+        request.uri().path().to_owned(),
+        request.uri().query().unwrap_or("").to_owned(),
+    );
+    let (verb, group, resource) = rbac_of(&method, &path, &query);
+    assert!(
+        allows(calls, &verb, &group, &resource),
+        "{verb} {group}/{resource} ({method} {path}) is not in rbac::{list}"
+    );
+    (method, path, query)
+}
+
+/// A request's body as JSON (`null` when empty); `what` names the request in a failure.
+pub(crate) async fn json_body(body: Body, what: &str) -> Value {
+    let bytes = body
+        .collect_bytes()
+        .await
+        .unwrap_or_else(|e| panic!("{what} body: {e}"));
+    if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{what} body: {e}"))
+    }
+}
+
 /// Plays the API server through `script`; returns the applied objects' paths, in order.
 async fn serve(
     mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
@@ -162,16 +194,7 @@ async fn serve(
         let Some((request, send)) = handle.next_request().await else {
             panic!("request {i} ({} {}) never came", expect.method, expect.path)
         };
-        let (method, path, query) = (
-            request.method().clone(),
-            request.uri().path().to_owned(),
-            request.uri().query().unwrap_or("").to_owned(),
-        );
-        let (verb, group, resource) = rbac_of(&method, &path, &query);
-        assert!(
-            allows(CONTROLLER_CALLS, &verb, &group, &resource),
-            "{verb} {group}/{resource} is not in rbac::CONTROLLER_CALLS"
-        );
+        let (method, path, query) = allowed(&request, CONTROLLER_CALLS, "CONTROLLER_CALLS");
         assert_eq!(
             (&method, path.as_str()),
             (&expect.method, expect.path.as_str()),
@@ -199,16 +222,7 @@ async fn serve(
                 "request {i}: server-side apply"
             );
         }
-        let bytes = request
-            .into_body()
-            .collect_bytes()
-            .await
-            .unwrap_or_else(|e| panic!("request {i} body: {e}"));
-        let body: Value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("request {i} body: {e}"))
-        };
+        let body = json_body(request.into_body(), &format!("request {i}")).await;
         (expect.check)(&body);
         let answer = if expect.answer.is_null() && path.ends_with("/status") {
             // The whole object, as the API server answers a status write.

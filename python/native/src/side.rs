@@ -93,6 +93,12 @@ pub struct JobConfig {
     /// The program's pipeline repeats forever (one endless pass).
     #[serde(default)]
     pub endless: bool,
+    /// Where the receiver listens (default: a free loopback port); `0.0.0.0:0` in a pod.
+    #[serde(default)]
+    pub listen: Option<String>,
+    /// `HOST[:PORT]` data workers dial for the receiver (e.g. the pod IP).
+    #[serde(default)]
+    pub advertise: Option<String>,
 }
 
 fn default_job() -> u64 {
@@ -131,6 +137,8 @@ impl JobConfig {
             capacity: default_capacity(),
             pass_steps: None,
             endless: false,
+            listen: None,
+            advertise: None,
         })
     }
 
@@ -147,6 +155,10 @@ impl JobConfig {
         };
         c.patience = Duration::from_secs(self.patience_secs.max(1));
         c.capacity = self.capacity.max(1);
+        if let Some(listen) = &self.listen {
+            c.listen.clone_from(listen);
+        }
+        c.advertise.clone_from(&self.advertise);
         Ok(c)
     }
 }
