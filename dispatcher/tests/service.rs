@@ -133,6 +133,19 @@ async fn register(client: &mut DispatcherClient, stage: i32) -> v1::RegisterResp
         .into_inner()
 }
 
+/// Registers the training side's receiver (an address nobody dials here) with `window` steps.
+async fn register_consumer(client: &mut DispatcherClient, window: u64) {
+    client
+        .register_consumer(v1::RegisterConsumerRequest {
+            job_id: JOB,
+            receiver_addr: "http://127.0.0.1:9".into(),
+            resume_from: None,
+            window,
+        })
+        .await
+        .expect("consumer");
+}
+
 async fn lease(client: &mut DispatcherClient, worker: u64) -> Outcome {
     client
         .lease(v1::LeaseRequest {
@@ -323,15 +336,7 @@ async fn a_worker_at_its_share_gets_a_returned_step_and_only_that() {
     let mut client = server.client().await;
     let first = register(&mut client, 0).await;
     let second = register(&mut client, 0).await;
-    client
-        .register_consumer(v1::RegisterConsumerRequest {
-            job_id: JOB,
-            receiver_addr: "http://127.0.0.1:9".into(),
-            resume_from: None,
-            window: 8,
-        })
-        .await
-        .expect("consumer");
+    register_consumer(&mut client, 8).await;
     let mut ask = async |worker| {
         let answer = client
             .lease(v1::LeaseRequest {
@@ -382,15 +387,7 @@ async fn workers_share_the_receivers_window_as_leases() {
     let mut client = server.client().await;
     let alone = register(&mut client, 0).await;
     assert_eq!(alone.max_leases, 64, "the default window of 64, alone");
-    client
-        .register_consumer(v1::RegisterConsumerRequest {
-            job_id: JOB,
-            receiver_addr: "http://127.0.0.1:9".into(),
-            resume_from: None,
-            window: 48,
-        })
-        .await
-        .expect("consumer");
+    register_consumer(&mut client, 48).await;
     let batch = |worker| v1::LeaseRequest {
         job_id: JOB,
         worker_id: worker,
@@ -458,15 +455,7 @@ async fn the_window_a_consumed_report_says_sets_the_shares() {
     let server = Server::start(dir.path(), roomy).await;
     let mut client = server.client().await;
     let worker = register(&mut client, 0).await;
-    client
-        .register_consumer(v1::RegisterConsumerRequest {
-            job_id: JOB,
-            receiver_addr: "http://127.0.0.1:9".into(),
-            resume_from: None,
-            window: 64,
-        })
-        .await
-        .expect("consumer");
+    register_consumer(&mut client, 64).await;
     let lease = |max_steps| v1::LeaseRequest {
         job_id: JOB,
         worker_id: worker.worker_id,
@@ -1065,15 +1054,7 @@ async fn mid_epoch(server: &Server, client: &mut DispatcherClient) -> [u64; 3] {
     let a = register(client, 0).await.worker_id;
     let b = register(client, 0).await.worker_id;
     let c = register(client, 1).await.worker_id;
-    client
-        .register_consumer(v1::RegisterConsumerRequest {
-            job_id: JOB,
-            receiver_addr: "http://127.0.0.1:9".into(),
-            resume_from: None,
-            window: 0,
-        })
-        .await
-        .expect("consumer");
+    register_consumer(client, 0).await;
     assert_eq!(leased(client, a).await.step, 0);
     assert_eq!(leased(client, b).await.step, 1);
     assert_eq!(leased(client, a).await.step, 2);
