@@ -14,7 +14,7 @@ program bench/train_program.py runs --steps steps and reports its rate over the 
              dataset `distribute`d to it (parallel_epochs)
     simple   `lode train --simple --workers N` (the cut at IteratorGetNext), unchanged program
     full     `lode train --workers N` (the full stateless cut), unchanged program
-    cached   the input nearly free: one parsed batch cached and repeated, in process
+    cached   the input nearly free: the first parsed batch as constants every step, in process
 
 --variant NAME=DIR adds, in every round, the Lode configurations run again with DIR first on
 the training program's PYTHONPATH (another build of Lode's package, `pip install --target DIR
