@@ -81,8 +81,9 @@ pub struct LodeTensorView {
 }
 
 /// Connects the process to its job now (rather than at the first DWRecv), from `config_json`
-/// (`{"dispatcher", "token", "job", "tls_ca", "patience_secs", "capacity"}`), or from the
-/// `LODE_*` environment when it is null. Connecting twice keeps the first connection.
+/// (the keys of `side::JobConfig`: `dispatcher`, `token`, `job`, `tls_ca`, `tls_cert`,
+/// `tls_key`, `patience_secs`, `capacity`, `pass_steps`, `endless`, `listen`, `advertise`), or
+/// from the `LODE_*` environment when it is null. Connecting twice keeps the first connection.
 ///
 /// # Safety
 /// `config_json` is null or a NUL-terminated string valid for the call.
