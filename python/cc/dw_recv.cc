@@ -1,4 +1,4 @@
-// DWRecv and DWIteratorInit for TensorFlow: thin kernels over Lode's training-side library.
+// DWRecv, DWIteratorInit, DWPassBegin and DWSeek for TensorFlow: thin kernels over Lode's training-side library.
 //
 // DWRecv has exactly the attributes the decoupler writes (T, shapes, from_stage). Its outputs
 // take their static shapes from `shapes`, so shape inference and grappler see what they saw in
@@ -10,6 +10,11 @@
 //
 // DWIteratorInit stands in for the program's MakeIterator: running it restarts the job's data
 // order as re-initializing the iterator restarts the pipeline.
+//
+// DWPassBegin and DWSeek serve a TF2 program's stand-in dataset (python/lode/_tf2.py), whose
+// elements are the job's step numbers: DWPassBegin begins a new iterator's pass and yields its
+// first step; DWSeek, run before each element's DWRecv, tells the training side which step the
+// iterator yields, so that an iterator restored from a checkpoint moves the receiver there.
 
 #include <cstring>
 #include <string>
@@ -20,6 +25,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/platform/env.h"
 
 #include "lode_training.h"
@@ -65,6 +71,19 @@ REGISTER_OP("DWRecv")
 REGISTER_OP("DWIteratorInit")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs);
+
+REGISTER_OP("DWPassBegin")
+    .Output("step: int64")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ScalarShape);
+
+REGISTER_OP("DWSeek")
+    .Input("step: int64")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle unused;
+      return c->WithRank(c->input(0), 0, &unused);
+    });
 
 static std::string LastError() {
   size_t n = lode_error_message(nullptr, 0);
@@ -194,7 +213,40 @@ class DWIteratorInitOp : public OpKernel {
   }
 };
 
+class DWPassBeginOp : public OpKernel {
+ public:
+  explicit DWPassBeginOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const int64_t step = lode_pass_begin();
+    if (step < 0) {
+      ctx->SetStatus(errors::Unavailable(name(), ": ", LastError()));
+      return;
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = step;
+  }
+};
+
+class DWSeekOp : public OpKernel {
+ public:
+  explicit DWSeekOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& step = ctx->input(0);
+    OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(step.shape()),
+                errors::InvalidArgument(name(), ": the step is not a scalar but of shape ",
+                                        step.shape().DebugString()));
+    if (lode_seek(step.scalar<int64_t>()()) != LODE_OK) {
+      ctx->SetStatus(errors::Unavailable(name(), ": ", LastError()));
+    }
+  }
+};
+
 REGISTER_KERNEL_BUILDER(Name("DWRecv").Device(::tensorflow::DEVICE_CPU), DWRecvOp);
 REGISTER_KERNEL_BUILDER(Name("DWIteratorInit").Device(::tensorflow::DEVICE_CPU), DWIteratorInitOp);
+REGISTER_KERNEL_BUILDER(Name("DWPassBegin").Device(::tensorflow::DEVICE_CPU), DWPassBeginOp);
+REGISTER_KERNEL_BUILDER(Name("DWSeek").Device(::tensorflow::DEVICE_CPU), DWSeekOp);
 
 }  // namespace lode

@@ -43,6 +43,8 @@ int32_t lode_run_finished(void);
 int32_t lode_iterator_init(void);
 int64_t lode_position(void);
 int32_t lode_resume(int64_t next);
+int64_t lode_pass_begin(void);
+int32_t lode_seek(int64_t step);
 int32_t lode_shutdown(void);
 size_t lode_error_message(char* buf, size_t cap);
 

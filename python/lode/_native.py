@@ -19,6 +19,9 @@ def native():
         lib.lode_position.restype = ctypes.c_int64
         lib.lode_resume.argtypes = [ctypes.c_int64]
         lib.lode_resume.restype = ctypes.c_int32
+        lib.lode_pass_begin.restype = ctypes.c_int64
+        lib.lode_seek.argtypes = [ctypes.c_int64]
+        lib.lode_seek.restype = ctypes.c_int32
         lib.lode_shutdown.restype = ctypes.c_int32
         lib.lode_error_message.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
         lib.lode_error_message.restype = ctypes.c_size_t
@@ -40,7 +43,7 @@ def check(status, what):
 
 
 def load_ops():
-    """Registers DWRecv and DWIteratorInit with TensorFlow (loads the op library once)."""
+    """Registers Lode's ops (DWRecv, DWIteratorInit, DWPassBegin, DWSeek) with TensorFlow, once."""
     global _ops
     if _ops is None:
         import tensorflow as tf

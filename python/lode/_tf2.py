@@ -15,6 +15,10 @@
   iterator of a TensorFlow dataset draws new seeds from its shuffle's seed generator: the
   iterators are counted (an eager iterator when it is created, one made inside a
   `tf.function` when it yields its first element); Keras's epoch logic is never imitated.
+- The stand-in's elements carry their step numbers (`_StandIn`): the iterator's position is
+  in its own state, so TensorFlow's checkpoint of the iterator (`tf.train.Checkpoint`,
+  `CheckpointManager`) saves it, and an iterator restored from one resumes the job at the
+  step after the checkpoint, as TensorFlow's own iterator resumes its pipeline.
 
 A dataset Lode cannot serve runs unchanged with one `lode:` line saying why (status 2 under
 `lode train --strict`). One job per process: a second dataset, or a dataset after a TF1
@@ -159,8 +163,10 @@ def _cuttable(serialized):
 
 def _receiving(training_path, count):
     """The part of the training graph that yields one element: the DWRecv nodes and what they
-    feed up to the components (`lode_tf2/out_k`), without the anchor."""
+    feed up to the components (`lode_tf2/out_k`), without the anchor, and before the DWRecv
+    nodes a DWSeek of the element's step (the placeholder `lode_tf2/step`)."""
     import tensorflow as tf
+    from tensorflow.core.framework import attr_value_pb2, tensor_shape_pb2, types_pb2
 
     training = tf.compat.v1.GraphDef()
     with open(training_path, "rb") as f:
@@ -171,63 +177,101 @@ def _receiving(training_path, count):
             kept = [i for i in n.input if not i.startswith("^")]
             del n.input[:]
             n.input.extend(kept)
-    return tf.compat.v1.graph_util.extract_sub_graph(training, outputs)
+    receiving = tf.compat.v1.graph_util.extract_sub_graph(training, outputs)
+    for n in receiving.node:
+        if n.op == "DWRecv":
+            n.input.append("^lode_tf2/seek")
+    _node(receiving, "lode_tf2/step", "Placeholder",
+          dtype=attr_value_pb2.AttrValue(type=types_pb2.DT_INT64),
+          shape=attr_value_pb2.AttrValue(shape=tensor_shape_pb2.TensorShapeProto()))
+    _node(receiving, "lode_tf2/seek", "DWSeek", ["lode_tf2/step"])
+    return receiving
 
 
-def _stand_in(dataset, receiving, count, pass_steps):
-    """A dataset of the original's element_spec and cardinality whose elements are the job's
-    steps (one DWRecv run each)."""
-    import tensorflow as tf
+class _StandIn:
+    """The datasets the program iterates in place of its dataset: one per iterator, of the
+    original's element_spec and cardinality, whose elements are the job's steps of that
+    iterator's pass (one DWRecv run each).
 
-    spec = dataset.element_spec
-    names = [f"lode_tf2/out_{k}:0" for k in range(count)]
+    Each is `source.flat_map(steps of the pass from its first).map(receive)`: `source` yields
+    the pass's first step (DWPassBegin, or a constant when the pass began as the iterator was
+    created), the flat_map the pass's step numbers, and `receive` runs DWSeek(step) before the
+    DWRecv nodes. The position is then the iterator's own state, which TensorFlow's checkpoint
+    of the iterator (`tf.train.Checkpoint(iterator=...)`) saves and restores as it does any
+    iterator's: the flat_map's input element (the pass's first step) and the range's next
+    value. An iterator restored from a checkpoint yields the step after it, and DWSeek moves
+    the receiver there; no hook into `Checkpoint` is needed."""
 
-    def receive(_):
-        tensors = tf.graph_util.import_graph_def(receiving, return_elements=names, name="lode")
-        flat = []
-        for t, s in zip(tensors, tf.nest.flatten(spec)):
-            flat.append(tf.ensure_shape(t, s.shape))
-        return tf.nest.pack_sequence_as(spec, flat)
+    def __init__(self, dataset, receiving, count, pass_steps):
+        import tensorflow as tf
 
-    cardinality = int(dataset.cardinality())
-    if pass_steps is None:
-        base = tf.data.Dataset.range(1).repeat()
-    else:
-        base = tf.data.Dataset.range(pass_steps)
-        if cardinality == tf.data.UNKNOWN_CARDINALITY:
-            base = base.filter(lambda _: True)
-    stand_in = base.map(receive)
-    options = tf.data.Options()
-    # One element is one step, taken when it is asked for: nothing read ahead by an iterator
-    # the program may leave (the next iterator is the next pass).
-    options.experimental_optimization.inject_prefetch = False
-    options.experimental_optimization.map_parallelization = False
-    options.autotune.enabled = False
-    stand_in = stand_in.with_options(options)
-    setattr(stand_in, _REPLACED, True)
-    got = int(stand_in.cardinality())
-    if got != cardinality:
-        raise ValueError(f"the stand-in's cardinality is {got}, the dataset's {cardinality}")
-    return stand_in
+        self.spec = dataset.element_spec
+        self.receiving = receiving
+        self.names = [f"lode_tf2/out_{k}:0" for k in range(count)]
+        self.pass_steps = pass_steps
+        self.cardinality = int(dataset.cardinality())
+        # The job's pass must be the dataset's length: a known cardinality is asserted on
+        # each stand-in (`_over`), which would fail at the pass's end otherwise.
+        expected = {tf.data.INFINITE_CARDINALITY: None, tf.data.UNKNOWN_CARDINALITY: pass_steps}
+        if expected.get(self.cardinality, self.cardinality) != pass_steps:
+            steps = "endless" if pass_steps is None else f"{pass_steps} steps"
+            raise ValueError(f"the job's pass is {steps}, the dataset's cardinality {self.cardinality}")
 
+    def _steps(self, first):
+        import tensorflow as tf
 
-def _in_graph(stand_in):
-    """The stand-in for an iterator made inside a `tf.function`: its first element starts a
-    new pass (DWIteratorInit runs when the function's iterator first yields)."""
-    import tensorflow as tf
+        if self.pass_steps is None:
+            return tf.data.Dataset.counter(first)
+        return tf.data.Dataset.range(first, first + self.pass_steps)
 
-    from lode._native import load_ops
+    def _receive(self, step):
+        import tensorflow as tf
 
-    ops = load_ops()
+        tensors = tf.graph_util.import_graph_def(
+            self.receiving, input_map={"lode_tf2/step:0": step}, return_elements=self.names, name="lode")
+        flat = [tf.ensure_shape(t, s.shape) for t, s in zip(tensors, tf.nest.flatten(self.spec))]
+        return tf.nest.pack_sequence_as(self.spec, flat)
 
-    def init(_):
-        with tf.control_dependencies([ops.dw_iterator_init()]):
-            return tf.constant(0, tf.int64)
+    def _over(self, source):
+        import tensorflow as tf
 
-    first = tf.data.Dataset.range(1).map(init)
-    inner = first.flat_map(lambda _: stand_in)
-    setattr(inner, _REPLACED, True)
-    return inner
+        stand_in = source.flat_map(self._steps).map(self._receive)
+        if self.cardinality != tf.data.UNKNOWN_CARDINALITY:
+            stand_in = stand_in.apply(tf.data.experimental.assert_cardinality(self.cardinality))
+        options = tf.data.Options()
+        # One element is one step, taken when it is asked for: nothing read ahead by an
+        # iterator the program may leave (the next iterator is the next pass).
+        options.experimental_optimization.inject_prefetch = False
+        options.experimental_optimization.map_parallelization = False
+        options.autotune.enabled = False
+        # DWPassBegin, DWSeek and DWRecv are state outside the dataset; what a checkpoint
+        # must hold is the iterator's position, which is in the dataset's own state (above).
+        options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+        stand_in = stand_in.with_options(options)
+        setattr(stand_in, _REPLACED, True)
+        return stand_in
+
+    def eager(self):
+        """The dataset of an eager iterator created now: its pass begins now, as a
+        TensorFlow iterator draws its shuffle's seeds when it is created."""
+        import tensorflow as tf
+
+        from lode._native import last_error, native
+
+        first = native().lode_pass_begin()
+        if first < 0:
+            raise RuntimeError(f"lode: cannot start the dataset's next pass: {last_error()}")
+        return self._over(tf.data.Dataset.from_tensors(tf.constant(first, tf.int64)))
+
+    def in_graph(self):
+        """The dataset of an iterator made inside a `tf.function`: its pass begins when it
+        yields its first element (DWPassBegin)."""
+        import tensorflow as tf
+
+        from lode._native import load_ops
+
+        ops = load_ops()
+        return self._over(tf.data.Dataset.range(1).map(lambda _: ops.dw_pass_begin()))
 
 
 def _serve(dataset):
@@ -283,7 +327,7 @@ def _serve(dataset):
     receiving = _receiving(reply["training"], count)
     job = reply["job"]
     try:
-        stand_in = _stand_in(dataset, receiving, count, None if job.get("endless") else job.get("pass_steps"))
+        stand_in = _StandIn(dataset, receiving, count, None if job.get("endless") else job.get("pass_steps"))
     except (ValueError, tf.errors.OpError) as e:
         # The job was started for nothing; the program runs unchanged (or stops, strict).
         return unchanged(f"no stand-in for it: {e}")
@@ -325,12 +369,6 @@ def _stand_in_for(dataset):
     return _datasets[key][1]
 
 
-def _next_pass():
-    from lode._native import check, native
-
-    check(native().lode_iterator_init(), "cannot start the dataset's next pass")
-
-
 def patch(module):
     """Patches `DatasetV2.__iter__` and `DatasetV2.reduce` (see the module documentation)."""
     base = module.DatasetV2
@@ -345,9 +383,8 @@ def patch(module):
         if stand_in is None:
             return iterate(self)
         if tf.executing_eagerly():
-            _next_pass()
-            return iterate(stand_in)
-        return iterate(_in_graph(stand_in))
+            return iterate(stand_in.eager())
+        return iterate(stand_in.in_graph())
 
     def lode_reduce(self, initial_state, reduce_func, name=None):
         import tensorflow as tf
@@ -358,9 +395,8 @@ def patch(module):
         if stand_in is None:
             return reduce(self, initial_state, reduce_func, name=name)
         if tf.executing_eagerly():
-            _next_pass()
-            return reduce(stand_in, initial_state, reduce_func, name=name)
-        return reduce(_in_graph(stand_in), initial_state, reduce_func, name=name)
+            return reduce(stand_in.eager(), initial_state, reduce_func, name=name)
+        return reduce(stand_in.in_graph(), initial_state, reduce_func, name=name)
 
     base.__iter__ = lode_iter
     base.reduce = lode_reduce
@@ -378,7 +414,7 @@ def patch(module):
         if tf.inside_function():
             stand_in = _stand_in_for(ds)
             if stand_in is not None:
-                ds = _in_graph(stand_in)
+                ds = stand_in.in_graph()
         return loop(ds, *args, **kwargs)
 
     # The registry refuses a second registration of a type: its entry is replaced in place.

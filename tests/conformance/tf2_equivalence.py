@@ -5,7 +5,11 @@ Runs every TF2 fixture program (fixtures/programs/tf2_*.py) plainly and under
 over three epochs of a pipeline that reshuffles every epoch, Keras preprocessing layers in the
 map, a custom loop with a `tf.function` step over eager epochs, and each epoch inside one
 `tf.function` (AutoGraph's dataset loop). Then the Keras fit over more epochs while a data
-worker is SIGKILLed every second and replaced; then the fallbacks: programs Lode cannot serve
+worker is SIGKILLed every second and replaced; then programs killed mid-epoch and restarted,
+plainly and under `lode train` the same way: a custom loop restored from a
+`tf.train.Checkpoint` holding its iterator (CheckpointManager, save/restore, write/read; one
+checkpoint without the iterator), the same while a data worker is SIGKILLed every second,
+and Keras `fit` with `BackupAndRestore`; then the fallbacks: programs Lode cannot serve
 (py_function, from_generator, an unseeded random op, a distribution strategy, no pipeline at
 all, Keras 2 in graph mode) run unchanged with one `lode:` line and exit 2 under --strict.
 Needs the training-side package installed in this Python (`pip install ./python`) and, for the
@@ -43,6 +47,30 @@ CASES = {
     "reduce_in_function": ("tf2_custom_loop.py", ["--data", REGRESSION, "--epochs", "3", "--mode", "reduce-in-function"], 48),
 }
 
+# name -> (script, arguments, the checkpoint directory's flag, the step after which the first
+# run exits, the step the restarted run begins at, fewest steps of the two runs together). A
+# custom loop of 3 epochs of 16 steps checkpointing every 10 steps, killed after step 25
+# mid-epoch: its iterator restored, it goes on from step 20 of the job's order.
+CHECKPOINT = ["--data", REGRESSION, "--epochs", "3", "--save-steps", "10"]
+RESTARTS = {
+    "checkpoint_manager": ("tf2_checkpoint.py", [*CHECKPOINT, "--api", "manager"], "--checkpoint-dir", 25, 20, 48),
+    "checkpoint_save": ("tf2_checkpoint.py", [*CHECKPOINT, "--api", "save"], "--checkpoint-dir", 25, 20, 48),
+    "checkpoint_write": ("tf2_checkpoint.py", [*CHECKPOINT, "--api", "write"], "--checkpoint-dir", 25, 20, 48),
+    # An iterator per epoch, the checkpoint's in turn: the restarted program's first iterator
+    # is restored into the second epoch's pass (its shuffle's seeds too), its next new
+    # iterator is the third epoch's.
+    "checkpoint_per_epoch": ("tf2_checkpoint.py", [*CHECKPOINT, "--per-epoch"], "--checkpoint-dir", 25, 20, 48),
+    # The iterator left out of the checkpoint: TensorFlow's restarted program reads from the
+    # data's start (a new iterator, the first seeds), its steps numbered on from 20.
+    "checkpoint_without_iterator": ("tf2_checkpoint.py", [*CHECKPOINT, "--no-iterator"], "--checkpoint-dir", 25, 20, 68),
+    # Keras 3 BackupAndRestore saves the weights and the epoch (every 3 batches here); `fit`
+    # restarts at the beginning of the saved epoch (1: 8 steps an epoch, killed after step
+    # 13), whose iterator is the restarted process's first: the shuffle's first seeds.
+    "backup_and_restore": ("tf2_keras_fit.py", ["--data", WIDE_DEEP, "--epochs", "3", "--save-freq", "3"],
+                           "--backup-dir", 13, 8, 24),
+    "backup_and_restore_epoch": ("tf2_keras_fit.py", ["--data", WIDE_DEEP, "--epochs", "3"], "--backup-dir", 13, 8, 24),
+}
+
 # case -> what the `lode:` line says
 FALLBACKS = {
     "py_function": "py_function",
@@ -73,28 +101,26 @@ def equivalence(lode, name, tmp):
     return compare(f"{name} (lode train --strict --workers 2)", expected, losses(path), minimum)
 
 
-def with_worker_kills(lode, tmp):
-    """The Keras fit over 60 reshuffled epochs while a data worker is SIGKILLed every second."""
-    args = ["--data", WIDE_DEEP, "--epochs", "60"]
-    expected = plain("tf2_keras_fit.py", args, os.path.join(tmp, "kills.plain.txt"))
-    announce = os.path.join(tmp, "jobs")
-    path = os.path.join(tmp, "kills.lode.txt")
-    program = subprocess.Popen(
-        [lode, "train", "--strict", "--workers", "0", "--announce", announce, "--name", "killed",
-         "--lease-ms", "1000", "--journal", os.path.join(tmp, "kills.job"), "--",
-         sys.executable, os.path.join(PROGRAMS, "tf2_keras_fit.py"), *args, "--losses", path],
+def killing_workers(lode, tmp, name, program, journal):
+    """Runs `program` under `lode train --workers 0` while a data worker is SIGKILLed every
+    second and replaced (two workers started here from the job's announcement). Returns
+    (status, stderr, kills)."""
+    announce = os.path.join(tmp, f"{name}.jobs")
+    train = subprocess.Popen(
+        [lode, "train", "--strict", "--workers", "0", "--announce", announce, "--name", name,
+         "--lease-ms", "1000", "--journal", journal, "--", *program],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=QUIET)
-    card = os.path.join(announce, "killed.json")
+    card = os.path.join(announce, f"{name}.json")
     deadline = time.time() + 120
     while not os.path.exists(card):
-        if program.poll() is not None or time.time() > deadline:
-            program.kill()
-            raise AssertionError(f"no announcement appeared: {program.communicate()[1][-2000:]}")
+        if train.poll() is not None or time.time() > deadline:
+            train.kill()
+            raise AssertionError(f"{name}: no announcement appeared: {train.communicate()[1][-2000:]}")
         time.sleep(0.05)
     with open(card) as f:
         job = json.load(f)
     env = {**QUIET, "LODE_TOKEN": job["token"]}
-    log = open(os.path.join(tmp, "kills.workers.log"), "w")
+    log = open(os.path.join(tmp, f"{name}.workers.log"), "w")
 
     def worker():
         return subprocess.Popen([lode, "worker", "--dispatcher", job["dispatcher"], "--job", str(job["job"])],
@@ -102,9 +128,9 @@ def with_worker_kills(lode, tmp):
 
     workers, kills = [worker(), worker()], 0
     started = time.time()
-    while program.poll() is None:
+    while train.poll() is None:
         if time.time() - started > 600:
-            program.kill()
+            train.kill()
             break
         time.sleep(1.0)
         victim = workers.pop(kills % len(workers))
@@ -115,13 +141,94 @@ def with_worker_kills(lode, tmp):
     for w in workers:
         w.kill()
         w.wait()
-    _, stderr = program.communicate()
+    _, stderr = train.communicate()
     log.close()
-    if program.returncode != 0:
-        return [f"kills: lode train exited {program.returncode}: {stderr[-2000:]}"]
+    return train.returncode, stderr, kills
+
+
+def with_worker_kills(lode, tmp):
+    """The Keras fit over 60 reshuffled epochs while a data worker is SIGKILLed every second."""
+    args = ["--data", WIDE_DEEP, "--epochs", "60"]
+    expected = plain("tf2_keras_fit.py", args, os.path.join(tmp, "kills.plain.txt"))
+    path = os.path.join(tmp, "kills.lode.txt")
+    program = [sys.executable, os.path.join(PROGRAMS, "tf2_keras_fit.py"), *args, "--losses", path]
+    status, stderr, kills = killing_workers(lode, tmp, "killed", program, os.path.join(tmp, "kills.job"))
+    if status != 0:
+        return [f"kills: lode train exited {status}: {stderr[-2000:]}"]
     if kills == 0:
         return ["kills: the program ended before a worker was killed"]
     return compare(f"keras_fit, 60 epochs, {kills} workers SIGKILLed", expected, losses(path), 480)
+
+
+def restart_step(path):
+    """The step a restarted run began at: the first line whose step is not after the line
+    before it (None: the file never goes back)."""
+    with open(path) as f:
+        steps = [int(line.split(" ", 1)[0]) for line in f]
+    return next((steps[i + 1] for i in range(len(steps) - 1) if steps[i + 1] <= steps[i]), None)
+
+
+def restarted(label, case, tmp, under_lode):
+    """Runs `case` (script, arguments, the checkpoint directory's flag, the step after which
+    the first run exits, the step the restart begins at, fewest steps) twice, plainly and with
+    `under_lode(program, k)` (run k's status and stderr): killed after the step (status 17),
+    then restarted from its checkpoint. Both restarts must begin at the expected step and the
+    two runs' losses together equal plain TensorFlow's bit for bit."""
+    script, args, flag, crash, resume, minimum = case
+    paths = {}
+    for how in ("plain", "lode"):
+        path = paths[how] = os.path.join(tmp, f"{label}.{how}.txt")
+        program = [sys.executable, os.path.join(PROGRAMS, script), *args, "--losses", path,
+                   flag, os.path.join(tmp, f"{label}.{how}.ckpt")]
+        for k, extra in enumerate([["--crash-at", str(crash)], []]):
+            if how == "plain":
+                done = run([*program, *extra], check=False)
+                status, stderr = done.returncode, done.stderr
+            else:
+                status, stderr = under_lode([*program, *extra], k)
+            wanted = 17 if extra else 0
+            if status != wanted:
+                return [f"{label} ({how}): run {k} exited {status}, expected {wanted}: {stderr[-2000:]}"]
+            if how == "lode" and not any("training on Lode" in line for line in said(stderr)):
+                return [f"{label}: expected run {k} to train on Lode; lode said {said(stderr)}"]
+        began = restart_step(path)
+        if began != resume:
+            return [f"{label} ({how}): the restarted run began at step {began}, expected {resume}"]
+    print(f"note  {label}: killed after step {crash}, restarted at step {resume} (plainly and on Lode)")
+    return compare(f"{label} killed and restarted", losses(paths["plain"]), losses(paths["lode"]), minimum)
+
+
+def restart(lode, name, tmp):
+    """RESTARTS[name] under `lode train --strict --workers 2`, one job directory for both
+    runs (a restarted job keeps its directory)."""
+    def under_lode(program, _):
+        done = run([lode, "train", "--strict", "--workers", "2", "--journal", os.path.join(tmp, f"{name}.job"),
+                    "--", *program], check=False)
+        return done.returncode, done.stderr
+
+    return restarted(name, RESTARTS[name], tmp, under_lode)
+
+
+def restart_with_kills(lode, tmp):
+    """The checkpointed custom loop over 40 epochs (640 steps, a checkpoint every 50), killed
+    after step 330 and restarted from step 300, while a data worker is SIGKILLed every second
+    in both runs."""
+    case = ("tf2_checkpoint.py", ["--data", REGRESSION, "--epochs", "40", "--save-steps", "50"],
+            "--checkpoint-dir", 330, 300, 640)
+    kills = []
+
+    def under_lode(program, k):
+        status, stderr, killed = killing_workers(lode, tmp, f"restart-kills-{k}", program,
+                                                 os.path.join(tmp, "restart_kills.job"))
+        kills.append(killed)
+        return status, stderr
+
+    failures = restarted("restart_kills", case, tmp, under_lode)
+    if not failures and min(kills) == 0:
+        return [f"restart_kills: a run ended before a worker was killed ({kills} kills)"]
+    if not failures:
+        print(f"note  restart_kills: {sum(kills)} data workers SIGKILLed and replaced ({kills[0]} + {kills[1]})")
+    return failures
 
 
 def fallbacks(lode, tmp):
@@ -180,14 +287,16 @@ def keras2_graph(lode, tmp):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--lode", required=True)
-    p.add_argument("--only", help="run one part: a case name, kills, fallbacks or keras2")
+    p.add_argument("--only", help="run one part: a case name, kills, a restart's name, restart_kills, fallbacks or keras2")
     args = p.parse_args()
     lode = os.path.abspath(args.lode)
     failures = []
     passed = failed = 0
     with tempfile.TemporaryDirectory(prefix="lode-tf2-") as tmp:
         parts = [(name, lambda name=name: equivalence(lode, name, tmp)) for name in CASES]
-        parts += [("kills", lambda: with_worker_kills(lode, tmp)), ("fallbacks", lambda: fallbacks(lode, tmp)),
+        parts += [("kills", lambda: with_worker_kills(lode, tmp))]
+        parts += [(name, lambda name=name: restart(lode, name, tmp)) for name in RESTARTS]
+        parts += [("restart_kills", lambda: restart_with_kills(lode, tmp)), ("fallbacks", lambda: fallbacks(lode, tmp)),
                   ("keras2", lambda: keras2_graph(lode, tmp))]
         for name, part in parts:
             if args.only and name != args.only:

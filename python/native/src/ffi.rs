@@ -347,6 +347,26 @@ pub extern "C" fn lode_iterator_init() -> i32 {
     }
 }
 
+/// A new iterator of a TF2 dataset begins the next pass (DWPassBegin, or the package when
+/// the program creates an eager iterator): the pass's first step, or -1 on error.
+#[no_mangle]
+pub extern "C" fn lode_pass_begin() -> i64 {
+    match with_side(TrainingSide::pass_begin) {
+        Ok(step) => i64::try_from(step).unwrap_or(i64::MAX),
+        Err(e) => {
+            fail(e);
+            -1
+        }
+    }
+}
+
+/// The program's iterator yields job step `step` next (DWSeek, before the element's
+/// DWRecv): the receiver moves there if it is elsewhere (the iterator was restored).
+#[no_mangle]
+pub extern "C" fn lode_seek(step: i64) -> i32 {
+    with_step("lode_seek", step, TrainingSide::seek)
+}
+
 /// The next step the program receives (what a checkpoint saves); -1 when not connected.
 #[no_mangle]
 pub extern "C" fn lode_position() -> i64 {
@@ -358,10 +378,20 @@ pub extern "C" fn lode_position() -> i64 {
 /// A checkpoint that consumed every step before `next` was restored.
 #[no_mangle]
 pub extern "C" fn lode_resume(next: i64) -> i32 {
-    let Ok(next) = u64::try_from(next) else {
-        return fail(format!("lode_resume: step {next} is negative"));
+    with_step("lode_resume", next, TrainingSide::resume)
+}
+
+/// Calls `f` with the step number `step` a C caller of `function` passed (a negative one is
+/// an error).
+fn with_step(
+    function: &str,
+    step: i64,
+    f: impl FnOnce(&mut TrainingSide, u64) -> Result<(), SideError>,
+) -> i32 {
+    let Ok(step) = u64::try_from(step) else {
+        return fail(format!("{function}: step {step} is negative"));
     };
-    match with_side(|s| s.resume(next)) {
+    match with_side(|s| f(s, step)) {
         Ok(()) => LODE_OK,
         Err(e) => fail(e),
     }

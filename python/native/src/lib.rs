@@ -5,7 +5,8 @@
 //! # Layout
 //! - [`side`]: [`side::TrainingSide`], the process's consumer of its job (dataworker's
 //!   [`Consumer`](lode_train::consumer::Consumer): receiver, reorder, dedup,
-//!   watermark) and the rules mapping TensorFlow runs and iterator initializations to steps.
+//!   watermark) and the rules mapping TensorFlow runs, iterator initializations and a TF2
+//!   stand-in's step numbers (its pass's first step, a restored iterator's seek) to steps.
 //! - [`ffi`]: the C ABI (`extern "C"`), the only unsafe code of Lode with [`interrupt`]; every
 //!   block states why it is sound.
 //! - [`interrupt`]: a SIGINT handler chained before the program's, so that Ctrl-C ends a wait.

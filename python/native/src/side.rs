@@ -20,6 +20,14 @@
 //! re-initialization restarts the job at step 0. The first initialization after a checkpoint
 //! was restored keeps the restored position, so that a restarted program receives the step
 //! after its checkpoint, as an uninterrupted run would.
+//!
+//! # TF2 iterators and their checkpoints
+//! A TF2 program's iterator is a stand-in dataset (python/lode/_tf2.py) whose elements are
+//! the job's step numbers: a new iterator begins its pass ([`TrainingSide::pass_begin`], the
+//! pass's first step becoming part of the iterator's own state), and each element says which
+//! step it is before its DWRecv runs ([`TrainingSide::seek`]). TensorFlow's checkpoint of the
+//! iterator thus holds the position; an iterator restored from one yields the step after it,
+//! and the receiver moves there.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -315,8 +323,28 @@ impl TrainingSide {
     pub fn resume(&mut self, next: u64) -> Result<(), SideError> {
         self.current = None;
         self.restored = true;
-        self.pass = self.pass_steps.map_or(0, |n| next / n.max(1));
+        self.pass = pass_of(self.pass_steps, next);
         self.consumer.resume(next)?;
+        Ok(())
+    }
+
+    /// A new iterator of a TF2 dataset begins the next pass, as [`Self::iterator_init`]
+    /// starts it; returns the pass's first step, which the iterator carries in its state.
+    pub fn pass_begin(&mut self) -> Result<u64, SideError> {
+        self.iterator_init()?;
+        Ok(self.consumer.next_step())
+    }
+
+    /// The program's iterator yields job step `step` next (see the module documentation):
+    /// the previous element's run has finished, and a receiver elsewhere (the iterator was
+    /// restored from a checkpoint) moves to `step`, in that step's pass.
+    pub fn seek(&mut self, step: u64) -> Result<(), SideError> {
+        self.run_finished();
+        if self.consumer.next_step() == step {
+            return Ok(());
+        }
+        self.pass = pass_of(self.pass_steps, step);
+        self.consumer.resume(step)?;
         Ok(())
     }
 
@@ -340,6 +368,11 @@ fn part_of(step: Arc<Step>, stage: u32) -> Result<Received, SideError> {
     Ok(Received::Part { step, part })
 }
 
+/// The pass job step `step` belongs to (passes of `pass_steps` steps; None: one endless pass).
+fn pass_of(pass_steps: Option<u64>, step: u64) -> u64 {
+    pass_steps.map_or(0, |n| step / n.max(1))
+}
+
 /// Where an initialization of the iterator starts reading: `(pass, first step)`, given the
 /// pass length (None: endless), the pass in progress, the next step the receiver delivers and
 /// whether this is the first initialization (see the module documentation).
@@ -356,7 +389,28 @@ fn pass_start(pass_steps: Option<u64>, pass: u64, next: u64, first: bool) -> (u6
 
 #[cfg(test)]
 mod tests {
-    use super::pass_start;
+    use super::{pass_of, pass_start};
+
+    #[test]
+    fn a_step_belongs_to_the_pass_its_iterator_read_it_in() {
+        assert_eq!(pass_of(Some(8), 0), 0);
+        assert_eq!(pass_of(Some(8), 7), 0);
+        assert_eq!(pass_of(Some(8), 8), 1);
+        assert_eq!(pass_of(Some(8), 61), 7);
+        // A restored step of an endless pipeline is in its one pass.
+        assert_eq!(pass_of(None, 61), 0);
+        // A zero-length pass (an empty dataset) divides by nothing.
+        assert_eq!(pass_of(Some(0), 5), 5);
+    }
+
+    #[test]
+    fn a_restored_step_then_a_new_iterator_starts_the_pass_after_it() {
+        // Restored at step 13 of 8-step passes (pass 1), read to 16: the next iterator's pass.
+        let pass = pass_of(Some(8), 13);
+        assert_eq!(pass_start(Some(8), pass, 16, false), (2, 16));
+        // Left at step 14: the next iterator skips to pass 2 as well.
+        assert_eq!(pass_start(Some(8), pass, 14, false), (2, 16));
+    }
 
     #[test]
     fn a_pass_read_to_its_end_is_followed_by_the_next_without_a_restart() {
