@@ -319,9 +319,11 @@ pub fn run_consume(args: ConsumeArgs, out: &mut dyn std::io::Write) -> anyhow::R
         ""
     };
     let (steps, samples, seconds) = (summary.steps, summary.samples, summary.seconds);
+    let (duplicates, stale) = (summary.dropped_duplicates, summary.dropped_stale);
     writeln!(
         out,
-        "consumed {steps} steps ({samples} samples) in {seconds:.2} s{end}"
+        "consumed {steps} steps ({samples} samples) in {seconds:.2} s{end}; \
+         dropped {duplicates} duplicate and {stale} stale step messages"
     )?;
     Ok(())
 }

@@ -1252,3 +1252,139 @@ fn a_snapshot_no_run_of_events_could_build_is_refused() {
         }
     }
 }
+
+/// The grants among `events`: (worker, step, records).
+fn grants(events: &[Event]) -> Vec<(WorkerId, StepId, Vec<u64>)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::LeaseGranted {
+                worker,
+                step,
+                batch: GrantedBatch::Records(records),
+                ..
+            } => Some((*worker, *step, records.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Stale leases (issue 45): a worker cut off holding `held` steps is declared lost; its
+    /// steps go to another worker with the same batches, lowest first; its late messages
+    /// (the report of the steps it held, a heartbeat, a lease request, a registration under
+    /// its old id) are refused without changing anything, before or after the other worker
+    /// completed `early` of them and the training side consumed them; the host, registered
+    /// again under a new id, gets fresh steps only, never one it was revoked. Every step
+    /// completes once, and the journal replays to the live state.
+    #[test]
+    fn a_lost_workers_late_messages_change_nothing_and_it_comes_back_with_fresh_leases(
+        held in 1u32..=4,
+        early in 0u32..=4,
+        consume: bool,
+    ) {
+        let early = early.min(held) as usize;
+        let config = DispatcherConfig {
+            records: 60,
+            batch_size: 3,
+            epochs: Some(1),
+            lease_duration: Duration::from_secs(10),
+            max_leases_per_worker: 4,
+            ..config(1)
+        };
+        let (old, other, new) = (W1, W2, WorkerId(3));
+        let mut state = DispatcherState::new(config.clone()).expect("config");
+        let mut journal = Vec::new();
+        journal.extend(register(&mut state, old, S0));
+        journal.extend(register(&mut state, other, S0));
+        let events = state
+            .apply(Command::RequestLeases { worker: old, max: held }, t(0))
+            .expect("lease");
+        journal.extend(events.clone());
+        let first = grants(&events);
+        prop_assert_eq!(first.len(), held as usize);
+
+        let events = state.apply(Command::WorkerLost { worker: old }, t(1_000)).expect("lost");
+        journal.extend(events.clone());
+        let revoked: Vec<StepId> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::LeaseRevoked { step, .. } => Some(*step),
+                _ => None,
+            })
+            .collect();
+        prop_assert_eq!(&revoked, &first.iter().map(|g| g.1).collect::<Vec<_>>());
+
+        let late: Vec<(Command, &str)> = vec![
+            (Command::CompleteSteps { worker: old, stage: S0, steps: revoked.clone() }, "report"),
+            (Command::Complete { worker: old, stage: S0, step: revoked[0] }, "report of one"),
+            (Command::Heartbeat { worker: old }, "heartbeat"),
+            (Command::RequestLeases { worker: old, max: 4 }, "lease request"),
+            (
+                Command::RegisterWorker { worker: old, stage: S0, protocol_version: PROTOCOL_VERSION },
+                "registration under its old id",
+            ),
+        ];
+        let refuse_late = |state: &mut DispatcherState| -> std::result::Result<(), TestCaseError> {
+            for (command, what) in &late {
+                let before = state.clone();
+                let err = state.apply(command.clone(), t(2_000)).expect_err(what);
+                prop_assert!(err.is_rejection(), "{}: {}", what, err);
+                prop_assert_eq!(&*state, &before, "{} changed the state", what);
+            }
+            Ok(())
+        };
+        refuse_late(&mut state)?;
+
+        // The other worker gets the revoked steps first, with the same batches.
+        let events = state
+            .apply(Command::RequestLeases { worker: other, max: held }, t(2_000))
+            .expect("lease");
+        journal.extend(events.clone());
+        let again = grants(&events);
+        prop_assert_eq!(
+            again.iter().map(|g| (g.1, g.2.clone())).collect::<Vec<_>>(),
+            first.iter().map(|g| (g.1, g.2.clone())).collect::<Vec<_>>()
+        );
+        let (early_steps, rest) = revoked.split_at(early);
+        let complete_steps = |state: &mut DispatcherState, steps: &[StepId], journal: &mut Vec<Event>| {
+            if !steps.is_empty() {
+                let command = Command::CompleteSteps { worker: other, stage: S0, steps: steps.to_vec() };
+                journal.extend(state.apply(command, t(2_100)).expect("complete"));
+            }
+        };
+        complete_steps(&mut state, early_steps, &mut journal);
+        if consume && !early_steps.is_empty() {
+            let watermark = *early_steps.last().expect("a step");
+            journal.extend(state.apply(Command::Consumed { watermark }, t(2_200)).expect("consume"));
+        }
+        refuse_late(&mut state)?;
+        complete_steps(&mut state, rest, &mut journal);
+        refuse_late(&mut state)?;
+
+        // The host comes back under a new id: the steps after the revoked ones, none of those.
+        journal.extend(register(&mut state, new, S0));
+        let events = state
+            .apply(Command::RequestLeases { worker: new, max: 4 }, t(3_000))
+            .expect("lease");
+        journal.extend(events.clone());
+        let fresh = grants(&events);
+        prop_assert!(!fresh.is_empty());
+        for (_, step, _) in &fresh {
+            prop_assert!(!revoked.contains(step), "step {:?} leased again to the new id", step);
+            prop_assert!(*step > *revoked.last().expect("a step"));
+        }
+        let mut completions: BTreeMap<StepId, Vec<WorkerId>> = BTreeMap::new();
+        for event in &journal {
+            if let Event::StepCompleted { worker, step, .. } = event {
+                completions.entry(*step).or_default().push(*worker);
+            }
+        }
+        for step in &revoked {
+            prop_assert_eq!(completions.get(step), Some(&vec![other]), "step {:?}", step);
+        }
+        prop_assert_eq!(DispatcherState::replay(config, &journal).expect("replay"), state);
+    }
+}

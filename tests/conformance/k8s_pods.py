@@ -28,7 +28,6 @@ import argparse
 import base64
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -37,6 +36,7 @@ import tempfile
 import time
 
 from losses import QUIET, compare, losses, run
+from netns import Hosts, closing_on_signals
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.normpath(os.path.join(HERE, "..", "..", "fixtures"))
@@ -121,70 +121,6 @@ def listen_and_separate_workers(lode, tmp, expected):
         failures.append(f"listen: the program did not train on Lode: {err[-1000:]}")
     return failures + compare("lode train --workers 0 --listen 0.0.0.0:PORT, two lode workers dialing it",
                               expected, logged(path), 150)
-
-
-class Cluster:
-    """Network namespaces as pods on one bridge; everything removed by close()."""
-
-    def __init__(self):
-        self.switch = PREFIX + "switch"
-        self.pods = {}  # namespace -> address
-        self.procs = []
-        self.hosts = ""
-        self.next_ip = 10
-        self.ip("netns", "add", self.switch)
-        self.ns(self.switch, "ip", "link", "add", "br0", "type", "bridge")
-        self.ns(self.switch, "ip", "link", "set", "br0", "up")
-
-    @staticmethod
-    def ip(*args):
-        run(["ip", *args], timeout=30)
-
-    @staticmethod
-    def ns(name, *cmd):
-        run(["ip", "netns", "exec", name, *cmd], timeout=30)
-
-    def pod(self, name):
-        """A new pod namespace: eth0 on the bridge with the next address; returns (ns, ip)."""
-        ns = PREFIX + name
-        address = f"{SUBNET}.{self.next_ip}"
-        port = f"p{self.next_ip}"
-        self.next_ip += 1
-        self.ip("netns", "add", ns)
-        self.pods[ns] = address
-        self.ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", port, "netns", self.switch)
-        self.ns(self.switch, "ip", "link", "set", port, "master", "br0", "up")
-        self.ns(ns, "ip", "addr", "add", f"{address}/24", "dev", "eth0")
-        self.ns(ns, "ip", "link", "set", "eth0", "up")
-        self.ns(ns, "ip", "link", "set", "lo", "up")
-        self.write_hosts(ns)
-        return ns, address
-
-    def set_hosts(self, text):
-        """Every pod's /etc/hosts (the cluster DNS of this test)."""
-        self.hosts = text
-        for ns in self.pods:
-            self.write_hosts(ns)
-
-    def write_hosts(self, ns):
-        d = os.path.join("/etc/netns", ns)
-        os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, "hosts"), "w") as f:
-            f.write(f"127.0.0.1 localhost\n{self.pods[ns]} {ns}\n{self.hosts}")
-
-    def start(self, ns, argv, env, **kw):
-        proc = subprocess.Popen(["ip", "netns", "exec", ns, *argv], env=env, **kw)
-        self.procs.append(proc)
-        return proc
-
-    def close(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-        for ns in [*self.pods, self.switch]:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-            shutil.rmtree(os.path.join("/etc/netns", ns), ignore_errors=True)
 
 
 def expand(value, env):
@@ -382,16 +318,9 @@ def main():
         expected = plain(tmp, "wide-deep", WIDE_DEEP)
         failures += listen_and_separate_workers(lode, tmp, expected)
         cluster = None
-
-        def stop(signum, _frame):
-            if cluster is not None:
-                cluster.close()
-            sys.exit(128 + signum)
-
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
+        closing_on_signals(lambda: cluster)
         try:
-            cluster = Cluster()
+            cluster = Hosts(PREFIX, SUBNET)
             failures += rendered_pods(lode, tmp, cluster, "calm", WIDE_DEEP, expected, kill=False)
             failures += rendered_pods(lode, tmp, cluster, "stages", DEEPFM, plain(tmp, "deepfm", DEEPFM),
                                       kill=False)

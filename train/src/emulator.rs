@@ -56,6 +56,12 @@ pub struct ConsumeSummary {
     pub end_of_data: bool,
     /// The job was ended here (see [`EmulatorConfig::end_job`]).
     pub ended_job: bool,
+    /// Step messages the receiver dropped as duplicates (a second copy of a buffered step's
+    /// message: a step leased again after its first worker was lost, both copies sent).
+    pub dropped_duplicates: u64,
+    /// Step messages the receiver dropped as stale (of a step already delivered: e.g. the late
+    /// frames of a lost worker's revoked leases).
+    pub dropped_stale: u64,
 }
 
 /// Why the emulator stopped short.
@@ -208,6 +214,9 @@ pub fn emulate(
         summary.ended_job = consumer.end_job()?.is_some();
     }
     summary.seconds = started.elapsed().as_secs_f64();
+    let dropped = consumer.metrics();
+    summary.dropped_duplicates = dropped.duplicates;
+    summary.dropped_stale = dropped.stale;
     Ok(summary)
 }
 

@@ -390,6 +390,60 @@ proptest! {
     }
 }
 
+proptest! {
+    /// Stale leases (issue 45), the receiver's side: steps `first .. first + n` were leased to
+    /// a worker that was then cut off and declared lost, and leased again to another. Both
+    /// copies of each step reach the receiver, in any order (`old_first`: the old worker's
+    /// late frame came before the new copy), with `popped` steps delivered before the late
+    /// frames came. Exactly one copy of each step is taken; every other is dropped as a
+    /// duplicate (its step still buffered) or as stale (already delivered), and counted; the
+    /// steps come out once each, in order.
+    #[test]
+    fn prop_a_revoked_leases_late_frames_are_dropped_and_counted_never_delivered_twice(
+        first in 0u64..50,
+        n in 1u64..12,
+        popped in 0u64..12,
+        old_first in proptest::collection::vec(any::<bool>(), 12),
+    ) {
+        let t0 = Instant::now();
+        let popped = popped.min(n);
+        let mut r = receiver(&[0], first, 64, t0);
+        let steps: Vec<u64> = (first..first + n).collect();
+        let mut delivered = Vec::new();
+        // The copies that came before the consumer took `popped` steps: the new worker's of
+        // every step, and the old one's where it came first.
+        for (i, &step) in steps.iter().enumerate() {
+            let expected_second = if old_first[i] { Offer::Duplicate } else { Offer::Accepted };
+            if old_first[i] {
+                prop_assert_eq!(r.offer(msg(0, step), t0), Offer::Accepted);
+            }
+            prop_assert_eq!(r.offer(msg(0, step), t0), expected_second);
+        }
+        for _ in 0..popped {
+            delivered.push(r.pop(t0).expect("a complete step").step);
+        }
+        // The old worker's late frames of the others.
+        for (i, &step) in steps.iter().enumerate() {
+            if !old_first[i] {
+                let expected = if step < first + popped { Offer::Stale } else { Offer::Duplicate };
+                prop_assert_eq!(r.offer(msg(0, step), t0), expected, "late frame of step {}", step);
+            }
+        }
+        delivered.extend(std::iter::from_fn(|| r.pop(t0)).map(|s| s.step));
+        prop_assert_eq!(&delivered, &steps);
+        let m = r.metrics(t0);
+        let late_after_pops = steps
+            .iter()
+            .enumerate()
+            .filter(|&(i, &s)| !old_first[i] && s < first + popped)
+            .count() as u64;
+        prop_assert_eq!(m.accepted, n);
+        prop_assert_eq!(m.delivered, n);
+        prop_assert_eq!(m.stale, late_after_pops);
+        prop_assert_eq!(m.duplicates + m.stale, n, "every second copy dropped and counted");
+    }
+}
+
 // --- The blocking wrapper ---------------------------------------------------------------------
 
 const LONG: Duration = Duration::from_secs(60);
