@@ -7,7 +7,11 @@ map, a custom loop with a `tf.function` step over eager epochs, and each epoch i
 `tf.function` (AutoGraph's dataset loop). Then the Keras fit over more epochs while a data
 worker is SIGKILLed every second and replaced; then the fallbacks: programs Lode cannot serve
 (py_function, from_generator, an unseeded random op, a distribution strategy, no pipeline at
-all, Keras 2 in graph mode) run unchanged with one `lode:` line and exit 2 under --strict.
+all) run unchanged with one `lode:` line and exit 2 under --strict. Then Keras 2 in graph mode
+(fixtures/programs/keras2_graph_fit.py, `tf_keras` with eager execution disabled: its session
+exists before its iterator): bit-identical, also with a worker SIGKILLed every second; with
+validation data (a second pipeline) it trains on Lode, the validation runs locally with one
+line, and --strict stops it with status 2.
 Needs the training-side package installed in this Python (`pip install ./python`) and, for the
 Keras 2 program, `tf_keras`.
 
@@ -43,6 +47,11 @@ CASES = {
     "reduce_in_function": ("tf2_custom_loop.py", ["--data", REGRESSION, "--epochs", "3", "--mode", "reduce-in-function"], 48),
 }
 
+# Keras 2 (tf_keras) in graph mode, 3 epochs of 16 steps: its session exists before its
+# iterator, and Keras re-initializes the iterator every epoch.
+KERAS2 = ("keras2_graph_fit.py", ["--data", REGRESSION, "--epochs", "3"], 48)
+KERAS2_KILL_EPOCHS = 250
+
 # case -> what the `lode:` line says
 FALLBACKS = {
     "py_function": "py_function",
@@ -61,8 +70,8 @@ def plain(script, args, path):
     return losses(path)
 
 
-def equivalence(lode, name, tmp):
-    script, args, minimum = CASES[name]
+def equivalence(lode, name, tmp, case=None):
+    script, args, minimum = case or CASES[name]
     expected = plain(script, args, os.path.join(tmp, f"{name}.plain.txt"))
     path = os.path.join(tmp, f"{name}.lode.txt")
     done = run([lode, "train", "--strict", "--workers", "2", "--journal", os.path.join(tmp, f"{name}.job"), "--",
@@ -73,18 +82,17 @@ def equivalence(lode, name, tmp):
     return compare(f"{name} (lode train --strict --workers 2)", expected, losses(path), minimum)
 
 
-def with_worker_kills(lode, tmp):
-    """The Keras fit over 60 reshuffled epochs while a data worker is SIGKILLed every second."""
-    args = ["--data", WIDE_DEEP, "--epochs", "60"]
-    expected = plain("tf2_keras_fit.py", args, os.path.join(tmp, "kills.plain.txt"))
+def with_worker_kills(lode, tmp, name, script, args, minimum):
+    """A program trained while a data worker is SIGKILLed every second and replaced."""
+    expected = plain(script, args, os.path.join(tmp, f"{name}.plain.txt"))
     announce = os.path.join(tmp, "jobs")
-    path = os.path.join(tmp, "kills.lode.txt")
+    path = os.path.join(tmp, f"{name}.lode.txt")
     program = subprocess.Popen(
-        [lode, "train", "--strict", "--workers", "0", "--announce", announce, "--name", "killed",
-         "--lease-ms", "1000", "--journal", os.path.join(tmp, "kills.job"), "--",
-         sys.executable, os.path.join(PROGRAMS, "tf2_keras_fit.py"), *args, "--losses", path],
+        [lode, "train", "--strict", "--workers", "0", "--announce", announce, "--name", name,
+         "--lease-ms", "1000", "--journal", os.path.join(tmp, f"{name}.job"), "--",
+         sys.executable, os.path.join(PROGRAMS, script), *args, "--losses", path],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=QUIET)
-    card = os.path.join(announce, "killed.json")
+    card = os.path.join(announce, f"{name}.json")
     deadline = time.time() + 120
     while not os.path.exists(card):
         if program.poll() is not None or time.time() > deadline:
@@ -94,7 +102,7 @@ def with_worker_kills(lode, tmp):
     with open(card) as f:
         job = json.load(f)
     env = {**QUIET, "LODE_TOKEN": job["token"]}
-    log = open(os.path.join(tmp, "kills.workers.log"), "w")
+    log = open(os.path.join(tmp, f"{name}.workers.log"), "w")
 
     def worker():
         return subprocess.Popen([lode, "worker", "--dispatcher", job["dispatcher"], "--job", str(job["job"])],
@@ -118,10 +126,10 @@ def with_worker_kills(lode, tmp):
     _, stderr = program.communicate()
     log.close()
     if program.returncode != 0:
-        return [f"kills: lode train exited {program.returncode}: {stderr[-2000:]}"]
+        return [f"{name}: lode train exited {program.returncode}: {stderr[-2000:]}"]
     if kills == 0:
-        return ["kills: the program ended before a worker was killed"]
-    return compare(f"keras_fit, 60 epochs, {kills} workers SIGKILLed", expected, losses(path), 480)
+        return [f"{name}: the program ended before a worker was killed"]
+    return compare(f"{name}, {kills} workers SIGKILLed", expected, losses(path), minimum)
 
 
 def fallbacks(lode, tmp):
@@ -148,47 +156,62 @@ def fallbacks(lode, tmp):
     return failures
 
 
-def keras2_graph(lode, tmp):
-    """Keras 2 in graph mode: its session exists before its iterator. Not served yet: it runs
-    unchanged with one line, and --strict stops it."""
+def keras2_missing():
     try:
         import tf_keras  # noqa: F401
     except ImportError:
-        return ["keras2_graph: tf_keras is not installed in this Python (pip install tf_keras==2.18.0)"]
-    script = "tf2_keras2_graph.py"
-    args = ["--data", REGRESSION, "--epochs", "3"]
-    expected = plain(script, args, os.path.join(tmp, "keras2.plain.txt"))
-    path = os.path.join(tmp, "keras2.lode.txt")
-    done = run([lode, "train", "--workers", "1", "--", sys.executable, os.path.join(PROGRAMS, script), *args,
-                "--losses", path], check=False)
-    failures = []
+        return ["keras2: tf_keras is not installed in this Python (pip install tf_keras==2.18.0 --no-deps)"]
+    return []
+
+
+def keras2_validation(lode, tmp):
+    """Keras 2 `fit` with validation data: the validation dataset is a second pipeline, which
+    Lode does not serve. It runs on its local pipeline with one line (the training losses
+    still equal the plain run's); --strict stops the program with status 2."""
+    script, args, minimum = KERAS2
+    args = [*args, "--validation"]
+    expected = plain(script, args, os.path.join(tmp, "keras2_validation.plain.txt"))
+    path = os.path.join(tmp, "keras2_validation.lode.txt")
+    cmd = [sys.executable, os.path.join(PROGRAMS, script), *args, "--losses", path]
+    done = run([lode, "train", "--workers", "2", "--", *cmd], check=False)
     lines = said(done.stderr)
-    if done.returncode != 0 or len(lines) != 1 or "no tf.data input pipeline" not in lines[0]:
-        failures.append(f"keras2_graph: expected an unchanged run with one line; got status {done.returncode}, "
-                        f"{lines}: {done.stderr[-1500:]}")
+    second = [line for line in lines if "second input pipeline" in line]
+    failures = []
+    if done.returncode != 0 or len(second) != 1 or not any("training on Lode" in line for line in lines):
+        failures.append(f"keras2_validation: expected training on Lode with one line about the second pipeline; "
+                        f"got status {done.returncode}, {lines}: {done.stderr[-1500:]}")
     else:
-        failures += compare("keras2_graph (unchanged: its own pipeline)", expected, losses(path), 48)
-    strict = run([lode, "train", "--strict", "--workers", "1", "--", sys.executable,
-                  os.path.join(PROGRAMS, script), *args, "--losses", path], check=False)
-    if strict.returncode != 2:
-        failures.append(f"keras2_graph --strict: expected status 2, got {strict.returncode}: {strict.stderr[-1500:]}")
+        failures += compare("keras2_validation (validation on its local pipeline)", expected, losses(path), minimum)
+    strict = run([lode, "train", "--strict", "--workers", "2", "--", *cmd], check=False)
+    if strict.returncode != 2 or "second input pipeline" not in strict.stderr:
+        failures.append(f"keras2_validation --strict: expected status 2 naming the second pipeline, got "
+                        f"{strict.returncode}: {strict.stderr[-1500:]}")
     else:
-        print("ok    keras2_graph --strict: status 2")
+        print("ok    keras2_validation --strict: status 2, the second pipeline named")
     return failures
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--lode", required=True)
-    p.add_argument("--only", help="run one part: a case name, kills, fallbacks or keras2")
+    p.add_argument("--only", help="run one part: a case name, kills, fallbacks, keras2, keras2_kills or "
+                                  "keras2_validation")
     args = p.parse_args()
     lode = os.path.abspath(args.lode)
     failures = []
     passed = failed = 0
     with tempfile.TemporaryDirectory(prefix="lode-tf2-") as tmp:
         parts = [(name, lambda name=name: equivalence(lode, name, tmp)) for name in CASES]
-        parts += [("kills", lambda: with_worker_kills(lode, tmp)), ("fallbacks", lambda: fallbacks(lode, tmp)),
-                  ("keras2", lambda: keras2_graph(lode, tmp))]
+        parts += [
+            ("kills", lambda: with_worker_kills(lode, tmp, "kills", "tf2_keras_fit.py",
+                                                ["--data", WIDE_DEEP, "--epochs", "60"], 480)),
+            ("fallbacks", lambda: fallbacks(lode, tmp)),
+            ("keras2", lambda: keras2_missing() or equivalence(lode, "keras2", tmp, KERAS2)),
+            ("keras2_kills", lambda: keras2_missing() or with_worker_kills(
+                lode, tmp, "keras2_kills", KERAS2[0], ["--data", REGRESSION, "--epochs", str(KERAS2_KILL_EPOCHS)],
+                16 * KERAS2_KILL_EPOCHS)),
+            ("keras2_validation", lambda: keras2_missing() or keras2_validation(lode, tmp)),
+        ]
         for name, part in parts:
             if args.only and name != args.only:
                 continue
