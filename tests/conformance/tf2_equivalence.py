@@ -10,8 +10,8 @@ worker is SIGKILLed every second and replaced; then the fallbacks: programs Lode
 all) run unchanged with one `lode:` line and exit 2 under --strict. Then Keras 2 in graph mode
 (fixtures/programs/keras2_graph_fit.py, `tf_keras` with eager execution disabled: its session
 exists before its iterator): bit-identical, also with a worker SIGKILLed every second; with
-validation data (a second pipeline) it trains on Lode, the validation runs locally with one
-line, and --strict stops it with status 2.
+validation data or a second `fit` (a second pipeline) it trains on Lode, the second pipeline
+runs on the program's side with one line, and --strict stops it with status 2.
 Needs the training-side package installed in this Python (`pip install ./python`) and, for the
 Keras 2 program, `tf_keras`.
 
@@ -164,38 +164,40 @@ def keras2_missing():
     return []
 
 
-def keras2_validation(lode, tmp):
-    """Keras 2 `fit` with validation data: the validation dataset is a second pipeline, which
-    Lode does not serve. It runs on its local pipeline with one line (the training losses
-    still equal the plain run's); --strict stops the program with status 2."""
-    script, args, minimum = KERAS2
-    args = [*args, "--validation"]
-    expected = plain(script, args, os.path.join(tmp, "keras2_validation.plain.txt"))
-    path = os.path.join(tmp, "keras2_validation.lode.txt")
+def keras2_second_pipeline(lode, tmp, flag, minimum):
+    """Keras 2 `fit` with a second pipeline (`--validation`: validation data; `--second-fit`: a
+    second `fit` on a new dataset), which Lode does not serve. It runs on the program's side
+    with one line (the training losses still equal the plain run's); --strict stops the program
+    with status 2."""
+    script, args, _ = KERAS2
+    args = [*args, flag]
+    name = "keras2_" + flag.lstrip("-").replace("-", "_")
+    expected = plain(script, args, os.path.join(tmp, f"{name}.plain.txt"))
+    path = os.path.join(tmp, f"{name}.lode.txt")
     cmd = [sys.executable, os.path.join(PROGRAMS, script), *args, "--losses", path]
     done = run([lode, "train", "--workers", "2", "--", *cmd], check=False)
     lines = said(done.stderr)
     second = [line for line in lines if "second input pipeline" in line]
     failures = []
     if done.returncode != 0 or len(second) != 1 or not any("training on Lode" in line for line in lines):
-        failures.append(f"keras2_validation: expected training on Lode with one line about the second pipeline; "
+        failures.append(f"{name}: expected training on Lode with one line about the second pipeline; "
                         f"got status {done.returncode}, {lines}: {done.stderr[-1500:]}")
     else:
-        failures += compare("keras2_validation (validation on its local pipeline)", expected, losses(path), minimum)
+        failures += compare(f"{name} (the second pipeline on the program's side)", expected, losses(path), minimum)
     strict = run([lode, "train", "--strict", "--workers", "2", "--", *cmd], check=False)
     if strict.returncode != 2 or "second input pipeline" not in strict.stderr:
-        failures.append(f"keras2_validation --strict: expected status 2 naming the second pipeline, got "
+        failures.append(f"{name} --strict: expected status 2 naming the second pipeline, got "
                         f"{strict.returncode}: {strict.stderr[-1500:]}")
     else:
-        print("ok    keras2_validation --strict: status 2, the second pipeline named")
+        print(f"ok    {name} --strict: status 2, the second pipeline named")
     return failures
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--lode", required=True)
-    p.add_argument("--only", help="run one part: a case name, kills, fallbacks, keras2, keras2_kills or "
-                                  "keras2_validation")
+    p.add_argument("--only", help="run one part: a case name, kills, fallbacks, keras2, keras2_kills, "
+                                  "keras2_validation or keras2_second_fit")
     args = p.parse_args()
     lode = os.path.abspath(args.lode)
     failures = []
@@ -210,7 +212,9 @@ def main():
             ("keras2_kills", lambda: keras2_missing() or with_worker_kills(
                 lode, tmp, "keras2_kills", KERAS2[0], ["--data", REGRESSION, "--epochs", str(KERAS2_KILL_EPOCHS)],
                 16 * KERAS2_KILL_EPOCHS)),
-            ("keras2_validation", lambda: keras2_missing() or keras2_validation(lode, tmp)),
+            ("keras2_validation", lambda: keras2_missing() or keras2_second_pipeline(lode, tmp, "--validation", 48)),
+            # The second fit's epoch is 16 steps more.
+            ("keras2_second_fit", lambda: keras2_missing() or keras2_second_pipeline(lode, tmp, "--second-fit", 64)),
         ]
         for name, part in parts:
             if args.only and name != args.only:
