@@ -9,8 +9,14 @@ subgraph as a graph optimization pass would):
   `lode train` (over its Unix socket) to cut it; `lode train` partitions it, starts the job's
   dispatcher and data workers, and answers with the training graph. The session is then created
   on that graph instead, and the process connects to the job (one receiver per process).
-- `run` and `make_callable` translate what the program fetches and feeds (tensors, operations,
-  variables, nested structures) into the training graph's elements of the same names, and tell
+- A session made on a graph with variables but no pipeline yet (Keras 2 in graph mode: `tf_keras`
+  makes its session before `fit` makes the iterator) is watched, and its graph is cut at the
+  session's first run after the graph gained a pipeline, in place: the training graph is
+  imported into the program's graph under a name scope and the live session runs that copy,
+  whose variables are the ones the session already initialized (`_cut_in_place`).
+- `run`, `make_callable` and `_make_callable_from_options` (Keras 2's per-step callable)
+  translate what the program fetches and feeds (tensors, operations, variables, nested
+  structures, names) into the training graph's elements of the same names, and tell
   the training side when a run has finished (its step is then consumed). A run without feeds
   goes through a callable made once per distinct fetch structure (`_Callables`), so that a
   training loop's step costs no per-run translation in TensorFlow's Python either.
@@ -37,6 +43,8 @@ _STRICT = "LODE_TRAIN_STRICT"
 
 _VARIABLE_OPS = {"VariableV2", "Variable", "VarHandleOp"}
 _PIPELINE_OPS = {"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional"}
+
+_NO_PIPELINE = "the graph has no tf.data input pipeline (no IteratorGetNext)"
 
 _state = {"connected": False, "cut": None, "replacements": {}, "said": set(), "requests": 0}
 
@@ -74,7 +82,7 @@ def _why_not(graph):
     if not variables:
         return "the graph has no variables", pipeline
     if not pipeline:
-        return "the graph has no tf.data input pipeline (no IteratorGetNext)", True
+        return _NO_PIPELINE, True
     return None, True
 
 
@@ -95,13 +103,38 @@ def _replacement(source):
     if _state["cut"] is not None:
         _say("a second graph with an input pipeline is not cut (one job per process); it runs unchanged")
         return None
+    got = _cut(source)
+    if got is None:
+        return None
+    import tensorflow as tf
+
+    training, reply = got
+    replacement = tf.Graph()
+    replacement.seed = source.seed
+    with replacement.as_default():
+        tf.graph_util.import_graph_def(training, name="")
+    _connect(source, reply)
+    _state["known"] = len(source.get_operations())
+    cache[source] = replacement
+    return replacement
+
+
+def _cut(source, leave_out=frozenset()):
+    """Exports `source` (without the ops named in `leave_out`) and asks `lode train` to cut it:
+    (the training GraphDef, with the program's iterator initializers as DWIteratorInit, the
+    reply), or None when it runs unchanged (said; a fatal refusal stops the program)."""
     import tensorflow as tf
 
     _state["requests"] += 1
     workdir = os.environ.get(_WORKDIR) or "."
     path = os.path.join(workdir, f"graph-{os.getpid()}-{_state['requests']}.pb")
+    graph_def = source.as_graph_def(add_shapes=True)
+    if leave_out:
+        kept = [node for node in graph_def.node if node.name not in leave_out]
+        del graph_def.node[:]
+        graph_def.node.extend(kept)
     with open(path, "wb") as f:
-        f.write(source.as_graph_def(add_shapes=True).SerializeToString())
+        f.write(graph_def.SerializeToString())
     reply = _ask({"graph": path, "cwd": os.getcwd()})
     if not reply.get("ok"):
         _say(reply.get("reason", "the graph cannot be cut"))
@@ -119,17 +152,118 @@ def _replacement(source):
             node.op = "DWIteratorInit"
             for key in [k for k in node.attr if not k.startswith("_")]:
                 del node.attr[key]
-    replacement = tf.Graph()
-    replacement.seed = source.seed
-    with replacement.as_default():
-        tf.graph_util.import_graph_def(training, name="")
+    return training, reply
+
+
+def _connect(source, reply):
     check(native().lode_connect(json.dumps(reply["job"]).encode()), "cannot connect to the job")
     _state["connected"] = True
     _state["cut"] = source
-    _state["known"] = len(source.get_operations())
-    cache[source] = replacement
     _say(reply.get("message", "training on Lode"))
-    return replacement
+
+
+def _import(graph, graph_def, input_map, name):
+    """Imports `graph_def` into `graph` under a fresh name scope from the top level (whatever
+    scope the program is in); returns the scope's prefix."""
+    import tensorflow as tf
+
+    first = graph_def.node[0].name
+    with graph.as_default(), graph.name_scope(None):
+        op = tf.graph_util.import_graph_def(graph_def, input_map=input_map, return_elements=[first],
+                                            name=name)[0]
+    return op.name[: -len(first) - 1]
+
+
+def _downstream(ops):
+    """The names of `ops` and of every op that reads them (data or control), transitively."""
+    seen = {op.name for op in ops}
+    todo = list(ops)
+    while todo:
+        op = todo.pop()
+        for after in [c for t in op.outputs for c in t.consumers()] + list(op._control_outputs):
+            if after.name not in seen:
+                seen.add(after.name)
+                todo.append(after)
+    return seen
+
+
+def _side_work(source):
+    """Ops that read a dataset but lead to none of the graph's iterator reads: what the program
+    asked of a dataset before its iterator existed (Keras reads the cardinality of `fit`'s
+    datasets), and datasets no iterator reads yet (a validation dataset). They are not the
+    pipeline being cut and stay the program's, runnable on its own side. Empty when a kept op
+    reads one of them (the graph is then sent whole)."""
+    ops = source.get_operations()
+    reads = [op for op in ops if op.type in _PIPELINE_OPS]
+    iterators = {t.op.name for op in reads for t in op.inputs}
+    # The reads, their iterators' initializers, and every op they need.
+    roots = reads + [op for op in ops if op.type == "MakeIterator" and op.inputs[1].op.name in iterators]
+    needed = {op.name for op in roots}
+    todo = list(roots)
+    while todo:
+        op = todo.pop()
+        for before in [t.op for t in op.inputs] + list(op.control_inputs):
+            if before.name not in needed:
+                needed.add(before.name)
+                todo.append(before)
+    keep = needed | _downstream(reads)
+    side = _downstream([op for op in ops if "Dataset" in op.type]) - keep
+    by_name = {op.name: op for op in ops}
+    for name in keep:
+        op = by_name[name]
+        if any(t.op.name in side for t in op.inputs) or any(c.name in side for c in op.control_inputs):
+            return frozenset()
+    return frozenset(side)
+
+
+def _cut_in_place(source, initialized):
+    """Cuts `source`, a graph whose session was made before it had a pipeline (Keras 2 in
+    graph mode: `tf_keras` makes its session, reads the dataset's cardinality and initializes
+    the model's variables before `fit` makes the iterator), at the first run after it gained
+    one. Returns whether it was cut.
+
+    The live session keeps its state: the training graph is imported into the program's own
+    graph under a name scope, and the session runs that copy. Its variables are the ones the
+    session already holds (a variable's resource is found by its shared name, which the copy
+    keeps: a reference variable without one is given its node's name, the name TensorFlow
+    gives it). The program's names map to the copy's; a name of data-side work (downstream of
+    the iterator, which Lode's workers now compute) refuses to run rather than read the
+    program's local pipeline; what the program asked of a dataset on the side (`_side_work`)
+    stays its own. `initialized`: the iterator initializers the program ran before the cut; the
+    pass they began is the job's first."""
+    cache = _state["replacements"]
+    cache[source] = None
+    got = _cut(source, _side_work(source))
+    if got is None:
+        return False
+    training, reply = got
+    names = {node.name for node in training.node}
+    for node in training.node:
+        if node.op in ("VariableV2", "Variable") and not node.attr["shared_name"].s:
+            node.attr["shared_name"].s = node.name.encode()
+    reads = [op for op in source.get_operations() if op.type in _PIPELINE_OPS]
+    # The iterators the pipeline's reads come from, and everything downstream of the reads.
+    seen = _downstream(reads) | {t.op.name for op in reads for t in op.inputs}
+    prefix = _import(source, training, None, "lode_cut")
+    _state["renamed"] = {name: f"{prefix}/{name}" for name in names}
+    _state["forbidden"] = seen - names
+    _state["known"] = len(source.get_operations())
+    _state["version"] = source.version
+    _connect(source, reply)
+    if initialized & set(reply.get("iterator_inits", [])):
+        check(native().lode_iterator_init(), "cannot start the job's first pass")
+    cache[source] = source
+    return True
+
+
+def _training_op(name):
+    """The op of the training side that stands for the program's op `name`."""
+    if name in _state.get("forbidden", ()):
+        raise KeyError(
+            f"lode: {name} is data-side work (its values come from Lode's data workers): it "
+            f"cannot run in the training process"
+        )
+    return _state.get("renamed", {}).get(name, name)
 
 
 class _Translator:
@@ -186,11 +320,17 @@ class _Translator:
         return x
 
     def element(self, name):
-        """The training graph's element of the program's `name` (an op added after the cut is
-        under the name scope it was imported in)."""
-        op, _, index = name.partition(":")
-        op = _state.get("renamed", {}).get(op, op)
-        return self.target.as_graph_element(f"{op}:{index}" if index else op)
+        """The training graph's element of the program's `name`."""
+        return self.target.as_graph_element(self.name(name))
+
+    @staticmethod
+    def name(name):
+        """The training graph's name for the program's op or tensor `name` (an op added after
+        the cut is under the name scope it was imported in, as is every op of a graph cut in
+        place)."""
+        op, colon, index = name.partition(":")
+        op = _training_op(op)
+        return f"{op}{colon}{index}"
 
     def feeds(self, feed_dict):
         if not feed_dict:
@@ -249,7 +389,8 @@ class _Callables:
 def _extend(source, target):
     """Ops the program added to its graph after the session was created (an initializer, a
     saver): TensorFlow sends them with the next run, so they go into the training graph too.
-    They read training-side names; one that reads data-side work cannot be added."""
+    They read training-side names; one that reads data-side work cannot be added. A second
+    input pipeline among them is not served (one job per process)."""
     # The graph's version grows with each op added: a run on an unchanged graph (every run
     # of a training loop) costs no look at its ops.
     if source.version == _state.get("version"):
@@ -261,6 +402,13 @@ def _extend(source, target):
         return
     import tensorflow as tf
 
+    second = [op.name for op in ops[known:] if op.type in _PIPELINE_OPS]
+    if second:
+        why = f"a second input pipeline ({second[0]}) is not served (one job per process)"
+        if os.environ.get(_STRICT) == "1":
+            _say(f"{why} and lode train runs with --strict")
+            os._exit(2)
+        _say(f"{why}; it runs unchanged on its local pipeline")
     added = {op.name for op in ops[known:]}
     graph_def = source.as_graph_def(add_shapes=True)
     extension = tf.compat.v1.GraphDef()
@@ -268,8 +416,16 @@ def _extend(source, target):
     for node in graph_def.node:
         if node.name in added:
             extension.node.add().CopyFrom(node)
-    renamed = _state.setdefault("renamed", {})
-    prefix = f"lode_late_{len(renamed)}"
+    for node in extension.node:
+        # A colocation with an op outside the extension cannot be imported (nor kept: the op
+        # may be data-side work); the training side runs on one device.
+        if "_class" in node.attr:
+            kept = [c for c in node.attr["_class"].list.s if c.decode().removeprefix("loc:@") in added]
+            if kept:
+                del node.attr["_class"].list.s[:]
+                node.attr["_class"].list.s.extend(kept)
+            else:
+                del node.attr["_class"]
     try:
         # The added ops read existing ones: map those inputs onto the training graph's. An
         # import that maps operations needs a name scope: the added ops are found under it by
@@ -283,17 +439,15 @@ def _extend(source, target):
                 if base in added:
                     kept.append(name)
                 elif name.startswith("^"):
-                    controls.setdefault(node.name, []).append(
-                        target.get_operation_by_name(renamed.get(base, base)))
+                    controls.setdefault(node.name, []).append(target.get_operation_by_name(_training_op(base)))
                 else:
                     key = name if ":" in name else name + ":0"
                     op, index = key.rsplit(":", 1)
-                    existing[key] = target.get_tensor_by_name(f"{renamed.get(op, op)}:{index}")
+                    existing[key] = target.get_tensor_by_name(f"{_training_op(op)}:{index}")
                     kept.append(name)
             del node.input[:]
             node.input.extend(kept)
-        with target.as_default():
-            tf.graph_util.import_graph_def(extension, input_map=existing, name=prefix)
+        prefix = _import(target, extension, existing, "lode_late")
         for name, ops_before in controls.items():
             target.get_operation_by_name(f"{prefix}/{name}")._add_control_inputs(ops_before)
     except (ValueError, KeyError) as e:
@@ -301,31 +455,88 @@ def _extend(source, target):
             f"lode: ops added to the graph after its session was created read data-side work "
             f"that is no longer in the training graph: {e}"
         ) from None
+    renamed = _state.setdefault("renamed", {})
     for name in added:
         renamed[name] = f"{prefix}/{name}"
-    _state["known"] = len(ops)
+    # A graph cut in place holds the imported ops too.
+    _state["known"] = len(source.get_operations())
     _state["version"] = source.version
+
+
+def _iterator_inits(x, names):
+    """Adds to `names` the iterator initializers (and op names) among fetches or targets `x`."""
+    if isinstance(x, (list, tuple)):
+        for v in x:
+            _iterator_inits(v, names)
+    elif isinstance(x, dict):
+        for v in x.values():
+            _iterator_inits(v, names)
+    elif isinstance(x, str):
+        names.add(x.lstrip("^").split(":")[0])
+    elif getattr(x, "type", None) == "MakeIterator":
+        names.add(x.name)
 
 
 def _patch_session(module):
     base = module.BaseSession
     init, run, make_callable = base.__init__, base.run, base.make_callable
+    from_options = base._make_callable_from_options
+
+    def serve(session, source, target):
+        session._lode_source = source
+        session._lode_translator = _Translator(source, target)
+        session._lode_callables = _Callables(session, session._lode_translator, make_callable)
+        session._lode_finished = native().lode_run_finished
 
     def __init__(self, target="", graph=None, config=None):
         from tensorflow.python.framework import ops
 
         source = graph if graph is not None else ops.get_default_graph()
+        if _state["cut"] is None and source not in _state["replacements"] and _why_not(source)[0] == _NO_PIPELINE:
+            # Keras 2 in graph mode: the pipeline comes after the session; watched (`served`).
+            init(self, target, graph, config)
+            self._lode_watch = {"graph": source, "version": source.version, "inits": set()}
+            return
         replacement = _replacement(source)
         if replacement is None:
             return init(self, target, graph, config)
-        init(self, target, replacement, config)
-        self._lode_source = source
-        self._lode_translator = _Translator(source, replacement)
-        self._lode_callables = _Callables(self, self._lode_translator, make_callable)
-        self._lode_finished = native().lode_run_finished
+        if replacement is source:
+            # A later session on a graph cut in place runs the imported copy too.
+            init(self, target, graph, config)
+        else:
+            init(self, target, replacement, config)
+        serve(self, source, replacement)
+
+    def served(self, fetches):
+        """The program's graph when this session runs Lode's training graph, else None. A
+        watched session's graph is cut in place at its first run after it gained a pipeline
+        (`_cut_in_place`); until then the initializers it runs are noted."""
+        source = self.__dict__.get("_lode_source")
+        watch = self.__dict__.get("_lode_watch")
+        if source is not None or watch is None:
+            return source
+        graph = watch["graph"]
+        if graph.version != watch["version"]:
+            watch["version"] = graph.version
+            if _state["cut"] is graph and _state["replacements"].get(graph) is graph:
+                # Another session on the same graph cut it.
+                self._lode_watch = None
+                serve(self, graph, graph)
+                return graph
+            if _state["cut"] is not None:
+                self._lode_watch = None
+                return None
+            if _why_not(graph)[0] is None:
+                self._lode_watch = None
+                if _cut_in_place(graph, watch["inits"]):
+                    serve(self, graph, graph)
+                    return graph
+                return None
+        _iterator_inits(fetches, watch["inits"])
+        return None
 
     def lode_run(self, fetches, feed_dict=None, options=None, run_metadata=None):
-        source = getattr(self, "_lode_source", None)
+        source = served(self, fetches)
         if source is None:
             return run(self, fetches, feed_dict, options, run_metadata)
         _extend(source, self.graph)
@@ -338,13 +549,7 @@ def _patch_session(module):
         finally:
             self._lode_finished()
 
-    def lode_make_callable(self, fetches, feed_list=None, accept_options=False):
-        source = getattr(self, "_lode_source", None)
-        if source is None:
-            return make_callable(self, fetches, feed_list, accept_options)
-        _extend(source, self.graph)
-        t = self._lode_translator
-        call = make_callable(self, t(fetches), t(feed_list), accept_options)
+    def finishing(self, call):
         finished = self._lode_finished
 
         def call_and_finish(*args, **kwargs):
@@ -354,6 +559,33 @@ def _patch_session(module):
                 finished()
 
         return call_and_finish
+
+    def lode_make_callable(self, fetches, feed_list=None, accept_options=False):
+        source = served(self, fetches)
+        if source is None:
+            return make_callable(self, fetches, feed_list, accept_options)
+        _extend(source, self.graph)
+        t = self._lode_translator
+        return finishing(self, make_callable(self, t(fetches), t(feed_list), accept_options))
+
+    def lode_from_options(self, callable_options):
+        # Keras 2's GraphExecutionFunction runs each step through a callable made from
+        # options: its feeds, fetches, targets and tensor connections are names.
+        source = served(self, list(callable_options.target))
+        if source is None:
+            return from_options(self, callable_options)
+        _extend(source, self.graph)
+        name = self._lode_translator.name
+        options = type(callable_options)()
+        options.CopyFrom(callable_options)
+        for names in (options.feed, options.fetch, options.target):
+            mapped = [name(n) for n in names]
+            del names[:]
+            names.extend(mapped)
+        for connection in options.tensor_connection:
+            connection.from_tensor = name(connection.from_tensor)
+            connection.to_tensor = name(connection.to_tensor)
+        return finishing(self, from_options(self, options))
 
     session = module.Session
     enter = session.__enter__
@@ -375,6 +607,7 @@ def _patch_session(module):
     session.__enter__ = lode_enter
     base.run = lode_run
     base.make_callable = lode_make_callable
+    base._make_callable_from_options = lode_from_options
 
 
 def _sidecar(prefix):

@@ -11,7 +11,11 @@ plainly and under `lode train` the same way: a custom loop restored from a
 checkpoint without the iterator), the same while a data worker is SIGKILLed every second,
 and Keras `fit` with `BackupAndRestore`; then the fallbacks: programs Lode cannot serve
 (py_function, from_generator, an unseeded random op, a distribution strategy, no pipeline at
-all, Keras 2 in graph mode) run unchanged with one `lode:` line and exit 2 under --strict.
+all) run unchanged with one `lode:` line and exit 2 under --strict. Then Keras 2 in graph mode
+(fixtures/programs/keras2_graph_fit.py, `tf_keras` with eager execution disabled: its session
+exists before its iterator): bit-identical, also with a worker SIGKILLed every second; with
+validation data or a second `fit` (a second pipeline) it trains on Lode, the second pipeline
+runs on the program's side with one line, and --strict stops it with status 2.
 Needs the training-side package installed in this Python (`pip install ./python`) and, for the
 Keras 2 program, `tf_keras`.
 
@@ -71,6 +75,11 @@ RESTARTS = {
     "backup_and_restore_epoch": ("tf2_keras_fit.py", ["--data", WIDE_DEEP, "--epochs", "3"], "--backup-dir", 13, 8, 24),
 }
 
+# Keras 2 (tf_keras) in graph mode, 3 epochs of 16 steps: its session exists before its
+# iterator, and Keras re-initializes the iterator every epoch.
+KERAS2 = ("keras2_graph_fit.py", ["--data", REGRESSION, "--epochs", "3"], 48)
+KERAS2_KILL_EPOCHS = 250
+
 # case -> what the `lode:` line says
 FALLBACKS = {
     "py_function": "py_function",
@@ -89,15 +98,24 @@ def plain(script, args, path):
     return losses(path)
 
 
-def equivalence(lode, name, tmp):
-    script, args, minimum = CASES[name]
+def equivalence(lode, name, tmp, case=None, never_rewound=False):
+    """The program's losses under `lode train --strict --workers 2` equal its plain run's. With
+    `never_rewound`, also: the job's order ran on from pass to pass (its journal holds no
+    rewind of the training side, which would recompute steps already delivered)."""
+    script, args, minimum = case or CASES[name]
     expected = plain(script, args, os.path.join(tmp, f"{name}.plain.txt"))
     path = os.path.join(tmp, f"{name}.lode.txt")
-    done = run([lode, "train", "--strict", "--workers", "2", "--journal", os.path.join(tmp, f"{name}.job"), "--",
+    job = os.path.join(tmp, f"{name}.job")
+    done = run([lode, "train", "--strict", "--workers", "2", "--journal", job, "--",
                 sys.executable, os.path.join(PROGRAMS, script), *args, "--losses", path])
     lines = said(done.stderr)
     if not any("training on Lode" in line for line in lines):
         return [f"{name}: expected the program to train on Lode; lode said {lines}"]
+    if never_rewound:
+        with open(os.path.join(job, "journal", "journal.jsonl")) as f:
+            rewinds = [line[:200] for line in f if '"Rewound"' in line]
+        if rewinds:
+            return [f"{name}: the job was rewound ({len(rewinds)} times, first: {rewinds[0]})"]
     return compare(f"{name} (lode train --strict --workers 2)", expected, losses(path), minimum)
 
 
@@ -146,18 +164,17 @@ def killing_workers(lode, tmp, name, program, journal):
     return train.returncode, stderr, kills
 
 
-def with_worker_kills(lode, tmp):
-    """The Keras fit over 60 reshuffled epochs while a data worker is SIGKILLed every second."""
-    args = ["--data", WIDE_DEEP, "--epochs", "60"]
-    expected = plain("tf2_keras_fit.py", args, os.path.join(tmp, "kills.plain.txt"))
-    path = os.path.join(tmp, "kills.lode.txt")
-    program = [sys.executable, os.path.join(PROGRAMS, "tf2_keras_fit.py"), *args, "--losses", path]
-    status, stderr, kills = killing_workers(lode, tmp, "killed", program, os.path.join(tmp, "kills.job"))
+def with_worker_kills(lode, tmp, name, script, args, minimum):
+    """A program trained while a data worker is SIGKILLed every second and replaced."""
+    expected = plain(script, args, os.path.join(tmp, f"{name}.plain.txt"))
+    path = os.path.join(tmp, f"{name}.lode.txt")
+    program = [sys.executable, os.path.join(PROGRAMS, script), *args, "--losses", path]
+    status, stderr, kills = killing_workers(lode, tmp, name, program, os.path.join(tmp, f"{name}.job"))
     if status != 0:
-        return [f"kills: lode train exited {status}: {stderr[-2000:]}"]
+        return [f"{name}: lode train exited {status}: {stderr[-2000:]}"]
     if kills == 0:
-        return ["kills: the program ended before a worker was killed"]
-    return compare(f"keras_fit, 60 epochs, {kills} workers SIGKILLed", expected, losses(path), 480)
+        return [f"{name}: the program ended before a worker was killed"]
+    return compare(f"{name}, {kills} workers SIGKILLed", expected, losses(path), minimum)
 
 
 def restart_step(path):
@@ -255,49 +272,70 @@ def fallbacks(lode, tmp):
     return failures
 
 
-def keras2_graph(lode, tmp):
-    """Keras 2 in graph mode: its session exists before its iterator. Not served yet: it runs
-    unchanged with one line, and --strict stops it."""
+def keras2_missing():
     try:
         import tf_keras  # noqa: F401
     except ImportError:
-        return ["keras2_graph: tf_keras is not installed in this Python (pip install tf_keras==2.18.0)"]
-    script = "tf2_keras2_graph.py"
-    args = ["--data", REGRESSION, "--epochs", "3"]
-    expected = plain(script, args, os.path.join(tmp, "keras2.plain.txt"))
-    path = os.path.join(tmp, "keras2.lode.txt")
-    done = run([lode, "train", "--workers", "1", "--", sys.executable, os.path.join(PROGRAMS, script), *args,
-                "--losses", path], check=False)
-    failures = []
+        return ["keras2: tf_keras is not installed in this Python (pip install tf_keras==2.18.0 --no-deps)"]
+    return []
+
+
+def keras2_second_pipeline(lode, tmp, flag, minimum):
+    """Keras 2 `fit` with a second pipeline (`--validation`: validation data; `--second-fit`: a
+    second `fit` on a new dataset), which Lode does not serve. It runs on the program's side
+    with one line (the training losses still equal the plain run's); --strict stops the program
+    with status 2."""
+    script, args, _ = KERAS2
+    args = [*args, flag]
+    name = "keras2_" + flag.lstrip("-").replace("-", "_")
+    expected = plain(script, args, os.path.join(tmp, f"{name}.plain.txt"))
+    path = os.path.join(tmp, f"{name}.lode.txt")
+    cmd = [sys.executable, os.path.join(PROGRAMS, script), *args, "--losses", path]
+    done = run([lode, "train", "--workers", "2", "--", *cmd], check=False)
     lines = said(done.stderr)
-    if done.returncode != 0 or len(lines) != 1 or "no tf.data input pipeline" not in lines[0]:
-        failures.append(f"keras2_graph: expected an unchanged run with one line; got status {done.returncode}, "
-                        f"{lines}: {done.stderr[-1500:]}")
+    second = [line for line in lines if "second input pipeline" in line]
+    failures = []
+    if done.returncode != 0 or len(second) != 1 or not any("training on Lode" in line for line in lines):
+        failures.append(f"{name}: expected training on Lode with one line about the second pipeline; "
+                        f"got status {done.returncode}, {lines}: {done.stderr[-1500:]}")
     else:
-        failures += compare("keras2_graph (unchanged: its own pipeline)", expected, losses(path), 48)
-    strict = run([lode, "train", "--strict", "--workers", "1", "--", sys.executable,
-                  os.path.join(PROGRAMS, script), *args, "--losses", path], check=False)
-    if strict.returncode != 2:
-        failures.append(f"keras2_graph --strict: expected status 2, got {strict.returncode}: {strict.stderr[-1500:]}")
+        failures += compare(f"{name} (the second pipeline on the program's side)", expected, losses(path), minimum)
+    strict = run([lode, "train", "--strict", "--workers", "2", "--", *cmd], check=False)
+    if strict.returncode != 2 or "second input pipeline" not in strict.stderr:
+        failures.append(f"{name} --strict: expected status 2 naming the second pipeline, got "
+                        f"{strict.returncode}: {strict.stderr[-1500:]}")
     else:
-        print("ok    keras2_graph --strict: status 2")
+        print(f"ok    {name} --strict: status 2, the second pipeline named")
     return failures
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--lode", required=True)
-    p.add_argument("--only", help="run one part: a case name, kills, a restart's name, restart_kills, fallbacks or keras2")
+    p.add_argument("--only", help="run one part: a case name, kills, a restart's name, restart_kills, "
+                                  "fallbacks, keras2, keras2_kills, keras2_validation or keras2_second_fit")
     args = p.parse_args()
     lode = os.path.abspath(args.lode)
     failures = []
     passed = failed = 0
     with tempfile.TemporaryDirectory(prefix="lode-tf2-") as tmp:
         parts = [(name, lambda name=name: equivalence(lode, name, tmp)) for name in CASES]
-        parts += [("kills", lambda: with_worker_kills(lode, tmp))]
+        parts += [("kills", lambda: with_worker_kills(lode, tmp, "kills", "tf2_keras_fit.py",
+                                                  ["--data", WIDE_DEEP, "--epochs", "60"], 480))]
         parts += [(name, lambda name=name: restart(lode, name, tmp)) for name in RESTARTS]
-        parts += [("restart_kills", lambda: restart_with_kills(lode, tmp)), ("fallbacks", lambda: fallbacks(lode, tmp)),
-                  ("keras2", lambda: keras2_graph(lode, tmp))]
+        parts += [
+            ("restart_kills", lambda: restart_with_kills(lode, tmp)),
+            ("fallbacks", lambda: fallbacks(lode, tmp)),
+            # Keras initialized the iterator before the cut: that pass must be the job's first,
+            # so that the next initialization starts pass 1 rather than rewinding to step 0.
+            ("keras2", lambda: keras2_missing() or equivalence(lode, "keras2", tmp, KERAS2, never_rewound=True)),
+            ("keras2_kills", lambda: keras2_missing() or with_worker_kills(
+                lode, tmp, "keras2_kills", KERAS2[0], ["--data", REGRESSION, "--epochs", str(KERAS2_KILL_EPOCHS)],
+                16 * KERAS2_KILL_EPOCHS)),
+            ("keras2_validation", lambda: keras2_missing() or keras2_second_pipeline(lode, tmp, "--validation", 48)),
+            # The second fit's epoch is 16 steps more.
+            ("keras2_second_fit", lambda: keras2_missing() or keras2_second_pipeline(lode, tmp, "--second-fit", 64)),
+        ]
         for name, part in parts:
             if args.only and name != args.only:
                 continue

@@ -69,6 +69,19 @@ CASES = {
         ["--data", os.path.join(FIXTURES, "adam_resource", "data"), "--steps", "150", "--shuffle", "100"],
         True,
     ),
+    # The session made before the pipeline (as Keras 2 in graph mode makes it): the graph is
+    # cut in place at the first run after it gained an iterator, the variables the session
+    # initialized kept; the training ops (an unseeded dropout) built after the cut.
+    "session_before_pipeline": (
+        "session_before_pipeline.py",
+        ["--data", os.path.join(FIXTURES, "adam_resource", "data"), "--epochs", "10"],
+        True,
+    ),
+    "session_before_pipeline_ref": (
+        "session_before_pipeline.py",
+        ["--data", os.path.join(FIXTURES, "adam_resource", "data"), "--epochs", "10", "--ref"],
+        True,
+    ),
     # A one-shot iterator (its dataset inside the iterator's dataset_factory) and string ops.
     "deepfm_monitored": (
         "deepfm_monitored.py",
