@@ -442,11 +442,14 @@ async fn run_registration(
         })
         .collect();
 
+    let mut encoder = StepEncoder::new(CodecConfig {
+        compression: config.compression,
+        max_message_bytes: MAX_MESSAGE_BYTES as u64,
+    });
+    // `send_flight` reports every burst to a receiver elsewhere.
+    encoder.expect_link_reports();
     let mut out = Outbox {
-        encoder: StepEncoder::new(CodecConfig {
-            compression: config.compression,
-            max_message_bytes: MAX_MESSAGE_BYTES as u64,
-        }),
+        encoder,
         plane: None,
         burst: Burst::default(),
         flight: VecDeque::new(),

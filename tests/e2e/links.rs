@@ -7,7 +7,7 @@
 //! Two hosts of the cluster harness (`super::cluster::Cluster`, namespaces
 //! `lodel-<pid>-…`, addresses in 10.77.0.0/24 inside them only, removed when it drops): the
 //! dispatcher and the consumer on host 1, the worker on host 2. Two job kinds, 1 MiB a step
-//! (32 records): `ids`, int64 feature ids hashed into 10,000 buckets (compressible, as parsed
+//! in the benchmark (32 records): `ids`, int64 feature ids hashed into 10,000 buckets (compressible, as parsed
 //! categorical features are), and `floats`, float32 from each record's hash (incompressible).
 //!
 //! The CI test checks the decision over a real link without timing anything: on a link much
@@ -29,15 +29,16 @@ const TOKEN: &str = "links-token";
 /// Records per step.
 const BATCH: u64 = 32;
 
-/// A step's payload.
+/// A step's payload in the benchmark.
 const STEP_BYTES: u64 = 1 << 20;
 
-/// The job kinds: `lode synthetic --values`, and the values per record that make a step
-/// [`STEP_BYTES`].
-const KINDS: [(&str, u64); 2] = [
-    ("ids", STEP_BYTES / BATCH / 8),
-    ("floats", STEP_BYTES / BATCH / 4),
-];
+/// The job kinds (`lode synthetic --values`) and their values' bytes.
+const KINDS: [(&str, u64); 2] = [("ids", 8), ("floats", 4)];
+
+/// The values per record that make a step of `step_bytes` of values `width` bytes wide.
+fn values_per_record(step_bytes: u64, width: u64) -> u64 {
+    step_bytes / BATCH / width
+}
 
 /// One run's figures.
 #[derive(Debug, Clone)]
@@ -80,7 +81,7 @@ fn plan(dir: &Path, name: &str, kind: &str, width: u64, steps: u64) -> PathBuf {
 
 /// Runs the job of `plan` once on `cluster` (dispatcher and consumer on host 1, one worker
 /// with `compression` on host 2) and measures it.
-fn run(cluster: &mut Cluster, plan: &Path, steps: u64, compression: &str) -> Run {
+fn run(cluster: &mut Cluster, plan: &Path, steps: u64, step_bytes: u64, compression: &str) -> Run {
     let tmp = tempfile::tempdir().expect("tempdir");
     let journal = tmp.path().join("journal");
     let log = tmp.path().join("steps.jsonl");
@@ -127,10 +128,10 @@ fn run(cluster: &mut Cluster, plan: &Path, steps: u64, compression: &str) -> Run
     }
     let at = |i: usize| log[i]["at_us"].as_u64().expect("a step's arrival time");
     let span = Duration::from_micros(at(log.len() - 1) - at(0));
-    let delivered = (steps - 1) * STEP_BYTES;
+    let delivered = (steps - 1) * step_bytes;
     Run {
         goodput: delivered as f64 / span.as_secs_f64(),
-        wire_ratio: sent as f64 / (steps * STEP_BYTES) as f64,
+        wire_ratio: sent as f64 / (steps * step_bytes) as f64,
         load,
     }
 }
@@ -156,19 +157,34 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// On a link much slower than the worker (200 Mbit/s), `auto` compresses compressible steps
-/// (the link carries fewer bytes than their payload) and sends incompressible ones raw.
-/// Decided by bytes on the link, not by time.
+/// On a link much slower than the worker (20 Mbit/s, slower than even a debug build's worker
+/// makes 64 KiB steps), `auto` compresses compressible steps (the link carries fewer bytes
+/// than their payload) and sends incompressible ones raw. Decided by bytes on the link, not
+/// by time.
 #[test]
 fn auto_compresses_on_a_slow_link_and_not_what_does_not_shrink() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let steps = env_u64("LODE_LINKS_CI_STEPS", 300);
-    let mut cluster = hosts(Some("200mbit"));
-    let ids = plan(tmp.path(), "ids", "ids", KINDS[0].1, steps);
-    let floats = plan(tmp.path(), "floats", "floats", KINDS[1].1, steps);
-    let compressible = run(&mut cluster, &ids, steps, "auto");
-    let raw = run(&mut cluster, &floats, steps, "auto");
-    eprintln!("auto on 200 Mbit/s: ids {compressible:?}, floats {raw:?}");
+    let step_bytes = 64 << 10;
+    let mut cluster = hosts(Some("20mbit"));
+    let [(ids, ids_width), (floats, floats_width)] = KINDS;
+    let ids = plan(
+        tmp.path(),
+        ids,
+        ids,
+        values_per_record(step_bytes, ids_width),
+        steps,
+    );
+    let floats = plan(
+        tmp.path(),
+        floats,
+        floats,
+        values_per_record(step_bytes, floats_width),
+        steps,
+    );
+    let compressible = run(&mut cluster, &ids, steps, step_bytes, "auto");
+    let raw = run(&mut cluster, &floats, steps, step_bytes, "auto");
+    eprintln!("auto on 20 Mbit/s: ids {compressible:?}, floats {raw:?}");
     // LZ4 makes these steps about two thirds of their size; raw frames (and the first ones,
     // sent while the first probe and window run) are about their payload.
     assert!(
@@ -190,7 +206,7 @@ fn auto_compresses_on_a_slow_link_and_not_what_does_not_shrink() {
 #[ignore = "a benchmark of several minutes: bench/links.sh runs it"]
 fn goodput_by_compression_and_link() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let rounds = env_u64("LODE_LINKS_ROUNDS", 3) as usize;
+    let rounds = usize::try_from(env_u64("LODE_LINKS_ROUNDS", 3)).expect("a round count");
     let settings = ["off", "lz4", "auto"];
     // About 10 s a run on either link (the unshaped one is several times faster).
     let links = [
@@ -204,12 +220,19 @@ fn goodput_by_compression_and_link() {
     for (link, rate, steps) in links {
         let mut cluster = hosts(rate);
         for (kind, width) in KINDS {
-            let plan = plan(tmp.path(), &format!("{kind}-{steps}"), kind, width, steps);
+            let per_record = values_per_record(STEP_BYTES, width);
+            let plan = plan(
+                tmp.path(),
+                &format!("{kind}-{steps}"),
+                kind,
+                per_record,
+                steps,
+            );
             let mut runs: Vec<Vec<Run>> = vec![Vec::new(); settings.len()];
             for round in 0..rounds {
                 for k in 0..settings.len() {
                     let s = (round + k) % settings.len();
-                    let r = run(&mut cluster, &plan, steps, settings[s]);
+                    let r = run(&mut cluster, &plan, steps, STEP_BYTES, settings[s]);
                     eprintln!("{link} {kind} {} round {round}: {r:?}", settings[s]);
                     runs[s].push(r);
                 }

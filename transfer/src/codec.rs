@@ -357,6 +357,13 @@ impl StepEncoder {
         &self.link
     }
 
+    /// Says that this encoder's sender will report how its bursts went
+    /// ([`StepEncoder::observe_link`]): automatic compression then starts from raw frames and
+    /// lets the link decide (see [`auto`]).
+    pub fn expect_link_reports(&mut self) {
+        self.link.expect_reports();
+    }
+
     /// Tells automatic compression how a burst of this encoder's frames went at `now` (see
     /// [`auto`]); the new setting when this changed it. Nothing under `off` and `lz4`.
     pub fn observe_link(
@@ -405,10 +412,12 @@ impl StepEncoder {
             let started = probing.then(std::time::Instant::now);
             let n = lz4_flex::block::compress_into(&self.scratch, &mut out[HEADER_LEN..])
                 .map_err(|source| TransferError::Compress { source })?;
+            // A probe that only measures sends its frame raw.
+            let measuring = probing && self.link.measures_only();
             if let Some(started) = started {
                 self.record_probe(raw_len, n, started.elapsed());
             }
-            if n < raw_len {
+            if n < raw_len && !measuring {
                 out.truncate(HEADER_LEN + n);
                 FrameCompression::Lz4
             } else {
@@ -588,7 +597,16 @@ impl StepEncoder {
     /// Whether `auto` compresses this message to measure what compression gains.
     fn probing(&self) -> bool {
         self.config.compression == Compression::Auto
-            && self.encoded % AUTO_RECHECK_INTERVAL < AUTO_PROBE_MESSAGES
+            && self.encoded % AUTO_RECHECK_INTERVAL < self.probe_messages()
+    }
+
+    /// Messages a probe takes: fewer while it only measures (see [`auto`]).
+    fn probe_messages(&self) -> u64 {
+        if self.link.measures_only() && self.last_probe.is_some() {
+            auto::AUTO_LINK_PROBE_MESSAGES
+        } else {
+            AUTO_PROBE_MESSAGES
+        }
     }
 
     fn record_probe(&mut self, raw: usize, lz4: usize, took: std::time::Duration) {
@@ -600,7 +618,7 @@ impl StepEncoder {
             .probe
             .compress_ns
             .saturating_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
-        if self.probe.messages == AUTO_PROBE_MESSAGES {
+        if self.probe.messages >= self.probe_messages() {
             let worth_it = auto::worth_compressing(&self.probe);
             self.auto_choice = Some(self.link.probed(worth_it));
             self.last_probe = Some(self.probe);

@@ -41,9 +41,12 @@
 //! the setting starts again from the first hold. After every change the samples of the next
 //! [`AUTO_SETTLE`] are left out: frames encoded before it are still in the socket's buffer.
 //!
-//! Until the sender reports its first sample, `auto` chooses by size alone (LZ4 when the
-//! probe saved at least [`AUTO_MIN_SAVING_PERCENT`]%), as it did before it measured the link,
-//! so that an encoder whose sender never reports (gRPC `Push`, tools) behaves as before.
+//! A sender that will report says so ([`super::StepEncoder::expect_link_reports`]): its
+//! windows start from raw frames, and while they keep raw frames a probe compresses only
+//! [`AUTO_LINK_PROBE_MESSAGES`] messages and sends them raw. Until a sender reports (or says
+//! it will), `auto` chooses by size alone (LZ4 when the probe saved at least
+//! [`AUTO_MIN_SAVING_PERCENT`]%), as it did before it measured the link, so that an encoder
+//! whose sender never reports (gRPC `Push`, tools) behaves as before.
 //! The choice is the encoder's alone: each frame says in its header how it is stored, so
 //! receivers of every version read frames of either setting.
 
@@ -77,6 +80,11 @@ pub const AUTO_HOLD_WINDOWS: u32 = 4;
 /// The most windows between two trials (the hold doubles each time a trial confirms the
 /// setting held).
 pub const AUTO_MAX_HOLD_WINDOWS: u32 = 64;
+
+/// Messages a probe compresses while the windows chose raw frames for a sender that reports
+/// (to follow the ratio and the compression time; they go raw): on a fast link each costs
+/// the sender its compression, which over the full probe was several percent of its time.
+pub const AUTO_LINK_PROBE_MESSAGES: u64 = 2;
 
 /// How a burst of frames went, as its sender saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -278,12 +286,28 @@ impl AutoState {
         (self.windows, self.trials)
     }
 
+    /// Says that the sender will report its bursts: the windows decide from the first probe
+    /// on, starting from raw frames (the cheaper mistake: on a fast link LZ4 frames can take
+    /// three times as long as raw ones, where on a slow link raw ones take under twice as
+    /// long as LZ4's), and later probes only measure (see [`AutoState::measures_only`]).
+    pub fn expect_reports(&mut self) {
+        self.observed = true;
+    }
+
+    /// Whether a probe now only measures LZ4 (its frames go raw, and it is
+    /// [`AUTO_LINK_PROBE_MESSAGES`] long): the sender reports, and the windows chose raw.
+    pub fn measures_only(&self) -> bool {
+        self.observed && self.setting == Some(FrameCompression::None)
+    }
+
     /// At the end of a size probe: what to compress with until the next one. Not worth it:
-    /// raw. Else the setting the windows chose, or, before the sender reported anything, LZ4.
+    /// raw. Else the setting the windows chose (raw at first), or, while the sender has not
+    /// reported anything, LZ4.
     pub fn probed(&mut self, worth_it: bool) -> FrameCompression {
         let chosen = match self.setting {
             _ if !worth_it => FrameCompression::None,
             Some(setting) if self.observed => setting,
+            None if self.observed => FrameCompression::None,
             _ => FrameCompression::Lz4,
         };
         if self.setting != Some(chosen) {

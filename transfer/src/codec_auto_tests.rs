@@ -247,6 +247,54 @@ fn before_any_sample_the_size_rule_decides() {
 }
 
 #[test]
+fn a_sender_that_will_report_starts_raw_and_probes_raw_frames_briefly() {
+    use crate::codec::{AUTO_PROBE_MESSAGES, AUTO_RECHECK_INTERVAL};
+    use crate::{CodecConfig, Compression, StepEncoder, StepMessage};
+    use lode_runtime::{Tensor, TensorData};
+    let mut state = AutoState::new();
+    state.expect_reports();
+    assert_eq!(state.probed(true), RAW);
+    assert!(state.measures_only());
+    let msg = StepMessage {
+        job: 1,
+        stage: 0,
+        step: 0,
+        epoch: 0,
+        records: Vec::new(),
+        tensors: vec![Tensor::new(vec![4096], TensorData::Int64(vec![5; 4096])).expect("tensor")],
+    };
+    let mut enc = StepEncoder::new(CodecConfig {
+        compression: Compression::Auto,
+        ..CodecConfig::default()
+    });
+    enc.expect_link_reports();
+    // The first probe is whole and sends what is smaller; then raw, by the windows.
+    for _ in 0..AUTO_PROBE_MESSAGES {
+        assert_eq!(
+            enc.encode(&msg).expect("encodes")[5],
+            1,
+            "probed: LZ4 is smaller"
+        );
+    }
+    assert_eq!(enc.chosen(), Some(RAW));
+    for _ in AUTO_PROBE_MESSAGES..AUTO_RECHECK_INTERVAL {
+        assert_eq!(enc.encode(&msg).expect("encodes")[5], 0);
+    }
+    // The next probe measures two messages and sends them raw.
+    for _ in 0..AUTO_LINK_PROBE_MESSAGES {
+        assert_eq!(
+            enc.encode(&msg).expect("encodes")[5],
+            0,
+            "measured, sent raw"
+        );
+    }
+    let probe = enc.last_probe().expect("probed");
+    assert_eq!(probe.messages, AUTO_LINK_PROBE_MESSAGES);
+    assert!(probe.lz4_bytes * 10 < probe.raw_bytes, "{probe:?}");
+    assert_eq!(enc.chosen(), Some(RAW));
+}
+
+#[test]
 fn the_encoder_follows_its_windows_once_the_sender_reports() {
     use crate::codec::AUTO_PROBE_MESSAGES;
     use crate::{CodecConfig, Compression, StepEncoder, StepMessage};
@@ -350,7 +398,7 @@ proptest! {
         lz4_pct in 1u64..90,
         compress_ns in 0u64..1_000_000_000,
     ) {
-        let w = Window { waited: w.wall * u32::try_from(LINK_BOUND_WAIT_PERCENT - 1).unwrap() / 100, ..w };
+        let w = Window { waited: w.wall * u32::try_from(LINK_BOUND_WAIT_PERCENT - 1).expect("small") / 100, ..w };
         let p = probe(1 << 20, (1 << 20) * lz4_pct / 100, Duration::from_nanos(compress_ns));
         prop_assert_eq!(decide(&evidence(RAW, w, p)), Next::Keep);
     }
@@ -366,9 +414,9 @@ proptest! {
         per_frame_us in 100u64..100_000,
     ) {
         let per_frame = Duration::from_micros(per_frame_us);
-        let wall = per_frame * u32::try_from(frames).unwrap();
-        let w = window(frames, frames * frame_bytes, wall, wall * u32::try_from(waited_pct).unwrap() / 100);
-        let compress = per_frame * u32::try_from(compress_tenths).unwrap() / 100;
+        let wall = per_frame * u32::try_from(frames).expect("small");
+        let w = window(frames, frames * frame_bytes, wall, wall * u32::try_from(waited_pct).expect("small") / 100);
+        let compress = per_frame * u32::try_from(compress_tenths).expect("small") / 100;
         let p = probe(frame_bytes * 8, frame_bytes * 8 * lz4_pct / 100, compress * 8);
         prop_assert_eq!(decide(&evidence(RAW, w, p)), Next::Trial);
     }
@@ -383,10 +431,10 @@ proptest! {
         per_frame_us in 100u64..100_000,
     ) {
         let per_frame = Duration::from_micros(per_frame_us);
-        let wall = per_frame * u32::try_from(frames).unwrap();
+        let wall = per_frame * u32::try_from(frames).expect("small");
         let sent = frames * frame_bytes * lz4_pct / 100;
         let w = window(frames, sent.max(1), wall, wall / 100);
-        let compress = per_frame * u32::try_from(compress_pct).unwrap() / 100;
+        let compress = per_frame * u32::try_from(compress_pct).expect("small") / 100;
         let p = probe(frame_bytes * 8, frame_bytes * 8 * lz4_pct / 100, compress * 8);
         prop_assert_eq!(decide(&evidence(LZ4, w, p)), Next::Trial);
     }
@@ -399,7 +447,7 @@ proptest! {
         trial_of_lz4 in any::<bool>(),
     ) {
         let raw_wall = Duration::from_micros(raw_us * frames);
-        let lz4_wall = raw_wall * u32::try_from(lz4_pct).unwrap() / 100;
+        let lz4_wall = raw_wall * u32::try_from(lz4_pct).expect("small") / 100;
         let raw = window(frames, frames << 20, raw_wall, Duration::ZERO);
         let lz4 = window(frames, frames << 18, lz4_wall, Duration::ZERO);
         let (current, w, base) = if trial_of_lz4 { (LZ4, lz4, raw) } else { (RAW, raw, lz4) };
@@ -439,7 +487,7 @@ proptest! {
         prop_assume!(raw_t * 4 < lz4_t * 3 || lz4_t * 4 < raw_t * 3);
         let best = if raw_t < lz4_t { RAW } else { LZ4 };
         let mut state = AutoState::new();
-        let frames = 200 * (AUTO_WINDOW.as_nanos() / raw_t.min(lz4_t).as_nanos() + 1) as u64;
+        let frames = 200 * u64::try_from(AUTO_WINDOW.as_nanos() / raw_t.min(lz4_t).as_nanos() + 1).expect("short");
         let (raw, lz4) = sim.run(&mut state, frames);
         prop_assert_eq!(state.setting(), Some(best));
         let on_best = if best == RAW { raw } else { lz4 };
