@@ -100,6 +100,7 @@ async fn run_case(n: usize, latency: Duration, window: Duration) -> anyhow::Resu
         width: 16,
         epochs: 1,
         parallelism: 1,
+        values: Default::default(),
     };
     let plan_dir = tmp.path().join("plan");
     spec.write(&plan_dir)?;

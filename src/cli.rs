@@ -136,7 +136,7 @@ pub struct SyntheticArgs {
     /// Records per step.
     #[arg(long, default_value_t = 32)]
     pub batch: u64,
-    /// Float values per record in each step's output tensor.
+    /// Values per record in each step's output tensor.
     #[arg(long, default_value_t = 16)]
     pub width: u64,
     /// Passes over the records (the plan's repeat count).
@@ -146,6 +146,17 @@ pub struct SyntheticArgs {
     /// worker of k threads takes ceil(P/k) × latency / P per step.
     #[arg(long, default_value_t = 1)]
     pub parallelism: u64,
+    /// The values: float32 from each record's hash (hardly compressible), or int64 feature
+    /// ids hashed into 10,000 buckets (compressible, as parsed categorical features are).
+    #[arg(long, value_enum, default_value_t = SyntheticValuesArg::Floats)]
+    pub values: SyntheticValuesArg,
+}
+
+/// `lode synthetic --values`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SyntheticValuesArg {
+    Floats,
+    Ids,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -258,6 +258,10 @@ fn run_synthetic(args: cli::SyntheticArgs, out: &mut dyn std::io::Write) -> anyh
         width: args.width,
         epochs: args.epochs,
         parallelism: args.parallelism,
+        values: match args.values {
+            cli::SyntheticValuesArg::Floats => lode_runtime::synthetic::SyntheticValues::Floats,
+            cli::SyntheticValuesArg::Ids => lode_runtime::synthetic::SyntheticValues::Ids,
+        },
     };
     spec.write(&args.output)?;
     writeln!(out, "wrote {}: {spec}", args.output.display())?;

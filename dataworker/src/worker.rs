@@ -38,6 +38,7 @@ use lode_runtime::clock::{thread_clock_cost, thread_cpu};
 use lode_runtime::exec::stage::owned_tensors;
 use lode_runtime::exec::{ExecOptions, Stage, StepInput};
 use lode_runtime::tensor::Tensor;
+use lode_transfer::codec::auto::LinkSample;
 use lode_transfer::data_plane::{DataPlaneClient, DataPlaneError};
 use lode_transfer::{CodecConfig, Compression, OwnedFrame, StepDecoder, StepEncoder, StepMessage};
 
@@ -441,16 +442,20 @@ async fn run_registration(
         })
         .collect();
 
+    let mut encoder = StepEncoder::new(CodecConfig {
+        compression: config.compression,
+        max_message_bytes: MAX_MESSAGE_BYTES as u64,
+    });
+    // `send_flight` reports every burst to a receiver elsewhere.
+    encoder.expect_link_reports();
     let mut out = Outbox {
-        encoder: StepEncoder::new(CodecConfig {
-            compression: config.compression,
-            max_message_bytes: MAX_MESSAGE_BYTES as u64,
-        }),
+        encoder,
         plane: None,
         burst: Burst::default(),
         flight: VecDeque::new(),
         flight_sent: false,
         parked: HashMap::new(),
+        network_wait: Duration::ZERO,
     };
     let ctx = StepContext {
         job: config.job,
@@ -1052,6 +1057,9 @@ struct Outbox {
     /// Whether `flight` went out on the current connection (false after a lost one).
     flight_sent: bool,
     parked: HashMap<u64, Pending>,
+    /// Time blocked reading the receiver's answers since the last burst went out: with the
+    /// burst's own write, what automatic compression counts as waiting on the link.
+    network_wait: Duration,
 }
 
 /// A computed step's frame, kept until the receiver takes the step.
@@ -1111,13 +1119,31 @@ async fn send_flight(
             pending.frame.sum();
         }
     }
+    let loopback = client.is_loopback();
     let frames: Vec<&OwnedFrame> = out.flight.iter().map(|p| &p.frame).collect();
+    let writing = Instant::now();
     match client.send_frames(&frames).await {
         Ok(()) => {
+            let now = Instant::now();
+            let bytes: usize = frames.iter().map(|f| f.len()).sum();
             WorkerStats::add(&ctx.stats.bursts_sent, 1);
             WorkerStats::add(&ctx.stats.frames_sent, frames.len());
-            WorkerStats::add(&ctx.stats.bytes_sent, frames.iter().map(|f| f.len()).sum());
+            WorkerStats::add(&ctx.stats.bytes_sent, bytes);
             out.flight_sent = true;
+            // How the burst went, for `auto` to weigh compressing against the link (a local
+            // receiver always gets raw frames).
+            let waited = std::mem::take(&mut out.network_wait) + (now - writing);
+            if !loopback {
+                let sample = LinkSample {
+                    frames: u64::try_from(frames.len()).unwrap_or(u64::MAX),
+                    bytes: u64::try_from(bytes).unwrap_or(u64::MAX),
+                    waited,
+                };
+                if let Some(chosen) = out.encoder.observe_link(sample, now) {
+                    let (windows, trials) = out.encoder.auto_state().counts();
+                    tracing::debug!(?chosen, windows, trials, "auto compression changed");
+                }
+            }
             Ok(Ok(()))
         }
         Err(e) if e.is_unreachable() => {
@@ -1166,7 +1192,10 @@ async fn settle(
             out.flight_sent = false;
             continue;
         };
-        let answer = match client.read_answer().await {
+        let reading = Instant::now();
+        let answer = client.read_answer().await;
+        out.network_wait += reading.elapsed();
+        let answer = match answer {
             Ok(answer) => answer,
             Err(e) if e.is_unreachable() && started.elapsed() < RECONNECT_WINDOW => {
                 tracing::debug!(cause = %e, "receiver unavailable; retrying");

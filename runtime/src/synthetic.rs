@@ -4,8 +4,11 @@
 //! that throughput can be compared with an ideal: `lode synthetic` writes a plan directory whose
 //! stage batches `batch` records of a generated TFRecord file and runs one
 //! [`FIXED_LATENCY_OP`] node per step, which takes `latency` (sleeping, or spinning on the CPU
-//! with `spin`) and returns a `[batch, width]` float tensor derived from the records. Everything
-//! else (dispatcher, leases, transfer, receiver) is the real runtime.
+//! with `spin`) and returns a `[batch, width]` tensor derived from the records: floats with 16
+//! bits of a record's hash each (LZ4 saves almost nothing on them), or, with
+//! [`SyntheticValues::Ids`], int64 feature ids hashed into [`ID_BUCKETS`] buckets as a parsed
+//! categorical column carries them (partly repetitive bytes: LZ4 saves about a third).
+//! Everything else (dispatcher, leases, transfer, receiver) is the real runtime.
 //!
 //! A sleeping stage models a data worker whose CPU time per step is `latency` without using this
 //! machine's CPUs, so that many workers (or two jobs of different appetite) can share a small
@@ -51,6 +54,49 @@ pub const MAX_RECORDS: u64 = 1 << 32;
 /// Largest accepted number of parallel parts per step.
 pub const MAX_PARALLELISM: u64 = 1024;
 
+/// The buckets [`SyntheticValues::Ids`] hashes into (as a hashed categorical column does).
+pub const ID_BUCKETS: u64 = 10_000;
+
+/// What a synthetic step's values are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SyntheticValues {
+    /// float32, 16 bits of the record's hash each: hardly compressible.
+    #[default]
+    Floats,
+    /// int64 feature ids in [0, [`ID_BUCKETS`]) drawn from the record's hash: compressible.
+    Ids,
+}
+
+impl SyntheticValues {
+    /// The name the stage's `values` attribute and `lode synthetic --values` use.
+    pub fn name(self) -> &'static str {
+        match self {
+            SyntheticValues::Floats => "floats",
+            SyntheticValues::Ids => "ids",
+        }
+    }
+
+    fn dtype(self) -> &'static str {
+        match self {
+            SyntheticValues::Floats => "DT_FLOAT",
+            SyntheticValues::Ids => "DT_INT64",
+        }
+    }
+
+    fn width_bytes(self) -> u64 {
+        match self {
+            SyntheticValues::Floats => 4,
+            SyntheticValues::Ids => 8,
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        [SyntheticValues::Floats, SyntheticValues::Ids]
+            .into_iter()
+            .find(|v| v.name() == name)
+    }
+}
+
 /// What a synthetic plan looks like.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SyntheticSpec {
@@ -62,12 +108,14 @@ pub struct SyntheticSpec {
     pub latency: Duration,
     /// Spin on the CPU for `latency` instead of sleeping.
     pub spin: bool,
-    /// Float values per record in the step's output.
+    /// Values per record in the step's output.
     pub width: u64,
     /// Passes over the records (the plan's repeat count).
     pub epochs: u64,
     /// Equal parts a step's work splits into, run in parallel on the worker's threads.
     pub parallelism: u64,
+    /// What the step's values are.
+    pub values: SyntheticValues,
 }
 
 impl Default for SyntheticSpec {
@@ -80,6 +128,7 @@ impl Default for SyntheticSpec {
             width: 16,
             epochs: 1,
             parallelism: 1,
+            values: SyntheticValues::Floats,
         }
     }
 }
@@ -224,10 +273,11 @@ node {{
   attr {{ key: "spin" value {{ b: {spin} }} }}
   attr {{ key: "width" value {{ i: {w} }} }}
   attr {{ key: "parallelism" value {{ i: {parallelism} }} }}
+  attr {{ key: "values" value {{ s: "{values}" }} }}
 }}
 node {{
   name: "lode/DWSend_stage_0" op: "DWSend" input: "work"
-  attr {{ key: "T" value {{ list {{ type: DT_FLOAT }} }} }}
+  attr {{ key: "T" value {{ list {{ type: {dtype} }} }} }}
   attr {{ key: "shapes" value {{ list {{ shape {{ dim {{ size: {b} }} dim {{ size: {w} }} }} }} }} }}
   attr {{ key: "stage" value {{ i: 0 }} }}
 }}
@@ -235,6 +285,8 @@ node {{
             latency = self.latency_us(),
             spin = self.spin,
             parallelism = self.parallelism,
+            values = self.values.name(),
+            dtype = self.values.dtype(),
         )
     }
 
@@ -246,9 +298,13 @@ node {{
             node: "lode/DWSend_stage_0".into(),
             tensors: vec![SendTensor {
                 tensor: "work:0".into(),
-                dtype: "DT_FLOAT".into(),
+                dtype: self.values.dtype().into(),
                 shape: Some(vec![batch, width]),
-                bytes: Some(self.batch.saturating_mul(self.width).saturating_mul(4)),
+                bytes: Some(
+                    self.batch
+                        .saturating_mul(self.width)
+                        .saturating_mul(self.values.width_bytes()),
+                ),
             }],
         };
         Plan {
@@ -371,13 +427,21 @@ fn build_fixed_latency(node: &NodeDef, _ctx: &BuildCtx<'_>) -> crate::exec::Resu
     } else {
         1
     };
+    // Plans written before `values` existed have floats.
+    let values = if node.attr.contains_key("values") {
+        SyntheticValues::from_name(node.attr_str("values")?)
+            .ok_or_else(|| attr_err(node, "values must be \"floats\" or \"ids\""))?
+    } else {
+        SyntheticValues::Floats
+    };
     Ok(built(1, move |a| {
-        Ok(wrap(vec![fixed_latency(
+        Ok(wrap(vec![fixed_latency_of(
             t(a, 0)?,
             latency,
             spin,
             width,
             parallelism,
+            values,
         )?]))
     }))
 }
@@ -392,19 +456,59 @@ pub fn fixed_latency(
     width: usize,
     parallelism: usize,
 ) -> crate::kernels::Result<Tensor> {
+    fixed_latency_of(
+        records,
+        latency,
+        spin,
+        width,
+        parallelism,
+        SyntheticValues::Floats,
+    )
+}
+
+/// [`fixed_latency`] with values of the kind `kind`.
+pub fn fixed_latency_of(
+    records: &Tensor,
+    latency: Duration,
+    spin: bool,
+    width: usize,
+    parallelism: usize,
+    kind: SyntheticValues,
+) -> crate::kernels::Result<Tensor> {
     use rayon::prelude::*;
     let started = Instant::now();
     let values = crate::kernels::strings_of(FIXED_LATENCY_OP, "records", records)?;
-    let mut out = Vec::with_capacity(values.len().saturating_mul(width));
-    for v in values {
-        let h = fingerprint64(v);
-        for j in 0..width {
-            let bits = h.rotate_left([0, 16, 32, 48][j % 4]) & 0xffff;
-            // 16 bits convert to f32 exactly.
-            #[allow(clippy::cast_precision_loss)]
-            out.push(bits as f32 / 65_535.0 + (j / 4) as f32);
+    let n = values.len().saturating_mul(width);
+    let data = match kind {
+        SyntheticValues::Floats => {
+            let mut out = Vec::with_capacity(n);
+            for v in values {
+                let h = fingerprint64(v);
+                for j in 0..width {
+                    let bits = h.rotate_left([0, 16, 32, 48][j % 4]) & 0xffff;
+                    // 16 bits convert to f32 exactly.
+                    #[allow(clippy::cast_precision_loss)]
+                    out.push(bits as f32 / 65_535.0 + (j / 4) as f32);
+                }
+            }
+            TensorData::Float32(out)
         }
-    }
+        SyntheticValues::Ids => {
+            let mut out = Vec::with_capacity(n);
+            for v in values {
+                // xorshift64* from the record's hash (never zero: xorshift would stay there).
+                let mut x = fingerprint64(v) | 1;
+                for _ in 0..width {
+                    x ^= x >> 12;
+                    x ^= x << 25;
+                    x ^= x >> 27;
+                    let id = x.wrapping_mul(0x2545_f491_4f6c_dd1d) % ID_BUCKETS;
+                    out.push(i64::try_from(id).unwrap_or(0));
+                }
+            }
+            TensorData::Int64(out)
+        }
+    };
     let rest = latency.saturating_sub(started.elapsed());
     let parts = parallelism.max(1);
     let part = rest / u32::try_from(parts).unwrap_or(u32::MAX);
@@ -427,25 +531,23 @@ pub fn fixed_latency(
     } else {
         (0..parts).into_par_iter().for_each(take);
     }
-    crate::kernels::output(
-        FIXED_LATENCY_OP,
-        vec![values.len(), width],
-        TensorData::Float32(out),
-    )
+    crate::kernels::output(FIXED_LATENCY_OP, vec![values.len(), width], data)
 }
 
 impl std::fmt::Display for SyntheticSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} records, {} steps per epoch of {} records, {} epoch(s), {:?} per step ({}, {} part(s))",
+            "{} records, {} steps per epoch of {} records, {} epoch(s), {:?} per step ({}, {} part(s)), {} {}",
             self.records,
             self.steps_per_epoch(),
             self.batch,
             self.epochs,
             self.latency,
             if self.spin { "spinning" } else { "sleeping" },
-            self.parallelism
+            self.parallelism,
+            self.width,
+            self.values.name()
         )
     }
 }
@@ -465,6 +567,7 @@ mod tests {
             width: 3,
             epochs: 2,
             parallelism: 1,
+            values: SyntheticValues::Floats,
         }
     }
 
@@ -506,6 +609,55 @@ mod tests {
             panic!("float output")
         };
         assert_eq!(&all[3..6], &one[..]);
+    }
+
+    #[test]
+    fn an_ids_plan_sends_int64_ids_in_their_buckets_row_by_record() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let dir = tmp.path().join("plan");
+        let spec = SyntheticSpec {
+            values: SyntheticValues::Ids,
+            width: 64,
+            ..spec(0)
+        };
+        spec.write(&dir).expect("write");
+        let plan = PlanDir::open(&dir).expect("plan");
+        assert_eq!(plan.plan.stages[0].send.tensors[0].dtype, "DT_INT64");
+        assert_eq!(plan.plan.stages[0].send.tensors[0].bytes, Some(8 * 64 * 8));
+        let stage = Stage::load(&plan, 0, &ExecOptions::default()).expect("load");
+        let records: Vec<u64> = (0..8).collect();
+        let out = stage
+            .run_step(StepInput {
+                records: &records,
+                received: &Default::default(),
+            })
+            .expect("run");
+        let tensors = out.tensors.expect("tensors");
+        assert_eq!(tensors[0].shape(), &[8, 64]);
+        let TensorData::Int64(all) = tensors[0].data() else {
+            panic!("int64 output")
+        };
+        assert!(all.iter().all(|&id| (0..10_000).contains(&id)), "{all:?}");
+        // Spread over the buckets, not one value.
+        let distinct: std::collections::BTreeSet<i64> = all.iter().copied().collect();
+        assert!(
+            distinct.len() > 400,
+            "{} distinct ids of 512",
+            distinct.len()
+        );
+        let one = fixed_latency_of(
+            &Tensor::new(vec![1], TensorData::String(vec![b"record-3".to_vec()])).expect("tensor"),
+            Duration::ZERO,
+            false,
+            64,
+            1,
+            SyntheticValues::Ids,
+        )
+        .expect("direct");
+        let TensorData::Int64(row) = one.data() else {
+            panic!("int64 output")
+        };
+        assert_eq!(&all[3 * 64..4 * 64], &row[..]);
     }
 
     #[test]

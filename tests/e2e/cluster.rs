@@ -50,7 +50,7 @@ fn tc(ns: &str, args: &[&str]) {
 }
 
 /// A process killed when dropped.
-struct Proc(Child);
+pub(crate) struct Proc(Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -72,17 +72,22 @@ impl Proc {
 /// `hosts` hosts, each a network namespace with one link (`eth0`, 10.77.0.N/24 for host N,
 /// from 1) to a bridge in a namespace of its own. Dropping it kills what it started and
 /// removes every namespace (and with them their links).
-struct Cluster {
+pub(crate) struct Cluster {
     prefix: String,
     hosts: usize,
-    procs: Vec<Proc>,
+    pub(crate) procs: Vec<Proc>,
     namespaces: Vec<String>,
 }
 
 impl Cluster {
     fn new(hosts: usize) -> Self {
-        let name = std::env::var("LODE_CLUSTER_PREFIX").unwrap_or_else(|_| "lodeh".to_owned());
-        let prefix = format!("{name}-{}-", std::process::id());
+        let tag = std::env::var("LODE_CLUSTER_PREFIX").unwrap_or_else(|_| "lodeh".to_owned());
+        Cluster::named(&tag, hosts)
+    }
+
+    /// A cluster whose namespaces are named `<tag>-<pid>-…` (each test its own tag).
+    pub(crate) fn named(tag: &str, hosts: usize) -> Self {
+        let prefix = format!("{tag}-{}-", std::process::id());
         let mut cluster = Cluster {
             prefix,
             hosts,
@@ -130,12 +135,12 @@ impl Cluster {
         format!("{}h{host}", self.prefix)
     }
 
-    fn addr(&self, host: usize) -> String {
+    pub(crate) fn addr(&self, host: usize) -> String {
         format!("10.77.0.{host}")
     }
 
     /// Shapes both directions of `host`'s link to `rate` (tc's units, e.g. `1gbit`).
-    fn shape(&self, host: usize, rate: &str) {
+    pub(crate) fn shape(&self, host: usize, rate: &str) {
         let args = [
             "qdisc", "replace", "dev", "", "root", "tbf", "rate", rate, "burst", "256kb",
             "latency", "20ms",
@@ -158,7 +163,7 @@ impl Cluster {
     }
 
     /// Bytes received and sent on `host`'s link, as its kernel counts them.
-    fn link_bytes(&self, host: usize) -> (u64, u64) {
+    pub(crate) fn link_bytes(&self, host: usize) -> (u64, u64) {
         let read = |what: &str| -> u64 {
             let out = Command::new("ip")
                 .args(["netns", "exec", &self.ns(host), "cat"])
@@ -175,7 +180,7 @@ impl Cluster {
 
     /// The `lode` binary on `host`. LODE_CLUSTER_BIN names another build for the dispatcher
     /// and the workers, to compare with (the consumer stays this one: its log times steps).
-    fn lode(&self, host: usize, args: &[&str]) -> Command {
+    pub(crate) fn lode(&self, host: usize, args: &[&str]) -> Command {
         let this = env!("CARGO_BIN_EXE_lode").to_owned();
         let bin = match std::env::var("LODE_CLUSTER_BIN") {
             Ok(other) if args.first() != Some(&"consume") => other,
@@ -191,7 +196,7 @@ impl Cluster {
 
     /// Starts `command` and keeps it to be killed with the cluster; returns its index. With
     /// LODE_CLUSTER_LOGS=DIR, its stderr goes to DIR/<host>-<n>.log.
-    fn start(&mut self, mut command: Command) -> usize {
+    pub(crate) fn start(&mut self, mut command: Command) -> usize {
         if let Ok(dir) = std::env::var("LODE_CLUSTER_LOGS") {
             static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
             let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -298,7 +303,7 @@ struct Report {
 }
 
 /// The consumer's log lines (complete ones).
-fn lines(log: &Path) -> Vec<Value> {
+pub(crate) fn lines(log: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let complete = text.rfind('\n').map_or("", |end| &text[..end]);
     complete
@@ -442,16 +447,7 @@ fn run(job: &Job, fault: Fault, worker_hosts: &[usize], extra_dispatcher: &[&str
     let consumer = cluster.start(consume);
     // Workers start once the consumer registered: a lease granted before is revoked when it
     // registers (and leased again), which would count as leased twice in a calm run.
-    while !std::fs::read_to_string(journal.join("journal.jsonl"))
-        .unwrap_or_default()
-        .contains("\"Consumer\"")
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the consumer did not register"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_registered(&journal, started);
     let worker = |cluster: &Cluster, host: usize, name: &str| {
         let mut w = cluster.lode(host, &["worker", "--dispatcher", &addr, "--token", TOKEN]);
         let slow = fault == Fault::Slow && host == 4;
@@ -531,17 +527,7 @@ fn run(job: &Job, fault: Fault, worker_hosts: &[usize], extra_dispatcher: &[&str
     }
     let fault_window =
         (fault != Fault::None && fault != Fault::Slow).then(|| (fault_start, started.elapsed()));
-    loop {
-        if let Some(status) = cluster.procs[consumer].0.try_wait().expect("wait") {
-            assert!(status.success(), "the consumer exited with {status}");
-            break;
-        }
-        assert!(
-            started.elapsed() < limit,
-            "the job did not finish in {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_exited(&mut cluster, consumer, started, limit);
     let wall = started.elapsed();
     let bytes = (1..=HOSTS)
         .map(|h| {
@@ -590,8 +576,44 @@ fn run(job: &Job, fault: Fault, worker_hosts: &[usize], extra_dispatcher: &[&str
     }
 }
 
+/// Waits (30 s at most from `started`) until the dispatcher's journal says the consumer
+/// registered.
+pub(crate) fn wait_registered(journal: &Path, started: Instant) {
+    while !std::fs::read_to_string(journal.join("journal.jsonl"))
+        .unwrap_or_default()
+        .contains("\"Consumer\"")
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the consumer did not register"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits (until `limit` from `started`) for the consumer, process `consumer` of `cluster`, to
+/// exit at the end of data, and checks that it succeeded.
+pub(crate) fn wait_exited(
+    cluster: &mut Cluster,
+    consumer: usize,
+    started: Instant,
+    limit: Duration,
+) {
+    loop {
+        if let Some(status) = cluster.procs[consumer].0.try_wait().expect("wait") {
+            assert!(status.success(), "the consumer exited with {status}");
+            return;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "the job did not finish in {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Waits (bounded) until the dispatcher has written its journal, i.e. it serves.
-fn wait_listening(_cluster: &Cluster, journal: &Path) {
+pub(crate) fn wait_listening(_cluster: &Cluster, journal: &Path) {
     let start = Instant::now();
     while !journal.join("journal.jsonl").is_file() {
         assert!(
@@ -682,7 +704,7 @@ fn synthetic(dir: &Path, steps: u64) -> PathBuf {
     plan
 }
 
-fn env_u64(name: &str, default: u64) -> u64 {
+pub(crate) fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
         .map(|v| {

@@ -8,6 +8,7 @@ mod controller;
 mod convert;
 mod exec;
 mod fixtures;
+mod links;
 mod one_shot;
 mod order;
 mod partition;

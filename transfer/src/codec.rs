@@ -56,12 +56,17 @@
 //! # Automatic compression
 //! With [`Compression::Auto`] the encoder probes the first [`AUTO_PROBE_MESSAGES`] messages of
 //! every window of [`AUTO_RECHECK_INTERVAL`] messages: it compresses each, sends whichever of
-//! the compressed and raw payload is smaller, and adds up both sizes. At the end of the probe
-//! it chooses LZ4 for the rest of the window when LZ4 saved at least
-//! [`AUTO_MIN_SAVING_PERCENT`]% over the probed messages, and no compression otherwise.
-//! [`StepEncoder::chosen`] says what it chose. A sender whose receiver is on the same machine
-//! ([`StepEncoder::encode_parts_for`] with `local`) sends raw frames under `auto`: on loopback
-//! the bytes cost a memory copy, and compressing them costs more.
+//! the compressed and raw payload is smaller, and adds up both sizes and the time compressing
+//! took. When LZ4 saved less than [`AUTO_MIN_SAVING_PERCENT`]% over the probed messages, the
+//! rest of the window goes uncompressed. Otherwise what is faster on the link decides: the
+//! sender reports how each burst went ([`StepEncoder::observe_link`]: its bytes and the time
+//! blocked on the network), and [`auto::AutoState`] weighs the compression time against the
+//! link time it saves, tries the other setting when that promises a gain and keeps what the
+//! trial measured faster (see [`auto`] for the rules). Before the sender's first report the
+//! saving alone decides (LZ4). [`StepEncoder::chosen`] says what it chose. A sender whose
+//! receiver is on the same machine ([`StepEncoder::encode_parts_for`] with `local`) sends raw
+//! frames under `auto`: on loopback the bytes cost a memory copy, and compressing them costs
+//! more.
 //!
 //! # Frames in parts
 //! [`StepEncoder::encode_parts`] gives the same bytes as [`StepEncoder::encode_into`] as a list
@@ -250,12 +255,15 @@ impl Default for CodecConfig {
     }
 }
 
-/// Payload sizes measured by automatic compression in its latest probe.
+/// Payload sizes measured by automatic compression in its latest probe, and the time
+/// compressing them took.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct AutoProbe {
     pub messages: u64,
     pub raw_bytes: u64,
     pub lz4_bytes: u64,
+    /// The time LZ4 took over the probed payloads, in nanoseconds.
+    pub compress_ns: u64,
 }
 
 /// Encodes a job's step messages into frames. Keeps a scratch buffer and the automatic
@@ -270,8 +278,10 @@ pub struct StepEncoder {
     probe: AutoProbe,
     /// The latest finished probe.
     last_probe: Option<AutoProbe>,
-    /// What automatic compression chose at the end of the latest probe.
+    /// What automatic compression compresses with outside probes (None before the first).
     auto_choice: Option<FrameCompression>,
+    /// Automatic compression's windows of link samples and its trials.
+    link: auto::AutoState,
     /// Whether frames for a receiver on this machine keep their checksum (see the module
     /// docs); false unless [`StepEncoder::sum_local`] says so.
     sum_local: bool,
@@ -297,6 +307,7 @@ impl StepEncoder {
             probe: AutoProbe::default(),
             last_probe: None,
             auto_choice: None,
+            link: auto::AutoState::new(),
             sum_local: false,
             parts_hint: 0,
             spare: Vec::new(),
@@ -341,6 +352,33 @@ impl StepEncoder {
         self.last_probe
     }
 
+    /// Automatic compression's state: its setting, windows and trials.
+    pub fn auto_state(&self) -> &auto::AutoState {
+        &self.link
+    }
+
+    /// Says that this encoder's sender will report how its bursts went
+    /// ([`StepEncoder::observe_link`]): automatic compression then starts from raw frames and
+    /// lets the link decide (see [`auto`]).
+    pub fn expect_link_reports(&mut self) {
+        self.link.expect_reports();
+    }
+
+    /// Tells automatic compression how a burst of this encoder's frames went at `now` (see
+    /// [`auto`]); the new setting when this changed it. Nothing under `off` and `lz4`.
+    pub fn observe_link(
+        &mut self,
+        sample: auto::LinkSample,
+        now: std::time::Instant,
+    ) -> Option<FrameCompression> {
+        if self.config.compression != Compression::Auto {
+            return None;
+        }
+        let changed = self.link.observe(sample, now, self.last_probe.as_ref())?;
+        self.auto_choice = Some(changed);
+        Some(changed)
+    }
+
     /// Encodes `msg` into a new frame.
     pub fn encode(&mut self, msg: &StepMessage) -> Result<Vec<u8>, TransferError> {
         let mut out = Vec::new();
@@ -371,12 +409,15 @@ impl StepEncoder {
             let raw_len = self.scratch.len();
             let max = lz4_flex::block::get_maximum_output_size(raw_len);
             out.resize(HEADER_LEN + max, 0);
+            let started = probing.then(std::time::Instant::now);
             let n = lz4_flex::block::compress_into(&self.scratch, &mut out[HEADER_LEN..])
                 .map_err(|source| TransferError::Compress { source })?;
-            if probing {
-                self.record_probe(raw_len, n);
+            // A probe that only measures sends its frame raw.
+            let measuring = probing && self.link.measures_only();
+            if let Some(started) = started {
+                self.record_probe(raw_len, n, started.elapsed());
             }
-            if n < raw_len {
+            if n < raw_len && !measuring {
                 out.truncate(HEADER_LEN + n);
                 FrameCompression::Lz4
             } else {
@@ -556,23 +597,30 @@ impl StepEncoder {
     /// Whether `auto` compresses this message to measure what compression gains.
     fn probing(&self) -> bool {
         self.config.compression == Compression::Auto
-            && self.encoded % AUTO_RECHECK_INTERVAL < AUTO_PROBE_MESSAGES
+            && self.encoded % AUTO_RECHECK_INTERVAL < self.probe_messages()
     }
 
-    fn record_probe(&mut self, raw: usize, lz4: usize) {
+    /// Messages a probe takes: fewer while it only measures (see [`auto`]).
+    fn probe_messages(&self) -> u64 {
+        if self.link.measures_only() && self.last_probe.is_some() {
+            auto::AUTO_LINK_PROBE_MESSAGES
+        } else {
+            AUTO_PROBE_MESSAGES
+        }
+    }
+
+    fn record_probe(&mut self, raw: usize, lz4: usize, took: std::time::Duration) {
         self.probe.messages += 1;
         self.probe.raw_bytes += len_u64(raw);
         // A message LZ4 does not shrink is sent raw, so it costs its raw size.
         self.probe.lz4_bytes += len_u64(lz4.min(raw));
-        if self.probe.messages == AUTO_PROBE_MESSAGES {
-            let saved = self.probe.raw_bytes - self.probe.lz4_bytes;
-            let worth_it = u128::from(saved) * 100
-                >= u128::from(self.probe.raw_bytes) * u128::from(AUTO_MIN_SAVING_PERCENT);
-            self.auto_choice = Some(if worth_it {
-                FrameCompression::Lz4
-            } else {
-                FrameCompression::None
-            });
+        self.probe.compress_ns = self
+            .probe
+            .compress_ns
+            .saturating_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
+        if self.probe.messages >= self.probe_messages() {
+            let worth_it = auto::worth_compressing(&self.probe);
+            self.auto_choice = Some(self.link.probed(worth_it));
             self.last_probe = Some(self.probe);
             self.probe = AutoProbe::default();
         }
@@ -1499,6 +1547,9 @@ fn decode_numbers(dtype: DType, raw: &[u8], tensor: usize) -> Result<TensorData,
 
 #[path = "codec_stream.rs"]
 pub mod stream;
+
+#[path = "codec_auto.rs"]
+pub mod auto;
 
 #[cfg(test)]
 #[path = "codec_tests.rs"]

@@ -11,7 +11,9 @@
 //!   tensors' values borrowed, for vectored writes), and [`StepDecoder`], safe on hostile
 //!   bytes, which can take a checksum summed as the bytes arrived ([`FrameChecksum`]);
 //!   [`codec::stream`] decodes an uncompressed frame straight from a connection, each tensor's
-//!   values read into its own memory, with the same checks and errors.
+//!   values read into its own memory, with the same checks and errors; [`codec::auto`] is
+//!   `auto`'s choice on the link at hand (the sender's samples of each burst weighed against
+//!   the probe's compression time; a pure `decide` and its state machine, time passed in).
 //! - [`receiver`]: DWRecv's reorder and deduplication buffer as a state machine with time
 //!   passed in ([`ReceiverState`]), its metrics, and [`SharedReceiver`], the blocking,
 //!   thread-safe wrapper whose bounded buffer is the senders' backpressure.
