@@ -55,7 +55,7 @@ pub use error::TransferError;
 pub use pool::{TensorPool, DEFAULT_POOL_BYTES};
 pub use receiver::{
     Offer, ReceiverConfig, ReceiverMetrics, ReceiverState, RejectReason, SharedReceiver, Step,
-    MAX_RETRY_AFTER, MIN_RETRY_AFTER,
+    LONGEST_RETRY_AFTER, MAX_RETRY_AFTER, MIN_RETRY_AFTER,
 };
 
 /// Step messages and frames for the receiver's and the data plane's tests.

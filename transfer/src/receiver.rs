@@ -52,9 +52,16 @@ pub const RATE_BUCKETS: usize = 10;
 /// The shortest pause [`ReceiverState::retry_after`] asks of a sender (the answer's unit).
 pub const MIN_RETRY_AFTER: Duration = Duration::from_millis(1);
 
-/// The longest pause [`ReceiverState::retry_after`] asks of a sender, and the pause before
-/// the consumer's rate is known.
+/// The pause [`ReceiverState::retry_after`] asks of a sender before the consumer's rate is
+/// known (nothing delivered over the rate window).
 pub const MAX_RETRY_AFTER: Duration = Duration::from_millis(20);
+
+/// The longest pause [`ReceiverState::retry_after`] computes from the consumer's rate. A
+/// refused frame crosses the network again at every retry: a slow consumer's pause is its own
+/// time to reach the step (at 10 ms a step, 10 steps past the window wait 100 ms and are
+/// sent again once, not five times at 20 ms), bounded so that a rate that fell since it was
+/// measured costs a step at most this much.
+pub const LONGEST_RETRY_AFTER: Duration = Duration::from_millis(250);
 
 /// The receiver's default bound in steps ([`ReceiverConfig::capacity`]).
 pub const DEFAULT_CAPACITY: u64 = 1024;
@@ -344,10 +351,11 @@ impl ReceiverState {
     /// How long a sender should wait before it offers `step` again, after it was answered
     /// [`Offer::TooFarAhead`] at `now`: the time the consumer takes, at its dequeue rate over
     /// the rate window, to deliver the steps between the window's end and `step`, rounded up
-    /// to whole milliseconds, within [`MIN_RETRY_AFTER`] and [`MAX_RETRY_AFTER`] (the longest
-    /// before any step was delivered). A fixed pause would be far too long for a fast consumer
-    /// (20 ms is hundreds of short steps, so the step comes back long after the window passed
-    /// it and the consumer waits for it) and too short for a slow one.
+    /// to whole milliseconds, within [`MIN_RETRY_AFTER`] and [`LONGEST_RETRY_AFTER`];
+    /// [`MAX_RETRY_AFTER`] before any step was delivered. A fixed pause would be far too long
+    /// for a fast consumer (20 ms is hundreds of short steps, so the step comes back long after
+    /// the window passed it and the consumer waits for it) and too short for a slow one (the
+    /// frame is refused and sent again many times).
     pub fn retry_after(&self, step: u64, now: Instant) -> Duration {
         let window_end = self.next.saturating_add(self.window());
         let pops = step.saturating_sub(window_end).saturating_add(1);
@@ -357,8 +365,8 @@ impl ReceiverState {
         }
         let millis = (pops as f64 * 1000.0 / rate).ceil();
         Duration::try_from_secs_f64(millis / 1000.0)
-            .unwrap_or(MAX_RETRY_AFTER)
-            .clamp(MIN_RETRY_AFTER, MAX_RETRY_AFTER)
+            .unwrap_or(LONGEST_RETRY_AFTER)
+            .clamp(MIN_RETRY_AFTER, LONGEST_RETRY_AFTER)
     }
 
     /// Offers a received message at time `now`. Only an [`Offer::Accepted`] message is kept.

@@ -235,7 +235,7 @@ fn waiting_times_are_from_completion_to_pop() {
 }
 
 /// A step past the window is asked to wait about as long as the consumer takes to move the
-/// window up to it, in whole milliseconds within [1 ms, 20 ms]; 20 ms before any step was
+/// window up to it, in whole milliseconds within [1 ms, 250 ms]; 20 ms before any step was
 /// delivered.
 #[test]
 fn the_pause_before_a_retry_follows_the_consumers_rate() {
@@ -255,13 +255,16 @@ fn the_pause_before_a_retry_follows_the_consumers_rate() {
     }
     let now = t0 + ms(2000);
     // The window is 4000..4004: step 4004 fits after 1 pop (0.5 ms, rounded up to 1 ms),
-    // 4009 after 6 (3 ms), 4100 after 97 (48.5 ms, at most 20).
+    // 4009 after 6 (3 ms), 4100 after 97 (48.5 ms, 49), 5000 after 997 (at most 250 ms).
     assert_eq!(r.retry_after(4004, now), ms(1));
     assert_eq!(r.retry_after(4009, now), ms(3));
     assert_eq!(r.retry_after(4010, now), ms(4), "3.5 ms rounded up");
-    assert_eq!(r.retry_after(4100, now), MAX_RETRY_AFTER);
-    assert_eq!(r.retry_after(u64::MAX, now), MAX_RETRY_AFTER);
-    // A consumer that stopped: the rate decays, the pause grows to the longest.
+    assert_eq!(r.retry_after(4100, now), ms(49));
+    assert_eq!(r.retry_after(5000, now), LONGEST_RETRY_AFTER);
+    assert_eq!(r.retry_after(u64::MAX, now), LONGEST_RETRY_AFTER);
+    assert_eq!(LONGEST_RETRY_AFTER, ms(250));
+    // A consumer that stopped: the rate decays as its window empties, the pause grows with
+    // it, and once no delivery is left in the window the rate is unknown again.
     assert_eq!(
         r.retry_after(4004, now + Duration::from_secs(11)),
         MAX_RETRY_AFTER
