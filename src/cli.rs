@@ -47,8 +47,9 @@ pub enum Command {
     Drain(DrainArgs),
     /// Run a whole job on this machine: dispatcher, consumer and worker processes.
     Run(RunArgs),
-    /// Train an unmodified TF1-style TensorFlow program on Lode: its graph is cut when it
-    /// creates its session, and data workers feed its training graph.
+    /// Train an unmodified TensorFlow program on Lode (TF1 sessions, TF2 and Keras): its graph
+    /// is cut when it creates its session (or first runs it once a pipeline appears) or first
+    /// iterates a dataset, and data workers feed its training graph.
     Train(TrainArgs),
     /// Simulate a GPU cluster's jobs under Lode's schedulers and the paper's baselines.
     Simulate(SimulateArgs),
