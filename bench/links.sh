@@ -7,7 +7,9 @@
 # table gives the median goodput (and every run's), the bytes on the worker's link over the
 # payload, and the load average at the runs' starts. Needs root and iproute2.
 # Settings: LODE_LINKS_STEPS (1,200 steps on the shaped link), LODE_LINKS_UNSHAPED_STEPS
-# (4,000), LODE_LINKS_ROUNDS (3), LODE_LINKS_TABLE=FILE.
+# (4,000), LODE_LINKS_ROUNDS (3), LODE_LINKS_TABLE=FILE, LODE_LINKS_ONLY (one link, "1 Gbit/s" or
+# "unshaped", or one kind, "ids" or "floats"). The table also gives auto against the better
+# of off and lz4 round by round (paired: the three run back to back), and its median.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec cargo nextest run --release --test e2e links::goodput_by_compression_and_link \

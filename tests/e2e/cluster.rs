@@ -60,6 +60,19 @@ impl Drop for Proc {
 }
 
 impl Proc {
+    /// The CPU time the process has used so far (user and system, from /proc/PID/stat), or
+    /// None once it is gone.
+    pub(crate) fn cpu_seconds(&self) -> Option<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.0.id())).ok()?;
+        // The fields after the command's closing parenthesis: state is the first, utime the
+        // 12th and stime the 13th (stat(5)'s fields 14 and 15).
+        let rest = stat.rsplit_once(')')?.1;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: f64 =
+            fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+        Some(ticks / clock_ticks())
+    }
+
     fn signal(&self, signal: &str) {
         let status = Command::new("kill")
             .args([&format!("-{signal}"), &self.0.id().to_string()])
@@ -67,6 +80,19 @@ impl Proc {
             .expect("run kill");
         assert!(status.success(), "kill -{signal}: {status}");
     }
+}
+
+/// The kernel's clock ticks per second (`getconf CLK_TCK`; 100 when it cannot be read).
+fn clock_ticks() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .unwrap_or(100.0)
+    })
 }
 
 /// `hosts` hosts, each a network namespace with one link (`eth0`, 10.77.0.N/24 for host N,

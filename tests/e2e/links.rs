@@ -47,6 +47,9 @@ struct Run {
     goodput: f64,
     /// Bytes the worker's host sent on its link over the payload delivered.
     wire_ratio: f64,
+    /// The worker's CPU seconds per GB of payload delivered (its whole life: start, stage
+    /// load and every step; the same start for every setting).
+    worker_cpu: f64,
     /// The 1-minute load average when the run started.
     load: f64,
 }
@@ -116,8 +119,12 @@ fn run(cluster: &mut Cluster, plan: &Path, steps: u64, step_bytes: u64, compress
             "-q",
         ])
         .stdout(Stdio::null());
-    cluster.start(worker);
+    let worker = cluster.start(worker);
     wait_exited(cluster, consumer, started, Duration::from_secs(300));
+    // The worker has sent every step; it stays until the dispatcher's job ends or it is killed.
+    let worker_cpu = cluster.procs[worker]
+        .cpu_seconds()
+        .expect("the worker's CPU time");
     let sent = cluster.link_bytes(2).1 - before.1;
     // The dispatcher and the worker of this run go; the links stay for the next.
     cluster.procs.clear();
@@ -132,6 +139,7 @@ fn run(cluster: &mut Cluster, plan: &Path, steps: u64, step_bytes: u64, compress
     Run {
         goodput: delivered as f64 / span.as_secs_f64(),
         wire_ratio: sent as f64 / (steps * step_bytes) as f64,
+        worker_cpu: worker_cpu / ((steps * step_bytes) as f64 / 1e9),
         load,
     }
 }
@@ -213,13 +221,22 @@ fn goodput_by_compression_and_link() {
         ("1 Gbit/s", Some("1gbit"), env_u64("LODE_LINKS_STEPS", 1200)),
         ("unshaped", None, env_u64("LODE_LINKS_UNSHAPED_STEPS", 4000)),
     ];
+    // LODE_LINKS_ONLY=unshaped (or "1 Gbit/s", ids, floats) runs only the rows it names.
+    let only = std::env::var("LODE_LINKS_ONLY").unwrap_or_default();
+    let wanted = |link: &str, kind: &str| only.is_empty() || only == link || only == kind;
     let mut table = String::from(
-        "| link | job | off MB/s | lz4 MB/s | auto MB/s | auto vs better | wire bytes / payload (off, lz4, auto) | load |\n\
-         |---|---|---|---|---|---|---|---|\n",
+        "| link | job | off MB/s | lz4 MB/s | auto MB/s | auto vs better | auto vs the round's better | wire bytes / payload (off, lz4, auto) | worker CPU s/GB (off, lz4, auto) | load |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
     );
     for (link, rate, steps) in links {
+        if !KINDS.iter().any(|(kind, _)| wanted(link, kind)) {
+            continue;
+        }
         let mut cluster = hosts(rate);
         for (kind, width) in KINDS {
+            if !wanted(link, kind) {
+                continue;
+            }
             let per_record = values_per_record(STEP_BYTES, width);
             let plan = plan(
                 tmp.path(),
@@ -245,8 +262,21 @@ fn goodput_by_compression_and_link() {
                 .iter()
                 .map(|rs| format!("{:.2}", median(rs.iter().map(|r| r.wire_ratio).collect())))
                 .collect();
+            let cpu: Vec<String> = runs
+                .iter()
+                .map(|rs| format!("{:.2}", median(rs.iter().map(|r| r.worker_cpu).collect())))
+                .collect();
             let loads: Vec<f64> = runs.iter().flatten().map(|r| r.load).collect();
             let better = good[0].max(good[1]);
+            // Paired: each round's auto against the better of that round's off and lz4 (the
+            // three ran back to back, so a slow stretch of the machine weighs on all three).
+            let paired: Vec<f64> = (0..rounds)
+                .map(|i| runs[2][i].goodput / runs[0][i].goodput.max(runs[1][i].goodput))
+                .collect();
+            let paired_all: Vec<String> = paired
+                .iter()
+                .map(|r| format!("{:+.0}", (r - 1.0) * 100.0))
+                .collect();
             let mb = |b: f64| b / 1e6;
             let all = |s: usize| {
                 let v: Vec<String> = runs[s]
@@ -256,12 +286,15 @@ fn goodput_by_compression_and_link() {
                 format!("**{:.1}** ({})", mb(good[s]), v.join(", "))
             };
             table.push_str(&format!(
-                "| {link} | {kind}, {steps} steps | {} | {} | {} | {:+.1}% | {} | {:.1}–{:.1} |\n",
+                "| {link} | {kind}, {steps} steps | {} | {} | {} | {:+.1}% | **{:+.1}%** ({}) | {} | {} | {:.1}–{:.1} |\n",
                 all(0),
                 all(1),
                 all(2),
                 (good[2] / better - 1.0) * 100.0,
+                (median(paired) - 1.0) * 100.0,
+                paired_all.join(", "),
                 wire.join(", "),
+                cpu.join(", "),
                 loads.iter().copied().fold(f64::INFINITY, f64::min),
                 loads.iter().copied().fold(0.0, f64::max),
             ));

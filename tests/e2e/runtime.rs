@@ -385,10 +385,7 @@ fn dispatcher_and_consumer_restarts_lose_and_repeat_nothing() {
     let plan = big_sgd(tmp.path(), usize::try_from(rows).expect("small"));
     let want = reference(&plan, tmp.path(), steps);
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = crate::support::restartable_port();
     let listen = format!("127.0.0.1:{port}");
     let journal = tmp.path().join("journal");
     let log = tmp.path().join("restarts.jsonl");

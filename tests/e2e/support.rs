@@ -33,6 +33,25 @@ pub fn fixture_dirs() -> Vec<PathBuf> {
     dirs
 }
 
+/// A loopback port that is free now and outside the kernel's ephemeral range, for a test
+/// that restarts a server on the same address: a port the kernel hands out (to `bind(0)` or
+/// to an outgoing connection of a test running beside it) may be taken while the server is
+/// down; one below the range is taken only by an explicit bind.
+pub fn restartable_port() -> u16 {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let floor = 10_000u16.min(low.saturating_sub(1000));
+    let span = u32::from(low.saturating_sub(floor)).max(1);
+    // Start from a point that differs between test processes, then walk the range.
+    let start = (std::process::id().wrapping_mul(7919)) % span;
+    (0..span)
+        .map(|i| floor + u16::try_from((start + i) % span).expect("below the range"))
+        .find(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
+        .expect("a free port below the ephemeral range")
+}
+
 pub fn lode(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_lode"))
         .args(args)
