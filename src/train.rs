@@ -13,12 +13,13 @@
 //! ([`job_dir`]). Each job has its own dispatcher (`JobId(k)`, so that a worker of one job is
 //! refused by another's dispatcher) and its own `--workers N` local workers: a validation or
 //! test pipeline runs while the training one waits for it (Keras validates after the epoch's
-//! last step), so it needs the same rate not to stall the program, and a worker whose job's
-//! receiver is full waits without using a core. A fixed `--listen` port is job 1's; a later
-//! job listens on the same host at a free port ([`job_listen`]), its workers being local or
-//! finding it by its announcement (`--announce`: `NAME-jobK.json`). With `--workers 0` and no
-//! `--announce`, the workers elsewhere dial the one address they were given: a second
-//! pipeline then runs unchanged on the program's side (status 2 under `--strict`).
+//! last step), so it needs the same rate not to stall the program; each job's workers compute
+//! ahead only as far as its receiver's window, then wait. A fixed `--listen` port is job 1's;
+//! a later job listens on the same host at a free port ([`job_listen`]), its workers being
+//! local or finding it by its announcement (`--announce`: `NAME-jobK.json`). With
+//! `--workers 0` and no `--announce`, the workers elsewhere dial the one address they were
+//! given: a second pipeline then runs unchanged on the program's side (status 2 under
+//! `--strict`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
