@@ -7,7 +7,10 @@ map, a custom loop with a `tf.function` step over eager epochs, and each epoch i
 `tf.function` (AutoGraph's dataset loop), and a program with three pipelines (Keras `fit` with
 `validation_data`, then `evaluate` on a third dataset: each dataset its own job, every loss,
 `val_loss` and the `evaluate` result compared). Then the Keras fit, and the three-pipeline
-program, over more epochs while a data worker is SIGKILLed every second and replaced; then
+program, over more epochs while a data worker is SIGKILLed every second and replaced, and
+the three-pipeline program with remote workers that dial one address (`--workers 0`, no
+`--announce`): its second pipeline runs on the program's side with one line, status 2 under
+--strict; then
 programs killed mid-epoch and restarted,
 plainly and under `lode train` the same way: a custom loop restored from a
 `tf.train.Checkpoint` holding its iterator (CheckpointManager, save/restore, write/read; one
@@ -30,6 +33,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -222,6 +226,64 @@ def with_worker_kills(lode, tmp, name, script, args, minimum):
     return compare(f"{name}, {kills} workers SIGKILLed", expected, losses(path), minimum)
 
 
+def with_remote_workers(lode, tmp, label, program, strict):
+    """Runs `program` under `lode train --workers 0 --listen 0.0.0.0:PORT` (no --announce: the
+    workers elsewhere dial the one address they were given) with two `lode worker`s dialing
+    PORT, as pods would. Returns (status, stderr)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**QUIET, "LODE_TOKEN": "tf2-remote-" + os.urandom(8).hex()}
+    train = subprocess.Popen(
+        [lode, "train", *(["--strict"] if strict else []), "--workers", "0", "--listen", f"0.0.0.0:{port}",
+         "--lease-ms", "1000", "--journal", os.path.join(tmp, f"{label}.job"), "--", *program],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 180
+    while "LISTEN" not in subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout:
+        if train.poll() is not None or time.time() > deadline:
+            train.kill()
+            return -1, f"the dispatcher never listened on port {port}: {train.communicate()[1][-2000:]}"
+        time.sleep(0.1)
+    log = open(os.path.join(tmp, f"{label}.workers.log"), "w")
+    workers = [subprocess.Popen([lode, "worker", "--dispatcher", f"http://127.0.0.1:{port}"],
+                                stdout=log, stderr=log, env=env) for _ in range(2)]
+    try:
+        _, stderr = train.communicate(timeout=600)
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait()
+        log.close()
+    return train.returncode, stderr
+
+
+def remote_second_pipeline(lode, tmp):
+    """The three-pipeline program with workers that dial one address (`--workers 0`, no
+    --announce): its training data trains on Lode, its validation and test data run on the
+    program's side with one line (every loss still equal to the plain run's); --strict stops
+    it with status 2."""
+    script, args, minimum = CASES["keras_validation"]
+    name = "remote_second_pipeline"
+    expected = plain(script, args, os.path.join(tmp, f"{name}.plain.txt"))
+    path = os.path.join(tmp, f"{name}.lode.txt")
+    program = [sys.executable, os.path.join(PROGRAMS, script), *args, "--losses", path]
+    status, stderr = with_remote_workers(lode, tmp, name, program, strict=False)
+    lines = said(stderr)
+    second = [line for line in lines if "second input pipeline" in line]
+    started = [line for line in lines if "training on Lode" in line]
+    if status != 0 or len(second) != 1 or len(started) != 1:
+        return [f"{name}: expected one job on Lode and one line about the second pipeline; got status "
+                f"{status}, {lines}: {stderr[-1500:]}"]
+    failures = compare(f"{name} (validation and test data on the program's side)", expected, losses(path), minimum)
+    status, stderr = with_remote_workers(lode, tmp, f"{name}_strict", program, strict=True)
+    if status != 2 or "second input pipeline" not in stderr:
+        failures.append(f"{name} --strict: expected status 2 naming the second pipeline, got {status}: "
+                        f"{stderr[-1500:]}")
+    else:
+        print(f"ok    {name} --strict: status 2, the second pipeline named")
+    return failures
+
+
 def restart_step(path):
     """The step a restarted run began at: the first line whose step is not after the line
     before it (None: the file never goes back)."""
@@ -357,7 +419,8 @@ def keras2_second_pipeline(lode, tmp, flag, minimum):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--lode", required=True)
-    p.add_argument("--only", help="run one part: a case name, kills, validation_kills, a restart's name, "
+    p.add_argument("--only", help="run one part: a case name, kills, validation_kills, remote_second_pipeline, "
+                                  "a restart's name, "
                                   "restart_kills, fallbacks, keras2, keras2_kills, keras2_validation or "
                                   "keras2_second_fit")
     args = p.parse_args()
@@ -373,6 +436,8 @@ def main():
         parts += [("validation_kills", lambda: with_worker_kills(
             lode, tmp, "validation_kills", "tf2_keras_validation.py",
             ["--data", WIDE_DEEP, "--epochs", str(VALIDATION_KILL_EPOCHS)], 9 * VALIDATION_KILL_EPOCHS + 1))]
+        # Workers that dial one address serve one job: the second pipeline runs unchanged.
+        parts += [("remote_second_pipeline", lambda: remote_second_pipeline(lode, tmp))]
         parts += [(name, lambda name=name: restart(lode, name, tmp)) for name in RESTARTS]
         parts += [
             ("restart_kills", lambda: restart_with_kills(lode, tmp)),
