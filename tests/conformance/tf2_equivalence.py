@@ -59,9 +59,10 @@ CASES = {
     "reduce_in_function": ("tf2_custom_loop.py", ["--data", REGRESSION, "--epochs", "3", "--mode", "reduce-in-function"], 48),
     # Three datasets, three jobs: fit's training data (8 steps an epoch, reshuffled), its
     # validation data (reshuffled too: each epoch validates on another sample, a new iterator
-    # and the next pass of its job) and evaluate's test data (a partial last batch): 24
-    # training losses, 3 val_loss and the evaluate loss.
-    "keras_validation": ("tf2_keras_validation.py", ["--data", WIDE_DEEP, "--epochs", "3"], 28),
+    # and the next pass of its job) and evaluate's test data (a partial last batch), which
+    # predict then reads again (its job's second pass): 24 training losses, 3 val_loss, the
+    # evaluate loss and the predictions' sum.
+    "keras_validation": ("tf2_keras_validation.py", ["--data", WIDE_DEEP, "--epochs", "3"], 29),
 }
 
 # name -> how many jobs the program's datasets are (each its own job directory).
@@ -432,10 +433,10 @@ def main():
         parts += [("kills", lambda: with_worker_kills(lode, tmp, "kills", "tf2_keras_fit.py",
                                                   ["--data", WIDE_DEEP, "--epochs", "60"], 480))]
         # The three-pipeline program, its three jobs' workers killed in turn: 8 training
-        # losses and a val_loss an epoch, and the evaluate loss.
+        # losses and a val_loss an epoch, the evaluate loss and the predictions' sum.
         parts += [("validation_kills", lambda: with_worker_kills(
             lode, tmp, "validation_kills", "tf2_keras_validation.py",
-            ["--data", WIDE_DEEP, "--epochs", str(VALIDATION_KILL_EPOCHS)], 9 * VALIDATION_KILL_EPOCHS + 1))]
+            ["--data", WIDE_DEEP, "--epochs", str(VALIDATION_KILL_EPOCHS)], 9 * VALIDATION_KILL_EPOCHS + 2))]
         # Workers that dial one address serve one job: the second pipeline runs unchanged.
         parts += [("remote_second_pipeline", lambda: remote_second_pipeline(lode, tmp))]
         parts += [(name, lambda name=name: restart(lode, name, tmp)) for name in RESTARTS]
