@@ -49,7 +49,8 @@ pub enum Command {
     Run(RunArgs),
     /// Train an unmodified TensorFlow program on Lode (TF1 sessions, TF2 and Keras): its graph
     /// is cut when it creates its session (or first runs it once a pipeline appears) or first
-    /// iterates a dataset, and data workers feed its training graph.
+    /// iterates a dataset, and data workers feed its training graph. Each dataset a TF2
+    /// program iterates (Keras `validation_data`, `evaluate` on another) is a job of its own.
     Train(TrainArgs),
     /// Simulate a GPU cluster's jobs under Lode's schedulers and the paper's baselines.
     Simulate(SimulateArgs),
@@ -643,13 +644,15 @@ pub struct DrainArgs {
 
 #[derive(Debug, Args)]
 pub struct TrainArgs {
-    /// Local data-worker processes (default: one per core); 0: workers come from elsewhere
-    /// (`lode worker`s dialing --listen or the --announce file, a LodeJob's pools, `lode
-    /// scheduler`).
+    /// Local data-worker processes of each job (default: one per core); 0: workers come from
+    /// elsewhere (`lode worker`s dialing --listen or the --announce file, a LodeJob's pools,
+    /// `lode scheduler`; a TF2 program's second dataset is then served only with --announce,
+    /// as NAME-job2.json).
     #[arg(long)]
     pub workers: Option<usize>,
     /// Serve the job's dispatcher on ADDR; `0.0.0.0:7070` in a pod, for data workers in other
-    /// pods. The job's token is LODE_TOKEN when set (a Kubernetes Secret), else a random one.
+    /// pods (a later job of the program listens on the same host at a free port). The job's
+    /// token is LODE_TOKEN when set (a Kubernetes Secret), else a random one.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
     pub listen: String,
     /// The host other machines reach this one by (e.g. the pod IP from the downward API):

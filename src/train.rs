@@ -1,9 +1,25 @@
 //! `lode train -- PROGRAM [ARGS...]`: an unmodified TensorFlow program trained on Lode.
 //!
-//! The program runs under the training side's session hook (`lode_train::hook`). Its graph is cut here, the job's dispatcher started in this process (journal in the
-//! job directory) with the local data workers, and the hook answered with the training graph
-//! and the job's address. When the program exits, the job ends with it and `lode train` exits
-//! with the program's status.
+//! The program runs under the training side's session hook (`lode_train::hook`). Its graph is
+//! cut here, the job's dispatcher started in this process (journal in the job directory) with
+//! the local data workers, and the hook answered with the training graph and the job's
+//! address. When the program exits, its jobs end with it and `lode train` exits with the
+//! program's status.
+//!
+//! # Several jobs
+//! Each dataset a TF2 program iterates is a job of its own (`hook::admit`): job 1 keeps the
+//! job directory's own layout (`plan/`, `journal/`, `graph.json`, `workers.log`), so that job
+//! directories and restarts from before stay valid; job k > 1 has the same in `job-K/`
+//! ([`job_dir`]). Each job has its own dispatcher (`JobId(k)`, so that a worker of one job is
+//! refused by another's dispatcher) and its own `--workers N` local workers: a validation or
+//! test pipeline runs while the training one waits for it (Keras validates after the epoch's
+//! last step), so it needs the same rate not to stall the program; each job's workers compute
+//! ahead only as far as its receiver's window, then wait. A fixed `--listen` port is job 1's;
+//! a later job listens on the same host at a free port ([`job_listen`]), its workers being
+//! local or finding it by its announcement (`--announce`: `NAME-jobK.json`). With
+//! `--workers 0` and no `--announce`, the workers elsewhere dial the one address they were
+//! given: a second pipeline then runs unchanged on the program's side (status 2 under
+//! `--strict`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,7 +28,8 @@ use anyhow::{bail, Context as _};
 use lode_dispatcher::{JobId, RunSettings, ServiceConfig, DEFAULT_MAX_LEASES};
 use lode_proto::plan::PlanDir;
 use lode_scheduler::local::WorkerCommand;
-use lode_train::hook::{self, Accepted, GraphId, GraphRequest, JobAddress, Refusal, RequestKind};
+use lode_train::hook::RequestKind;
+use lode_train::hook::{self, Accepted, GraphId, GraphRequest, JobAddress, JobIndex, Refusal};
 
 use crate::cli::TrainArgs;
 use crate::runtime::{client_tls, dispatcher_config, LocalJob};
@@ -160,10 +177,11 @@ pub fn run_train(args: TrainArgs, out: &mut dyn std::io::Write) -> anyhow::Resul
         scratch: scratch.path().to_owned(),
         strict: args.strict,
     };
-    let (status, job) = hook::run_program(&program, move |request| start_job(request, &settings))?;
-    let served = job.is_some();
-    // The job ends with the program: workers killed, the dispatcher stopped.
-    drop(job);
+    let (status, jobs) =
+        hook::run_program(&program, move |request, k| start_job(request, k, &settings))?;
+    let served = !jobs.is_empty();
+    // The jobs end with the program: workers killed, the dispatchers stopped.
+    drop(jobs);
     out.flush()?;
     drop(scratch);
     if args.strict && !served && status.success() {
@@ -185,15 +203,51 @@ pub fn run_train(args: TrainArgs, out: &mut dyn std::io::Write) -> anyhow::Resul
     }
 }
 
-/// Cuts the program's graph and starts its job, or says why it runs unchanged.
-fn start_job(request: &GraphRequest, settings: &Settings) -> Result<(LocalJob, Accepted), Refusal> {
+/// The directory of the program's job `k` in job directory `dir` (see the module
+/// documentation).
+pub fn job_dir(dir: &Path, k: JobIndex) -> PathBuf {
+    if k.is_first() {
+        dir.to_owned()
+    } else {
+        dir.join(format!("job-{}", k.0))
+    }
+}
+
+/// Where job `k`'s dispatcher listens: `--listen` for the first, the same host at a free port
+/// for later ones (a fixed port serves one job).
+pub fn job_listen(listen: &str, k: JobIndex) -> String {
+    match listen.rsplit_once(':') {
+        Some((host, _)) if !k.is_first() => format!("{host}:0"),
+        _ => listen.to_owned(),
+    }
+}
+
+/// Cuts the program's graph and starts its job `k`, or says why it runs unchanged.
+fn start_job(
+    request: &GraphRequest,
+    k: JobIndex,
+    settings: &Settings,
+) -> Result<(LocalJob, Accepted), Refusal> {
+    if !k.is_first() && settings.workers == 0 && settings.announce.is_none() {
+        return Err(Refusal {
+            reason: format!(
+                "a second input pipeline ({k}) is not served with --workers 0 and no --announce: \
+                 the data workers elsewhere dial the first job's address; it runs unchanged on \
+                 the program's side"
+            ),
+            always: false,
+        });
+    }
+    let dir = job_dir(&settings.dir, k);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| format!("{}: cannot create the job's directory: {e}", dir.display()))?;
     let path = &request.graph;
     let bytes = std::fs::read(path)
         .map_err(|e| format!("{}: cannot read the graph: {e}", path.display()))?;
     let view = lode_proto::view::GraphView::parse(&bytes)
         .map_err(|e| format!("{}: not a valid GraphDef: {e}", path.display()))?;
     let id = GraphId::of(&view);
-    id.check(&settings.dir)?;
+    id.check(&dir)?;
     let options = lode_decoupler::Options {
         simple: settings.simple,
         stateful_ops: Vec::new(),
@@ -219,14 +273,14 @@ fn start_job(request: &GraphRequest, settings: &Settings) -> Result<(LocalJob, A
             always: false,
         });
     }
-    let plan_dir = settings.dir.join("plan");
+    let plan_dir = dir.join("plan");
     if plan_dir.exists() {
         std::fs::remove_dir_all(&plan_dir)
             .map_err(|e| format!("{}: cannot replace the plan: {e}", plan_dir.display()))?;
     }
     let d = &decoupled;
     lode_decoupler::plan::write_dir(&plan_dir, &d.graphs, &d.plan, &d.report, &d.dot)?;
-    id.record(&settings.dir)?;
+    id.record(&dir)?;
     let iterator_inits = view
         .nodes
         .iter()
@@ -251,40 +305,40 @@ fn start_job(request: &GraphRequest, settings: &Settings) -> Result<(LocalJob, A
         RequestKind::Dataset => None,
     };
     config.epochs = None;
-    let journal = settings.dir.join("journal");
+    let journal = dir.join("journal");
     let (mut service, _) =
-        ServiceConfig::for_plan(&plan, JobId(1), &settings.token, config, &journal)?;
+        ServiceConfig::for_plan(&plan, JobId(k.0), &settings.token, config, &journal)?;
     service.tls = settings.tls.as_ref().map(|t| t.server.clone());
     service.journal_compact_bytes = settings.journal_compact;
     let advertise = settings.advertise.as_deref();
     let announce = settings.announce.as_deref();
-    let mut job = LocalJob::start_on(
-        service,
-        &settings.listen,
-        advertise,
-        announce,
-        &settings.name,
-    )
-    .map_err(|e| Refusal {
-        reason: format!("{e:#}"),
-        always: true,
-    })?;
+    let name = if k.is_first() {
+        settings.name.clone()
+    } else {
+        format!("{}-job{}", settings.name, k.0)
+    };
+    let listen = job_listen(&settings.listen, k);
+    let mut job =
+        LocalJob::start_on(service, &listen, advertise, announce, &name).map_err(|e| Refusal {
+            reason: format!("{e:#}"),
+            always: true,
+        })?;
     // Each worker takes the least staffed stage: with fewer workers than stages, a stage would
     // have none and the job could not make a step.
     let count = match settings.workers {
         0 => 0,
         n => n.max(decoupled.plan.stages.len()),
     };
-    let log = settings.dir.join("workers.log");
+    let log = dir.join("workers.log");
     let (url, token) = (job.url.clone(), job.token.clone());
     for i in 0..count {
-        let name = format!("{}-{i}", settings.name);
+        let name = format!("{name}-{i}");
         let command = WorkerCommand {
             threads: settings.threads,
             tls_ca: settings.tls.as_ref().map(|t| t.ca.as_path()),
             data_root: Some(&cwd),
             log: Some(&log),
-            ..WorkerCommand::new(&settings.exe, &url, &token, 1, &name)
+            ..WorkerCommand::new(&settings.exe, &url, &token, k.0, &name)
         };
         job.spawn_worker(&command).map_err(|e| format!("{e:#}"))?;
     }
@@ -292,7 +346,7 @@ fn start_job(request: &GraphRequest, settings: &Settings) -> Result<(LocalJob, A
     let address = JobAddress {
         dispatcher: url,
         token,
-        job: 1,
+        job: k.0,
         patience_secs: 30,
         pass_steps,
         endless: pass_steps.is_none(),
@@ -304,10 +358,15 @@ fn start_job(request: &GraphRequest, settings: &Settings) -> Result<(LocalJob, A
         listen: advertise.map(|_| "0.0.0.0:0".to_owned()),
         advertise: advertise.map(str::to_owned),
     };
+    let which = if k.is_first() {
+        String::new()
+    } else {
+        format!("{k} of the program, ")
+    };
     let message = format!(
-        "training on Lode: {} stage(s), {count} local data worker(s), job directory {}",
+        "training on Lode: {which}{} stage(s), {count} local data worker(s), job directory {}",
         decoupled.plan.stages.len(),
-        settings.dir.display()
+        dir.display()
     );
     let accepted = Accepted {
         training: plan_dir.join("training.pb"),
@@ -320,7 +379,81 @@ fn start_job(request: &GraphRequest, settings: &Settings) -> Result<(LocalJob, A
 
 #[cfg(test)]
 mod tests {
-    use super::is_loopback;
+    use super::{is_loopback, job_dir, job_listen, start_job, JobIndex, RequestKind, Settings};
+    use lode_train::hook::GraphRequest;
+    use std::path::Path;
+    use std::time::Duration;
+
+    fn remote_workers(dir: &Path, announce: Option<&Path>) -> Settings {
+        Settings {
+            workers: 0,
+            threads: 1,
+            simple: false,
+            lease: Duration::from_secs(1),
+            journal_compact: 0,
+            dir: dir.to_owned(),
+            announce: announce.map(Path::to_owned),
+            name: "wide".into(),
+            exe: "lode".into(),
+            tls: None,
+            token: "t".into(),
+            listen: "0.0.0.0:7070".into(),
+            advertise: None,
+        }
+    }
+
+    #[test]
+    fn a_second_pipeline_for_workers_that_dial_one_address_runs_unchanged() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let request = GraphRequest {
+            graph: dir.path().join("missing.pb"),
+            cwd: dir.path().to_owned(),
+            kind: RequestKind::Dataset,
+        };
+        let settings = remote_workers(dir.path(), None);
+        let refusal = start_job(&request, JobIndex(2), &settings).expect_err("refused");
+        assert!(!refusal.always, "{}", refusal.reason);
+        assert!(
+            refusal.reason.contains("second input pipeline"),
+            "{}",
+            refusal.reason
+        );
+        assert!(!dir.path().join("job-2").exists(), "nothing is made for it");
+        // With an announcement, job 2 is announced on its own: it gets as far as its graph.
+        let settings = remote_workers(dir.path(), Some(&dir.path().join("jobs")));
+        let refusal = start_job(&request, JobIndex(2), &settings).expect_err("no graph");
+        assert!(
+            refusal.reason.contains("cannot read the graph"),
+            "{}",
+            refusal.reason
+        );
+        assert!(dir.path().join("job-2").is_dir());
+        // The first job is not affected by the rule.
+        let settings = remote_workers(dir.path(), None);
+        let refusal = start_job(&request, JobIndex(1), &settings).expect_err("no graph");
+        assert!(
+            refusal.reason.contains("cannot read the graph"),
+            "{}",
+            refusal.reason
+        );
+    }
+
+    #[test]
+    fn the_first_job_keeps_the_job_directory_and_later_ones_have_their_own() {
+        let dir = Path::new("/jobs/wide");
+        assert_eq!(job_dir(dir, JobIndex(1)), dir);
+        assert_eq!(job_dir(dir, JobIndex(2)), dir.join("job-2"));
+        assert_eq!(job_dir(dir, JobIndex(16)), dir.join("job-16"));
+    }
+
+    #[test]
+    fn a_fixed_port_is_the_first_jobs_and_later_jobs_take_a_free_one_on_the_same_host() {
+        assert_eq!(job_listen("0.0.0.0:7070", JobIndex(1)), "0.0.0.0:7070");
+        assert_eq!(job_listen("0.0.0.0:7070", JobIndex(2)), "0.0.0.0:0");
+        assert_eq!(job_listen("[::]:7070", JobIndex(3)), "[::]:0");
+        assert_eq!(job_listen("127.0.0.1:0", JobIndex(2)), "127.0.0.1:0");
+        assert_eq!(job_listen("localhost:7070", JobIndex(2)), "localhost:0");
+    }
 
     #[test]
     fn only_loopback_listen_addresses_hide_the_job() {

@@ -15,6 +15,9 @@
 // elements are the job's step numbers: DWPassBegin begins a new iterator's pass and yields its
 // first step; DWSeek, run before each element's DWRecv, tells the training side which step the
 // iterator yields, so that an iterator restored from a checkpoint moves the receiver there.
+//
+// Every op has a `job` attribute: the program's job it serves (1 by default, the first, which
+// is what a decoupler's graph names; a TF2 program's second dataset is job 2, and so on).
 
 #include <cstring>
 #include <string>
@@ -52,6 +55,7 @@ REGISTER_OP("DWRecv")
     .Attr("T: list(type) >= 0")
     .Attr("shapes: list(shape) >= 0")
     .Attr("from_stage: int")
+    .Attr("job: int = 1")
     .SetIsStateful()
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       std::vector<PartialTensorShape> shapes;
@@ -69,16 +73,19 @@ REGISTER_OP("DWRecv")
     });
 
 REGISTER_OP("DWIteratorInit")
+    .Attr("job: int = 1")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs);
 
 REGISTER_OP("DWPassBegin")
     .Output("step: int64")
+    .Attr("job: int = 1")
     .SetIsStateful()
     .SetShapeFn(shape_inference::ScalarShape);
 
 REGISTER_OP("DWSeek")
     .Input("step: int64")
+    .Attr("job: int = 1")
     .SetIsStateful()
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle unused;
@@ -98,12 +105,13 @@ class DWRecvOp : public AsyncOpKernel {
   explicit DWRecvOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("from_stage", &stage_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &types_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("job", &job_));
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const int64_t run = ctx->step_id();
     LodePart* ready = nullptr;
-    const int32_t now = lode_try_recv(run, stage_, &ready);
+    const int32_t now = lode_try_recv(job_, run, stage_, &ready);
     if (now != LODE_WOULD_BLOCK) {
       absl::Status status = Take(ctx, now, ready);
       if (!status.ok()) ctx->SetStatus(status);
@@ -134,7 +142,7 @@ class DWRecvOp : public AsyncOpKernel {
  private:
   absl::Status Receive(OpKernelContext* ctx, int64_t run, const LodeCancel* cancel) {
     LodePart* part = nullptr;
-    const int32_t answer = lode_recv(run, stage_, cancel, &part);  // before `part` is read
+    const int32_t answer = lode_recv(job_, run, stage_, cancel, &part);  // before `part` is read
     return Take(ctx, answer, part);
   }
 
@@ -199,26 +207,34 @@ class DWRecvOp : public AsyncOpKernel {
   }
 
   int64_t stage_ = 0;
+  int64_t job_ = 1;
   DataTypeVector types_;
 };
 
 class DWIteratorInitOp : public OpKernel {
  public:
-  explicit DWIteratorInitOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit DWIteratorInitOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("job", &job_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
-    if (lode_iterator_init() != LODE_OK) {
+    if (lode_iterator_init(job_) != LODE_OK) {
       ctx->SetStatus(errors::Unavailable(name(), ": ", LastError()));
     }
   }
+
+ private:
+  int64_t job_ = 1;
 };
 
 class DWPassBeginOp : public OpKernel {
  public:
-  explicit DWPassBeginOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit DWPassBeginOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("job", &job_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
-    const int64_t step = lode_pass_begin();
+    const int64_t step = lode_pass_begin(job_);
     if (step < 0) {
       ctx->SetStatus(errors::Unavailable(name(), ": ", LastError()));
       return;
@@ -227,21 +243,29 @@ class DWPassBeginOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     out->scalar<int64_t>()() = step;
   }
+
+ private:
+  int64_t job_ = 1;
 };
 
 class DWSeekOp : public OpKernel {
  public:
-  explicit DWSeekOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit DWSeekOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("job", &job_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& step = ctx->input(0);
     OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(step.shape()),
                 errors::InvalidArgument(name(), ": the step is not a scalar but of shape ",
                                         step.shape().DebugString()));
-    if (lode_seek(step.scalar<int64_t>()()) != LODE_OK) {
+    if (lode_seek(job_, step.scalar<int64_t>()()) != LODE_OK) {
       ctx->SetStatus(errors::Unavailable(name(), ": ", LastError()));
     }
   }
+
+ private:
+  int64_t job_ = 1;
 };
 
 REGISTER_KERNEL_BUILDER(Name("DWRecv").Device(::tensorflow::DEVICE_CPU), DWRecvOp);

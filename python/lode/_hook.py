@@ -8,7 +8,8 @@ subgraph as a graph optimization pass would):
 - Creating a session on a graph with variables and an input pipeline exports the graph and asks
   `lode train` (over its Unix socket) to cut it; `lode train` partitions it, starts the job's
   dispatcher and data workers, and answers with the training graph. The session is then created
-  on that graph instead, and the process connects to the job (one receiver per process).
+  on that graph instead, and the process connects to the job (`_FIRST_JOB`: a TF1 program has
+  one job; a TF2 program's datasets are one job each, `lode._tf2`).
 - A session made on a graph with variables but no pipeline yet (Keras 2 in graph mode: `tf_keras`
   makes its session before `fit` makes the iterator) is watched, and its graph is cut at the
   session's first run after the graph gained a pipeline, in place: the training graph is
@@ -29,6 +30,7 @@ of the steps is Lode's Rust code; this module only moves graphs and names.
 """
 
 import atexit
+import functools
 import importlib.abc
 import json
 import os
@@ -46,7 +48,12 @@ _PIPELINE_OPS = {"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOpt
 
 _NO_PIPELINE = "the graph has no tf.data input pipeline (no IteratorGetNext)"
 
-_state = {"connected": False, "cut": None, "replacements": {}, "said": set(), "requests": 0}
+# The job a TF1 session's graph is (the training side's job index: one job per TF1 program).
+_FIRST_JOB = 1
+
+# "cut": the first graph or dataset served; "datasets": how many TF2 datasets are served (each
+# a job of its own).
+_state = {"connected": False, "cut": None, "replacements": {}, "said": set(), "requests": 0, "datasets": 0}
 
 
 def _say(message):
@@ -156,7 +163,7 @@ def _cut(source, leave_out=frozenset()):
 
 
 def _connect(source, reply):
-    check(native().lode_connect(json.dumps(reply["job"]).encode()), "cannot connect to the job")
+    check(native().lode_connect(_FIRST_JOB, json.dumps(reply["job"]).encode()), "cannot connect to the job")
     _state["connected"] = True
     _state["cut"] = source
     _say(reply.get("message", "training on Lode"))
@@ -251,7 +258,7 @@ def _cut_in_place(source, initialized):
     _state["version"] = source.version
     _connect(source, reply)
     if initialized & set(reply.get("iterator_inits", [])):
-        check(native().lode_iterator_init(), "cannot start the job's first pass")
+        check(native().lode_iterator_init(_FIRST_JOB), "cannot start the job's first pass")
     cache[source] = source
     return True
 
@@ -486,7 +493,7 @@ def _patch_session(module):
         session._lode_source = source
         session._lode_translator = _Translator(source, target)
         session._lode_callables = _Callables(session, session._lode_translator, make_callable)
-        session._lode_finished = native().lode_run_finished
+        session._lode_finished = functools.partial(native().lode_run_finished, _FIRST_JOB)
 
     def __init__(self, target="", graph=None, config=None):
         from tensorflow.python.framework import ops
@@ -621,7 +628,7 @@ def _patch_saver(module):
     def lode_save(self, sess, save_path, *args, **kwargs):
         path = save(self, sess, save_path, *args, **kwargs)
         if path and _state["connected"]:
-            position = native().lode_position()
+            position = native().lode_position(_FIRST_JOB)
             if position >= 0:
                 tmp = _sidecar(path) + ".tmp"
                 with open(tmp, "w") as f:
@@ -634,7 +641,7 @@ def _patch_saver(module):
         if save_path and _state["connected"] and os.path.exists(_sidecar(save_path)):
             with open(_sidecar(save_path)) as f:
                 position = int(json.load(f)["next_step"])
-            check(native().lode_resume(position), f"cannot resume from {save_path}")
+            check(native().lode_resume(_FIRST_JOB, position), f"cannot resume from {save_path}")
         return result
 
     saver.save = lode_save

@@ -9,18 +9,25 @@ _ops = None
 
 
 def native():
-    """The Rust library (ctypes), with its signatures declared."""
+    """The Rust library (ctypes), with its signatures declared. Every call but the shutdown
+    names its job: the program's job index (1 for the first; see python/native/src/ffi.rs)."""
     global _native
     if _native is None:
         lib = ctypes.CDLL(os.path.join(_HERE, "liblode_training.so"))
-        lib.lode_connect.argtypes = [ctypes.c_char_p]
+        job = ctypes.c_int64
+        lib.lode_connect.argtypes = [job, ctypes.c_char_p]
         lib.lode_connect.restype = ctypes.c_int32
+        lib.lode_run_finished.argtypes = [job]
         lib.lode_run_finished.restype = ctypes.c_int32
+        lib.lode_iterator_init.argtypes = [job]
+        lib.lode_iterator_init.restype = ctypes.c_int32
+        lib.lode_position.argtypes = [job]
         lib.lode_position.restype = ctypes.c_int64
-        lib.lode_resume.argtypes = [ctypes.c_int64]
+        lib.lode_resume.argtypes = [job, ctypes.c_int64]
         lib.lode_resume.restype = ctypes.c_int32
+        lib.lode_pass_begin.argtypes = [job]
         lib.lode_pass_begin.restype = ctypes.c_int64
-        lib.lode_seek.argtypes = [ctypes.c_int64]
+        lib.lode_seek.argtypes = [job, ctypes.c_int64]
         lib.lode_seek.restype = ctypes.c_int32
         lib.lode_shutdown.restype = ctypes.c_int32
         lib.lode_error_message.argtypes = [ctypes.c_char_p, ctypes.c_size_t]

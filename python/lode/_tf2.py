@@ -20,9 +20,16 @@
   `CheckpointManager`) saves it, and an iterator restored from one resumes the job at the
   step after the checkpoint, as TensorFlow's own iterator resumes its pipeline.
 
+- Each dataset Lode serves is a job of its own (`lode train` numbers them in the order they
+  are first iterated: Keras `fit`'s training data is job 1, its `validation_data` job 2, an
+  `evaluate` after it on a third dataset job 3): its stand-in's ops (DWRecv, DWSeek,
+  DWPassBegin) carry the job in their `job` attribute, and the training side keeps one
+  receiver per job. Iterators are counted per dataset: each new iterator of `validation_data`
+  (Keras makes one per validation) is the next pass of that dataset's job.
+
 A dataset Lode cannot serve runs unchanged with one `lode:` line saying why (status 2 under
-`lode train --strict`). One job per process: a second dataset, or a dataset after a TF1
-session was cut, runs unchanged.
+`lode train --strict`); so does a dataset after a TF1 session's graph was cut (one job per TF1
+program).
 """
 
 import json
@@ -161,10 +168,11 @@ def _cuttable(serialized):
     return graph, count
 
 
-def _receiving(training_path, count):
+def _receiving(training_path, count, job):
     """The part of the training graph that yields one element: the DWRecv nodes and what they
     feed up to the components (`lode_tf2/out_k`), without the anchor, and before the DWRecv
-    nodes a DWSeek of the element's step (the placeholder `lode_tf2/step`)."""
+    nodes a DWSeek of the element's step (the placeholder `lode_tf2/step`); the DWRecv and
+    DWSeek nodes serve job `job` of the program."""
     import tensorflow as tf
     from tensorflow.core.framework import attr_value_pb2, tensor_shape_pb2, types_pb2
 
@@ -181,10 +189,11 @@ def _receiving(training_path, count):
     for n in receiving.node:
         if n.op == "DWRecv":
             n.input.append("^lode_tf2/seek")
+            n.attr["job"].i = job
     _node(receiving, "lode_tf2/step", "Placeholder",
           dtype=attr_value_pb2.AttrValue(type=types_pb2.DT_INT64),
           shape=attr_value_pb2.AttrValue(shape=tensor_shape_pb2.TensorShapeProto()))
-    _node(receiving, "lode_tf2/seek", "DWSeek", ["lode_tf2/step"])
+    _node(receiving, "lode_tf2/seek", "DWSeek", ["lode_tf2/step"], job=attr_value_pb2.AttrValue(i=job))
     return receiving
 
 
@@ -200,11 +209,13 @@ class _StandIn:
     of the iterator (`tf.train.Checkpoint(iterator=...)`) saves and restores as it does any
     iterator's: the flat_map's input element (the pass's first step) and the range's next
     value. An iterator restored from a checkpoint yields the step after it, and DWSeek moves
-    the receiver there; no hook into `Checkpoint` is needed."""
+    the receiver there; no hook into `Checkpoint` is needed. `job`: the program's job that
+    serves the dataset."""
 
-    def __init__(self, dataset, receiving, count, pass_steps):
+    def __init__(self, dataset, receiving, count, pass_steps, job):
         import tensorflow as tf
 
+        self.job = job
         self.spec = dataset.element_spec
         self.receiving = receiving
         self.names = [f"lode_tf2/out_{k}:0" for k in range(count)]
@@ -258,7 +269,7 @@ class _StandIn:
 
         from lode._native import last_error, native
 
-        first = native().lode_pass_begin()
+        first = native().lode_pass_begin(self.job)
         if first < 0:
             raise RuntimeError(f"lode: cannot start the dataset's next pass: {last_error()}")
         return self._over(tf.data.Dataset.from_tensors(tf.constant(first, tf.int64)))
@@ -271,7 +282,7 @@ class _StandIn:
         from lode._native import load_ops
 
         ops = load_ops()
-        return self._over(tf.data.Dataset.range(1).map(lambda _: ops.dw_pass_begin()))
+        return self._over(tf.data.Dataset.range(1).map(lambda _: ops.dw_pass_begin(job=self.job)))
 
 
 def _serve(dataset):
@@ -292,9 +303,8 @@ def _serve(dataset):
         hook._say(f"a tf.data dataset is not served ({why}); it runs unchanged")
         return None
 
-    if state["cut"] is not None:
-        hook._say("a second input pipeline is not served (one job per process); it runs unchanged")
-        return None
+    if state["cut"] is not None and not state["datasets"]:
+        return unchanged("a second input pipeline after a TF1 session's graph was cut: one job per TF1 program")
     try:
         with tf.init_scope():
             if not tf.executing_eagerly():
@@ -324,16 +334,21 @@ def _serve(dataset):
             os._exit(2)
         return None
     load_ops()
-    receiving = _receiving(reply["training"], count)
     job = reply["job"]
+    # `lode train` numbers a program's jobs as it numbers their dispatchers' job ids: the
+    # index is the training side's too.
+    index = int(job["job"])
+    receiving = _receiving(reply["training"], count, index)
     try:
-        stand_in = _StandIn(dataset, receiving, count, None if job.get("endless") else job.get("pass_steps"))
+        stand_in = _StandIn(dataset, receiving, count, None if job.get("endless") else job.get("pass_steps"), index)
     except (ValueError, tf.errors.OpError) as e:
         # The job was started for nothing; the program runs unchanged (or stops, strict).
         return unchanged(f"no stand-in for it: {e}")
-    check(native().lode_connect(json.dumps(job).encode()), "cannot connect to the job")
+    check(native().lode_connect(index, json.dumps(job).encode()), f"cannot connect to job {index}")
     state["connected"] = True
-    state["cut"] = dataset
+    state["datasets"] += 1
+    if state["cut"] is None:
+        state["cut"] = dataset
     hook._say(reply.get("message", "training on Lode"))
     return stand_in
 

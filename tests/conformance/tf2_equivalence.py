@@ -4,8 +4,14 @@ Runs every TF2 fixture program (fixtures/programs/tf2_*.py) plainly and under
 `lode train --strict --workers 2` and compares the per-step losses' float bits: Keras 3 `fit`
 over three epochs of a pipeline that reshuffles every epoch, Keras preprocessing layers in the
 map, a custom loop with a `tf.function` step over eager epochs, and each epoch inside one
-`tf.function` (AutoGraph's dataset loop). Then the Keras fit over more epochs while a data
-worker is SIGKILLed every second and replaced; then programs killed mid-epoch and restarted,
+`tf.function` (AutoGraph's dataset loop), and a program with three pipelines (Keras `fit` with
+`validation_data`, then `evaluate` on a third dataset: each dataset its own job, every loss,
+`val_loss` and the `evaluate` result compared). Then the Keras fit, and the three-pipeline
+program, over more epochs while a data worker is SIGKILLed every second and replaced, and
+the three-pipeline program with remote workers that dial one address (`--workers 0`, no
+`--announce`): its second pipeline runs on the program's side with one line, status 2 under
+--strict; then
+programs killed mid-epoch and restarted,
 plainly and under `lode train` the same way: a custom loop restored from a
 `tf.train.Checkpoint` holding its iterator (CheckpointManager, save/restore, write/read; one
 checkpoint without the iterator), the same while a data worker is SIGKILLed every second,
@@ -14,8 +20,9 @@ and Keras `fit` with `BackupAndRestore`; then the fallbacks: programs Lode canno
 all) run unchanged with one `lode:` line and exit 2 under --strict. Then Keras 2 in graph mode
 (fixtures/programs/keras2_graph_fit.py, `tf_keras` with eager execution disabled: its session
 exists before its iterator): bit-identical, also with a worker SIGKILLed every second; with
-validation data or a second `fit` (a second pipeline) it trains on Lode, the second pipeline
-runs on the program's side with one line, and --strict stops it with status 2.
+validation data or a second `fit` (a second pipeline of a TF1 graph, one job per TF1 program)
+it trains on Lode, the second pipeline runs on the program's side with one line, and --strict
+stops it with status 2.
 Needs the training-side package installed in this Python (`pip install ./python`) and, for the
 Keras 2 program, `tf_keras`.
 
@@ -26,6 +33,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -49,7 +57,17 @@ CASES = {
     "custom_loop_in_function": ("tf2_custom_loop.py", ["--data", REGRESSION, "--epochs", "3", "--mode", "loop-in-function"], 48),
     "iter_in_function": ("tf2_custom_loop.py", ["--data", REGRESSION, "--epochs", "3", "--mode", "iter-in-function"], 48),
     "reduce_in_function": ("tf2_custom_loop.py", ["--data", REGRESSION, "--epochs", "3", "--mode", "reduce-in-function"], 48),
+    # Three datasets, three jobs: fit's training data (8 steps an epoch, reshuffled), its
+    # validation data (reshuffled too: each epoch validates on another sample, a new iterator
+    # and the next pass of its job) and evaluate's test data (a partial last batch), which
+    # predict then reads again (its job's second pass): 24 training losses, 3 val_loss, the
+    # evaluate loss and the predictions' sum.
+    "keras_validation": ("tf2_keras_validation.py", ["--data", WIDE_DEEP, "--epochs", "3"], 29),
 }
+
+# name -> how many jobs the program's datasets are (each its own job directory).
+JOBS = {"keras_validation": 3, "validation_kills": 3}
+VALIDATION_KILL_EPOCHS = 30
 
 # name -> (script, arguments, the checkpoint directory's flag, the step after which the first
 # run exits, the step the restarted run begins at, fewest steps of the two runs together). A
@@ -111,6 +129,9 @@ def equivalence(lode, name, tmp, case=None, never_rewound=False):
     lines = said(done.stderr)
     if not any("training on Lode" in line for line in lines):
         return [f"{name}: expected the program to train on Lode; lode said {lines}"]
+    failures = served_jobs(name, job, lines, JOBS.get(name, 1))
+    if failures:
+        return failures
     if never_rewound:
         with open(os.path.join(job, "journal", "journal.jsonl")) as f:
             rewinds = [line[:200] for line in f if '"Rewound"' in line]
@@ -119,9 +140,22 @@ def equivalence(lode, name, tmp, case=None, never_rewound=False):
     return compare(f"{name} (lode train --strict --workers 2)", expected, losses(path), minimum)
 
 
+def served_jobs(name, job, lines, expected):
+    """[] when the program trained on `expected` jobs, each said once, job k > 1 in the job
+    directory's `job-K/` with its own journal."""
+    started = [line for line in lines if "training on Lode" in line]
+    if len(started) != expected:
+        return [f"{name}: expected {expected} job(s) to start, one line each; lode said {lines}"]
+    missing = [k for k in range(2, expected + 1) if not os.path.isdir(os.path.join(job, f"job-{k}", "journal"))]
+    if missing:
+        return [f"{name}: no journal in {job}/job-K for jobs {missing}"]
+    return []
+
+
 def killing_workers(lode, tmp, name, program, journal):
     """Runs `program` under `lode train --workers 0` while a data worker is SIGKILLed every
-    second and replaced (two workers started here from the job's announcement). Returns
+    second and replaced (two workers started here from each job's announcement: the program's
+    first job, `NAME.json`, and each later one, `NAME-jobK.json`, as it appears). Returns
     (status, stderr, kills)."""
     announce = os.path.join(tmp, f"{name}.jobs")
     train = subprocess.Popen(
@@ -135,28 +169,40 @@ def killing_workers(lode, tmp, name, program, journal):
             train.kill()
             raise AssertionError(f"{name}: no announcement appeared: {train.communicate()[1][-2000:]}")
         time.sleep(0.05)
-    with open(card) as f:
-        job = json.load(f)
-    env = {**QUIET, "LODE_TOKEN": job["token"]}
     log = open(os.path.join(tmp, f"{name}.workers.log"), "w")
 
-    def worker():
-        return subprocess.Popen([lode, "worker", "--dispatcher", job["dispatcher"], "--job", str(job["job"])],
-                                stdout=log, stderr=log, env=env)
+    def worker(job):
+        env = {**QUIET, "LODE_TOKEN": job["token"]}
+        w = subprocess.Popen([lode, "worker", "--dispatcher", job["dispatcher"], "--job", str(job["job"])],
+                             stdout=log, stderr=log, env=env)
+        return job, w
 
-    workers, kills = [worker(), worker()], 0
+    # (the worker's job, the worker), the oldest first; the cards followed so far.
+    workers, kills, followed = [], 0, set()
+
+    def follow():
+        for file in sorted(os.listdir(announce)):
+            if file in followed or not (file == f"{name}.json" or file.startswith(f"{name}-job")):
+                continue
+            with open(os.path.join(announce, file)) as f:
+                job = json.load(f)
+            followed.add(file)
+            workers.extend([worker(job), worker(job)])
+
+    follow()
     started = time.time()
     while train.poll() is None:
         if time.time() - started > 600:
             train.kill()
             break
         time.sleep(1.0)
-        victim = workers.pop(kills % len(workers))
+        follow()
+        job, victim = workers.pop(kills % len(workers))
         victim.send_signal(signal.SIGKILL)
         victim.wait()
-        workers.append(worker())
+        workers.append(worker(job))
         kills += 1
-    for w in workers:
+    for _, w in workers:
         w.kill()
         w.wait()
     _, stderr = train.communicate()
@@ -169,12 +215,74 @@ def with_worker_kills(lode, tmp, name, script, args, minimum):
     expected = plain(script, args, os.path.join(tmp, f"{name}.plain.txt"))
     path = os.path.join(tmp, f"{name}.lode.txt")
     program = [sys.executable, os.path.join(PROGRAMS, script), *args, "--losses", path]
-    status, stderr, kills = killing_workers(lode, tmp, name, program, os.path.join(tmp, f"{name}.job"))
+    job = os.path.join(tmp, f"{name}.job")
+    status, stderr, kills = killing_workers(lode, tmp, name, program, job)
     if status != 0:
         return [f"{name}: lode train exited {status}: {stderr[-2000:]}"]
     if kills == 0:
         return [f"{name}: the program ended before a worker was killed"]
+    failures = served_jobs(name, job, said(stderr), JOBS.get(name, 1))
+    if failures:
+        return failures
     return compare(f"{name}, {kills} workers SIGKILLed", expected, losses(path), minimum)
+
+
+def with_remote_workers(lode, tmp, label, program, strict):
+    """Runs `program` under `lode train --workers 0 --listen 0.0.0.0:PORT` (no --announce: the
+    workers elsewhere dial the one address they were given) with two `lode worker`s dialing
+    PORT, as pods would. Returns (status, stderr)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**QUIET, "LODE_TOKEN": "tf2-remote-" + os.urandom(8).hex()}
+    train = subprocess.Popen(
+        [lode, "train", *(["--strict"] if strict else []), "--workers", "0", "--listen", f"0.0.0.0:{port}",
+         "--lease-ms", "1000", "--journal", os.path.join(tmp, f"{label}.job"), "--", *program],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 180
+    while "LISTEN" not in subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout:
+        if train.poll() is not None or time.time() > deadline:
+            train.kill()
+            return -1, f"the dispatcher never listened on port {port}: {train.communicate()[1][-2000:]}"
+        time.sleep(0.1)
+    log = open(os.path.join(tmp, f"{label}.workers.log"), "w")
+    workers = [subprocess.Popen([lode, "worker", "--dispatcher", f"http://127.0.0.1:{port}"],
+                                stdout=log, stderr=log, env=env) for _ in range(2)]
+    try:
+        _, stderr = train.communicate(timeout=600)
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait()
+        log.close()
+    return train.returncode, stderr
+
+
+def remote_second_pipeline(lode, tmp):
+    """The three-pipeline program with workers that dial one address (`--workers 0`, no
+    --announce): its training data trains on Lode, its validation and test data run on the
+    program's side with one line (every loss still equal to the plain run's); --strict stops
+    it with status 2."""
+    script, args, minimum = CASES["keras_validation"]
+    name = "remote_second_pipeline"
+    expected = plain(script, args, os.path.join(tmp, f"{name}.plain.txt"))
+    path = os.path.join(tmp, f"{name}.lode.txt")
+    program = [sys.executable, os.path.join(PROGRAMS, script), *args, "--losses", path]
+    status, stderr = with_remote_workers(lode, tmp, name, program, strict=False)
+    lines = said(stderr)
+    second = [line for line in lines if "second input pipeline" in line]
+    started = [line for line in lines if "training on Lode" in line]
+    if status != 0 or len(second) != 1 or len(started) != 1:
+        return [f"{name}: expected one job on Lode and one line about the second pipeline; got status "
+                f"{status}, {lines}: {stderr[-1500:]}"]
+    failures = compare(f"{name} (validation and test data on the program's side)", expected, losses(path), minimum)
+    status, stderr = with_remote_workers(lode, tmp, f"{name}_strict", program, strict=True)
+    if status != 2 or "second input pipeline" not in stderr:
+        failures.append(f"{name} --strict: expected status 2 naming the second pipeline, got {status}: "
+                        f"{stderr[-1500:]}")
+    else:
+        print(f"ok    {name} --strict: status 2, the second pipeline named")
+    return failures
 
 
 def restart_step(path):
@@ -312,8 +420,10 @@ def keras2_second_pipeline(lode, tmp, flag, minimum):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--lode", required=True)
-    p.add_argument("--only", help="run one part: a case name, kills, a restart's name, restart_kills, "
-                                  "fallbacks, keras2, keras2_kills, keras2_validation or keras2_second_fit")
+    p.add_argument("--only", help="run one part: a case name, kills, validation_kills, remote_second_pipeline, "
+                                  "a restart's name, "
+                                  "restart_kills, fallbacks, keras2, keras2_kills, keras2_validation or "
+                                  "keras2_second_fit")
     args = p.parse_args()
     lode = os.path.abspath(args.lode)
     failures = []
@@ -322,6 +432,13 @@ def main():
         parts = [(name, lambda name=name: equivalence(lode, name, tmp)) for name in CASES]
         parts += [("kills", lambda: with_worker_kills(lode, tmp, "kills", "tf2_keras_fit.py",
                                                   ["--data", WIDE_DEEP, "--epochs", "60"], 480))]
+        # The three-pipeline program, its three jobs' workers killed in turn: 8 training
+        # losses and a val_loss an epoch, the evaluate loss and the predictions' sum.
+        parts += [("validation_kills", lambda: with_worker_kills(
+            lode, tmp, "validation_kills", "tf2_keras_validation.py",
+            ["--data", WIDE_DEEP, "--epochs", str(VALIDATION_KILL_EPOCHS)], 9 * VALIDATION_KILL_EPOCHS + 2))]
+        # Workers that dial one address serve one job: the second pipeline runs unchanged.
+        parts += [("remote_second_pipeline", lambda: remote_second_pipeline(lode, tmp))]
         parts += [(name, lambda name=name: restart(lode, name, tmp)) for name in RESTARTS]
         parts += [
             ("restart_kills", lambda: restart_with_kills(lode, tmp)),

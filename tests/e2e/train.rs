@@ -115,3 +115,127 @@ fn strict_fails_a_program_that_ends_without_lode_serving_a_pipeline() {
     ]);
     assert_eq!(failed.status.code(), Some(5), "{}", stderr(&failed));
 }
+
+/// Runs `lode train --workers 1 --journal JOURNAL` over a program (`sh`) that hands its hook
+/// socket to `asks` through a FIFO and exits when `asks` is done (a line on a second FIFO):
+/// the test speaks the hook's protocol in the program's place. Returns lode train's output and
+/// what `asks` returned.
+fn with_hook_socket<T>(
+    journal: &std::path::Path,
+    asks: impl FnOnce(&std::path::Path) -> T,
+) -> (std::process::Output, T) {
+    use std::io::{BufRead as _, Write as _};
+    let fifos = tempfile::tempdir().expect("tempdir");
+    let (socket_fifo, done_fifo) = (fifos.path().join("socket"), fifos.path().join("done"));
+    for fifo in [&socket_fifo, &done_fifo] {
+        let made = std::process::Command::new("mkfifo").arg(fifo).status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfifo {}", fifo.display());
+    }
+    let program = "echo \"$LODE_TRAIN_SOCKET\" > \"$1\"; read line < \"$2\"";
+    let train = std::process::Command::new(env!("CARGO_BIN_EXE_lode"))
+        .args(["train", "--workers", "1", "--journal"])
+        .arg(journal)
+        .args(["--", "sh", "-c", program, "sh"])
+        .args([&socket_fifo, &done_fifo])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("lode train starts");
+    let mut socket = String::new();
+    let fifo = std::fs::File::open(&socket_fifo).expect("the program opens its FIFO");
+    std::io::BufReader::new(fifo)
+        .read_line(&mut socket)
+        .expect("the program names its socket");
+    let answers = asks(std::path::Path::new(socket.trim_end()));
+    let mut done = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&done_fifo)
+        .expect("the program waits on its FIFO");
+    writeln!(done, "done").expect("the program reads its FIFO");
+    drop(done);
+    (train.wait_with_output().expect("lode train ends"), answers)
+}
+
+/// One request on the hook's socket, as the training-side package sends it, and its reply.
+fn ask(socket: &std::path::Path, model: &std::path::Path, kind: &str) -> serde_json::Value {
+    use std::io::{BufRead as _, Write as _};
+    let request = serde_json::json!({
+        "graph": model.join("model.pb"),
+        "cwd": model,
+        "kind": kind,
+    });
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).expect("connect");
+    writeln!(stream, "{request}").expect("send");
+    let mut reply = String::new();
+    std::io::BufReader::new(stream)
+        .read_line(&mut reply)
+        .expect("reply");
+    serde_json::from_str(&reply).unwrap_or_else(|e| panic!("{e}: {reply}"))
+}
+
+#[test]
+fn each_dataset_of_a_program_is_a_job_with_its_own_directory_and_a_restart_meets_them_again() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let journal = tmp.path().join("job");
+    let (wide, sgd) = (
+        crate::support::fixtures().join("wide_deep"),
+        crate::support::fixtures().join("sgd_ref"),
+    );
+    let three = |socket: &std::path::Path| {
+        [
+            ask(socket, &wide, "dataset"),
+            ask(socket, &sgd, "dataset"),
+            ask(socket, &wide, "session"),
+        ]
+    };
+    let (out, [first, second, session]) = with_hook_socket(&journal, three);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    for (reply, k) in [(&first, 1), (&second, 2)] {
+        assert_eq!(reply["ok"].as_bool(), Some(true), "{reply}");
+        assert_eq!(reply["job"]["job"].as_u64(), Some(k), "{reply}");
+    }
+    assert_ne!(first["job"]["dispatcher"], second["job"]["dispatcher"]);
+    // A TF1 session's graph after the datasets runs unchanged (one kind of job per program).
+    assert_eq!(session["ok"].as_bool(), Some(false), "{session}");
+    assert!(
+        session["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("TF1 session")),
+        "{session}"
+    );
+    // Job 1 keeps the job directory's layout; job 2 has the same in job-2/.
+    for dir in [journal.clone(), journal.join("job-2")] {
+        for entry in [
+            "plan/plan.json",
+            "plan/training.pb",
+            "graph.json",
+            "journal",
+        ] {
+            assert!(dir.join(entry).exists(), "{}/{entry}", dir.display());
+        }
+    }
+    assert!(
+        second["training"]
+            .as_str()
+            .is_some_and(|t| t.contains("job-2")),
+        "{second}"
+    );
+    // The program restarted meets the same graphs in the same order: both jobs resume.
+    let two =
+        |socket: &std::path::Path| [ask(socket, &wide, "dataset"), ask(socket, &sgd, "dataset")];
+    let (out, again) = with_hook_socket(&journal, two);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        again.iter().all(|r| r["ok"].as_bool() == Some(true)),
+        "{again:?}"
+    );
+    // In another order, job 1's directory refuses the other graph's journal: fatal.
+    let (_, [swapped]) = with_hook_socket(&journal, |socket| [ask(socket, &sgd, "dataset")]);
+    assert_eq!(swapped["fatal"].as_bool(), Some(true), "{swapped}");
+    assert!(
+        swapped["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("another graph")),
+        "{swapped}"
+    );
+}

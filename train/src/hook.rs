@@ -5,11 +5,22 @@
 //! its graph over a Unix socket ([`GraphRequest`], one JSON line); the caller's `start`
 //! decides: it starts a job and answers with the training graph and the job's address
 //! ([`Accepted`]), or refuses ([`Refusal`]), and the program then runs unchanged (or stops,
-//! for a refusal that must not pass silently). One job per program: a second graph runs
-//! unchanged. When the program exits, [`run_program`] returns its status and the job.
+//! for a refusal that must not pass silently). When the program exits, [`run_program`]
+//! returns its status and the jobs.
+//!
+//! # Jobs of one program
+//! A TF2 program may iterate several datasets (Keras `fit` with `validation_data`, then
+//! `evaluate` on another): each request of kind [`RequestKind::Dataset`] that `start`
+//! accepts is a job of its own, numbered in the order of the requests ([`JobIndex`] 1, 2, …;
+//! a refused request takes no number), at most [`MAX_JOBS`]. A TF1 session's graph is one job
+//! per program: after a [`RequestKind::Session`] job every graph runs unchanged, and a
+//! session's graph after a dataset's job runs unchanged too (one kind of job per program: the
+//! session hook serves one session graph, and a TF1 program's datasets are in that graph).
+//! The policy is [`admit`].
 //!
 //! A job directory remembers which graph its journal belongs to ([`GraphId`]), so a journal is
-//! never resumed by another program's graph.
+//! never resumed by another program's graph; a restarted program meets its graphs in the same
+//! order, so each job's directory meets its own graph again.
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -30,6 +41,59 @@ pub const MAX_REQUEST_BYTES: u64 = 64 << 10;
 
 /// How often the program's exit is polled.
 const POLL: Duration = Duration::from_millis(50);
+
+/// The most jobs one program starts (each costs a dispatcher, its workers and a receiver in
+/// the program): a program that makes datasets in a loop runs the later ones unchanged.
+pub const MAX_JOBS: u64 = 16;
+
+/// Which of a program's jobs: 1 for the first graph Lode serves, 2 for the next, and so on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct JobIndex(pub u64);
+
+impl JobIndex {
+    pub const FIRST: JobIndex = JobIndex(1);
+
+    pub fn is_first(self) -> bool {
+        self == JobIndex::FIRST
+    }
+}
+
+impl std::fmt::Display for JobIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "job {}", self.0)
+    }
+}
+
+/// Whether a request of `kind` may start a job, given the kind of the program's first job
+/// (None: no job yet) and how many it has: the new job's index, or why the graph runs
+/// unchanged (see the module documentation).
+pub fn admit(
+    first: Option<RequestKind>,
+    started: u64,
+    kind: RequestKind,
+) -> Result<JobIndex, String> {
+    match (first, kind) {
+        (None, _) => Ok(JobIndex::FIRST),
+        (Some(RequestKind::Session), _) => Err(
+            "one job per program for a TF1 session's graph: a second graph runs unchanged".into(),
+        ),
+        (Some(RequestKind::Dataset), RequestKind::Session) => Err(
+            "a TF1 session's graph after a TF2 dataset's job is not served (one kind of job per \
+             program): it runs unchanged"
+                .into(),
+        ),
+        (Some(RequestKind::Dataset), RequestKind::Dataset) if started >= MAX_JOBS => Err(format!(
+            "a dataset beyond the program's {MAX_JOBS} jobs is not served: it runs unchanged"
+        )),
+        (Some(RequestKind::Dataset), RequestKind::Dataset) => Ok(JobIndex(started + 1)),
+    }
+}
+
+/// The jobs a program's requests started, in order, and the kind of the first.
+struct Jobs<J> {
+    first: Option<RequestKind>,
+    started: Vec<J>,
+}
 
 /// Why a program could not be run with the hook.
 #[derive(Debug, thiserror::Error)]
@@ -244,16 +308,17 @@ pub struct ProgramConfig {
     pub strict: bool,
 }
 
-/// Runs the program with the hook; `start` answers its graph (once; later graphs run
-/// unchanged). SIGINT reaches the program from the terminal; SIGTERM is passed on as a kill.
-/// Returns the program's status and what `start` returned for its job, if it started one.
+/// Runs the program with the hook; `start` answers each graph [`admit`] lets start a job,
+/// given the job's index (the others run unchanged). SIGINT reaches the program from the
+/// terminal; SIGTERM is passed on as a kill. Returns the program's status and what `start`
+/// returned for each job it started, in order.
 pub fn run_program<J, F>(
     config: &ProgramConfig,
     start: F,
-) -> Result<(ExitStatus, Option<J>), HookError>
+) -> Result<(ExitStatus, Vec<J>), HookError>
 where
     J: Send + 'static,
-    F: Fn(&GraphRequest) -> Result<(J, Accepted), Refusal> + Send + 'static,
+    F: Fn(&GraphRequest, JobIndex) -> Result<(J, Accepted), Refusal> + Send + 'static,
 {
     let io = |path: &Path| {
         let path = path.to_owned();
@@ -265,12 +330,15 @@ where
     std::fs::write(&site, SITECUSTOMIZE).map_err(io(&site))?;
     let socket = config.scratch.join("lode.sock");
     let listener = UnixListener::bind(&socket).map_err(io(&socket))?;
-    let job: Arc<Mutex<Option<J>>> = Arc::new(Mutex::new(None));
+    let jobs: Arc<Mutex<Jobs<J>>> = Arc::new(Mutex::new(Jobs {
+        first: None,
+        started: Vec::new(),
+    }));
     {
-        let (job, strict) = (job.clone(), config.strict);
+        let (jobs, strict) = (jobs.clone(), config.strict);
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
-                if let Err(e) = answer(stream, strict, &job, &start) {
+                if let Err(e) = answer(stream, strict, &jobs, &start) {
                     tracing::warn!(cause = %e, "a session hook's request failed");
                 }
             }
@@ -298,39 +366,38 @@ where
             source,
         })?;
     let status = wait_interruptibly(&mut child).map_err(HookError::Wait)?;
-    let job = job.lock().unwrap_or_else(PoisonError::into_inner).take();
-    Ok((status, job))
+    let mut jobs = jobs.lock().unwrap_or_else(PoisonError::into_inner);
+    Ok((status, std::mem::take(&mut jobs.started)))
 }
 
-/// Answers one hook connection.
+/// Answers one hook connection (requests are answered one at a time: the jobs' lock is held
+/// while `start` runs, so that indices follow the order of the requests).
 fn answer<J, F>(
     stream: UnixStream,
     strict: bool,
-    job: &Mutex<Option<J>>,
+    jobs: &Mutex<Jobs<J>>,
     start: &F,
 ) -> std::io::Result<()>
 where
-    F: Fn(&GraphRequest) -> Result<(J, Accepted), Refusal>,
+    F: Fn(&GraphRequest, JobIndex) -> Result<(J, Accepted), Refusal>,
 {
     let mut line = String::new();
     BufReader::new((&stream).take(MAX_REQUEST_BYTES)).read_line(&mut line)?;
     let reply = match serde_json::from_str::<GraphRequest>(&line) {
         Err(e) => Reply::refused(format!("lode train: a malformed request: {e}"), true),
         Ok(request) => {
-            let mut guard = job.lock().unwrap_or_else(PoisonError::into_inner);
-            if guard.is_some() {
-                Reply::refused(
-                    "one job per program: a second graph runs unchanged".into(),
-                    false,
-                )
-            } else {
-                match start(&request) {
+            let mut jobs = jobs.lock().unwrap_or_else(PoisonError::into_inner);
+            let started = u64::try_from(jobs.started.len()).unwrap_or(u64::MAX);
+            match admit(jobs.first, started, request.kind) {
+                Err(reason) => Reply::refused(reason, strict),
+                Ok(index) => match start(&request, index) {
                     Ok((j, accepted)) => {
-                        *guard = Some(j);
+                        jobs.first.get_or_insert(request.kind);
+                        jobs.started.push(j);
                         Reply::accepted(accepted)
                     }
                     Err(Refusal { reason, always }) => Reply::refused(reason, always || strict),
-                }
+                },
             }
         }
     };
@@ -425,34 +492,136 @@ mod tests {
         assert!(refusal.reason.contains("2 nodes"), "{}", refusal.reason);
     }
 
-    #[test]
-    fn a_malformed_request_is_a_fatal_refusal_and_a_second_graph_runs_unchanged() {
-        let (a, mut b) = UnixStream::pair().expect("pair");
-        let job: Mutex<Option<u32>> = Mutex::new(None);
-        let start = |_: &GraphRequest| -> Result<(u32, Accepted), Refusal> {
-            Err(Refusal {
-                reason: "never called".into(),
+    fn no_jobs() -> Mutex<Jobs<JobIndex>> {
+        Mutex::new(Jobs {
+            first: None,
+            started: Vec::new(),
+        })
+    }
+
+    /// A `start` that accepts every graph (its job is its index) but one named `refused.pb`.
+    fn accept(request: &GraphRequest, index: JobIndex) -> Result<(JobIndex, Accepted), Refusal> {
+        if request.graph.ends_with("refused.pb") {
+            return Err(Refusal {
+                reason: "refused".into(),
                 always: false,
-            })
+            });
+        }
+        let job = JobAddress {
+            dispatcher: "http://127.0.0.1:1".into(),
+            token: "t".into(),
+            job: index.0,
+            patience_secs: 1,
+            pass_steps: Some(4),
+            endless: false,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            listen: None,
+            advertise: None,
         };
-        b.write_all(b"not json\n").expect("write");
-        answer(a, false, &job, &start).expect("answers");
+        let accepted = Accepted {
+            training: format!("training-{}.pb", index.0).into(),
+            iterator_inits: Vec::new(),
+            job,
+            message: format!("training on Lode: {index}"),
+        };
+        Ok((index, accepted))
+    }
+
+    /// Sends one request line through `answer` and returns the reply.
+    fn ask<F>(
+        jobs: &Mutex<Jobs<JobIndex>>,
+        strict: bool,
+        line: &str,
+        start: &F,
+    ) -> serde_json::Value
+    where
+        F: Fn(&GraphRequest, JobIndex) -> Result<(JobIndex, Accepted), Refusal>,
+    {
+        let (a, mut b) = UnixStream::pair().expect("pair");
+        b.write_all(format!("{line}\n").as_bytes()).expect("write");
+        answer(a, strict, jobs, start).expect("answers");
         let mut reply = String::new();
         BufReader::new(&b).read_line(&mut reply).expect("read");
-        let reply: serde_json::Value = serde_json::from_str(&reply).expect("json");
+        serde_json::from_str(&reply).expect("json")
+    }
+
+    const SESSION: &str = r#"{"graph": "g.pb", "cwd": "."}"#;
+    const DATASET: &str = r#"{"graph": "d.pb", "cwd": ".", "kind": "dataset"}"#;
+
+    #[test]
+    fn a_malformed_request_is_a_fatal_refusal_and_a_second_session_graph_runs_unchanged() {
+        let jobs = no_jobs();
+        let reply = ask(&jobs, false, "not json", &accept);
         assert_eq!(
             (reply["ok"].as_bool(), reply["fatal"].as_bool()),
             (Some(false), Some(true))
         );
+        let first = ask(&jobs, false, SESSION, &accept);
+        assert_eq!(first["job"]["job"].as_u64(), Some(1), "{first}");
+        for line in [SESSION, DATASET] {
+            let reply = ask(&jobs, false, line, &accept);
+            assert_eq!(reply["ok"].as_bool(), Some(false), "{reply}");
+            assert_eq!(reply["fatal"].as_bool(), Some(false), "{reply}");
+            assert!(
+                reply["reason"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("one job per program"),
+                "{reply}"
+            );
+        }
+        // Under --strict the program stops rather than run a second graph unchanged.
+        let strict = ask(&jobs, true, SESSION, &accept);
+        assert_eq!(strict["fatal"].as_bool(), Some(true), "{strict}");
+        assert_eq!(jobs.lock().expect("lock").started, vec![JobIndex(1)]);
+    }
 
-        let (a, mut b) = UnixStream::pair().expect("pair");
-        *job.lock().expect("lock") = Some(1);
-        b.write_all(b"{\"graph\": \"g.pb\", \"cwd\": \".\"}\n")
-            .expect("write");
-        answer(a, true, &job, &start).expect("answers");
-        let mut reply = String::new();
-        BufReader::new(&b).read_line(&mut reply).expect("read");
-        assert!(reply.contains("one job per program"), "{reply}");
+    #[test]
+    fn each_dataset_of_a_program_is_a_job_of_its_own_in_the_order_of_the_requests() {
+        let jobs = no_jobs();
+        let refused = r#"{"graph": "refused.pb", "cwd": ".", "kind": "dataset"}"#;
+        let mut indices = Vec::new();
+        for line in [DATASET, refused, DATASET, DATASET] {
+            let reply = ask(&jobs, false, line, &accept);
+            indices.push(reply["job"]["job"].as_u64());
+        }
+        // A refused dataset takes no number: the next accepted one is the next job.
+        assert_eq!(indices, vec![Some(1), None, Some(2), Some(3)]);
+        let second = ask(&jobs, false, DATASET, &accept);
+        assert_eq!(
+            second["training"].as_str(),
+            Some("training-4.pb"),
+            "{second}"
+        );
+        // A TF1 session's graph after them runs unchanged: one kind of job per program.
+        let session = ask(&jobs, false, SESSION, &accept);
+        assert_eq!(session["ok"].as_bool(), Some(false), "{session}");
+        assert!(
+            session["reason"]
+                .as_str()
+                .unwrap_or("")
+                .contains("TF1 session"),
+            "{session}"
+        );
+        let started = jobs.lock().expect("lock").started.clone();
+        assert_eq!(started, (1..=4).map(JobIndex).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_program_starts_at_most_max_jobs() {
+        assert_eq!(admit(None, 0, RequestKind::Dataset), Ok(JobIndex(1)));
+        assert_eq!(admit(None, 0, RequestKind::Session), Ok(JobIndex(1)));
+        let last = admit(
+            Some(RequestKind::Dataset),
+            MAX_JOBS - 1,
+            RequestKind::Dataset,
+        );
+        assert_eq!(last, Ok(JobIndex(MAX_JOBS)));
+        let beyond = admit(Some(RequestKind::Dataset), MAX_JOBS, RequestKind::Dataset);
+        assert!(beyond.is_err_and(|why| why.contains("16 jobs")));
+        assert!(admit(Some(RequestKind::Session), 1, RequestKind::Dataset).is_err());
     }
 
     #[test]

@@ -1,5 +1,13 @@
 //! The C ABI the DWRecv kernel and the Python package call (see `lode_training.h` beside the
-//! op's source). One training side per process, behind a mutex.
+//! op's source). One training side per job of the process, each behind its own mutex.
+//!
+//! # Jobs
+//! A program may train on several jobs (`lode train` starts one per dataset a TF2 program
+//! iterates: `lode_train::hook`). Every call names its job: `job` is the program's job index
+//! (1, 2, …, at most `lode_train::hook::MAX_JOBS`; the ops' `job` attribute, 1 by default).
+//! Job 1 is also the one the `LODE_*` environment configures: its first call connects it when
+//! [`lode_connect`] did not. The sides are independent: a DWRecv waiting for job 1's data
+//! holds job 1's side only, so job 2's ops run meanwhile.
 //!
 //! Conventions: functions return a status ([`LODE_OK`], [`LODE_END_OF_DATA`],
 //! [`LODE_CANCELLED`], [`LODE_ERROR`]); after [`LODE_ERROR`] the calling thread's message is
@@ -9,9 +17,12 @@
 #![allow(unsafe_code)]
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::ffi::{c_char, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use lode_train::hook::MAX_JOBS;
 
 use lode_runtime::TensorData;
 use lode_transfer::Step;
@@ -25,7 +36,12 @@ pub const LODE_ERROR: i32 = 3;
 /// [`lode_try_recv`]: the run's step is not complete yet.
 pub const LODE_WOULD_BLOCK: i32 = 4;
 
-static SIDE: Mutex<Option<TrainingSide>> = Mutex::new(None);
+/// A job's training side.
+type Side = Arc<Mutex<TrainingSide>>;
+
+/// The process's training sides by job index (see the module documentation). The map's lock
+/// is held only to look a side up or add one, never while a side works.
+static SIDES: Mutex<BTreeMap<u64, Side>> = Mutex::new(BTreeMap::new());
 
 thread_local! {
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
@@ -37,21 +53,62 @@ fn fail(message: impl std::fmt::Display) -> i32 {
     LODE_ERROR
 }
 
-fn side() -> MutexGuard<'static, Option<TrainingSide>> {
-    SIDE.lock().unwrap_or_else(PoisonError::into_inner)
+fn sides() -> MutexGuard<'static, BTreeMap<u64, Side>> {
+    SIDES.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The process's training side, connected from the environment on first use.
-fn with_side<T>(f: impl FnOnce(&mut TrainingSide) -> Result<T, SideError>) -> Result<T, SideError> {
-    let mut guard = side();
-    if guard.is_none() {
-        *guard = Some(TrainingSide::connect(&JobConfig::from_env()?)?);
-        crate::interrupt::install();
+fn lock(side: &Side) -> MutexGuard<'_, TrainingSide> {
+    side.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The job index a C caller passed, checked.
+fn job_index(job: i64) -> Result<u64, SideError> {
+    u64::try_from(job)
+        .ok()
+        .filter(|k| (1..=MAX_JOBS).contains(k))
+        .ok_or(SideError::NoSuchJob { job, max: MAX_JOBS })
+}
+
+/// Held while a side connects: one connection per job, even when two of its ops ask at once
+/// (a job's receiver registers once with its dispatcher). The map's lock is not held then, so
+/// that the other jobs' calls go on.
+static CONNECTING: Mutex<()> = Mutex::new(());
+
+/// Job `job`'s side, connected with `config` unless it has one already.
+fn connect(
+    job: u64,
+    config: impl FnOnce() -> Result<JobConfig, SideError>,
+) -> Result<Side, SideError> {
+    let _connecting = CONNECTING.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(side) = sides().get(&job).cloned() {
+        return Ok(side);
     }
-    match guard.as_mut() {
-        Some(s) => f(s),
-        None => Err(SideError::NotConfigured),
+    let side = Arc::new(Mutex::new(TrainingSide::connect(&config()?)?));
+    crate::interrupt::install();
+    sides().insert(job, side.clone());
+    Ok(side)
+}
+
+/// Job `job`'s training side; job 1's is connected from the environment on first use.
+fn side_of(job: i64) -> Result<Side, SideError> {
+    let job = job_index(job)?;
+    if let Some(side) = sides().get(&job).cloned() {
+        return Ok(side);
     }
+    if job != 1 {
+        return Err(SideError::NotConnected { job });
+    }
+    connect(job, JobConfig::from_env)
+}
+
+/// Calls `f` on job `job`'s training side.
+fn with_side<T>(
+    job: i64,
+    f: impl FnOnce(&mut TrainingSide) -> Result<T, SideError>,
+) -> Result<T, SideError> {
+    let side = side_of(job)?;
+    let mut guard = lock(&side);
+    f(&mut guard)
 }
 
 /// A cancellation flag a kernel fires when TensorFlow cancels its step.
@@ -80,43 +137,44 @@ pub struct LodeTensorView {
     pub elements: usize,
 }
 
-/// Connects the process to its job now (rather than at the first DWRecv), from `config_json`
-/// (the keys of `side::JobConfig`: `dispatcher`, `token`, `job`, `tls_ca`, `tls_cert`,
-/// `tls_key`, `patience_secs`, `capacity`, `pass_steps`, `endless`, `listen`, `advertise`), or
-/// from the `LODE_*` environment when it is null. Connecting twice keeps the first connection.
+/// Connects the process's job `job` now (rather than at its first DWRecv), from
+/// `config_json` (the keys of `side::JobConfig`: `dispatcher`, `token`, `job` (the
+/// dispatcher's job id), `tls_ca`, `tls_cert`, `tls_key`, `patience_secs`, `capacity`,
+/// `pass_steps`, `endless`, `listen`, `advertise`), or from the `LODE_*` environment when it
+/// is null. Connecting a job twice keeps the first connection.
 ///
 /// # Safety
 /// `config_json` is null or a NUL-terminated string valid for the call.
 #[no_mangle]
-pub unsafe extern "C" fn lode_connect(config_json: *const c_char) -> i32 {
-    let config = if config_json.is_null() {
-        JobConfig::from_env()
-    } else {
-        // SAFETY: the caller passes a NUL-terminated string that outlives this call.
+pub unsafe extern "C" fn lode_connect(job: i64, config_json: *const c_char) -> i32 {
+    let job = match job_index(job) {
+        Ok(job) => job,
+        Err(e) => return fail(e),
+    };
+    let config = || {
+        if config_json.is_null() {
+            return JobConfig::from_env();
+        }
+        // SAFETY: the caller passes a NUL-terminated string that outlives this call (the
+        // closure runs within it).
         let text = unsafe { CStr::from_ptr(config_json) }.to_string_lossy();
         serde_json::from_str::<JobConfig>(&text).map_err(SideError::from)
     };
-    let mut guard = side();
-    if guard.is_some() {
-        return LODE_OK;
-    }
-    match config.and_then(|c| TrainingSide::connect(&c)) {
-        Ok(s) => {
-            crate::interrupt::install();
-            *guard = Some(s);
-            LODE_OK
-        }
+    match connect(job, config) {
+        Ok(_) => LODE_OK,
         Err(e) => fail(e),
     }
 }
 
-/// Receives stage `stage`'s tensors of the step of TensorFlow run `run` into `*out`, blocking
-/// until the step is complete, the data ends ([`LODE_END_OF_DATA`]) or `cancel` fires.
+/// Receives stage `stage`'s tensors of job `job`'s step of TensorFlow run `run` into `*out`,
+/// blocking until the step is complete, the data ends ([`LODE_END_OF_DATA`]) or `cancel`
+/// fires.
 ///
 /// # Safety
 /// `cancel` is null or a live pointer from [`lode_cancel_new`]; `out` is valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn lode_recv(
+    job: i64,
     run: i64,
     stage: i64,
     cancel: *const LodeCancel,
@@ -135,7 +193,7 @@ pub unsafe extern "C" fn lode_recv(
         cancel.is_some_and(|c| c.0.load(Ordering::Acquire))
             || crate::interrupt::interrupts() != interrupts
     };
-    match with_side(|s| s.recv(run, stage, &cancelled)) {
+    match with_side(job, |s| s.recv(run, stage, &cancelled)) {
         // SAFETY: `out` is non-null and valid for a write (the caller's contract).
         Ok(received) => unsafe { hand_out(received, out) },
         Err(SideError::Consumer(lode_train::consumer::ConsumerError::Cancelled)) => LODE_CANCELLED,
@@ -150,7 +208,12 @@ pub unsafe extern "C" fn lode_recv(
 /// # Safety
 /// `out` is valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn lode_try_recv(run: i64, stage: i64, out: *mut *mut LodePart) -> i32 {
+pub unsafe extern "C" fn lode_try_recv(
+    job: i64,
+    run: i64,
+    stage: i64,
+    out: *mut *mut LodePart,
+) -> i32 {
     if out.is_null() {
         return fail("lode_try_recv: out is null");
     }
@@ -159,7 +222,7 @@ pub unsafe extern "C" fn lode_try_recv(run: i64, stage: i64, out: *mut *mut Lode
             "lode_try_recv: stage {stage} is not a stage number"
         ));
     };
-    match with_side(|s| s.try_recv(run, stage)) {
+    match with_side(job, |s| s.try_recv(run, stage)) {
         // SAFETY: `out` is non-null and valid for a write (the caller's contract).
         Ok(Some(received)) => unsafe { hand_out(received, out) },
         Ok(None) => LODE_WOULD_BLOCK,
@@ -329,29 +392,32 @@ pub unsafe extern "C" fn lode_cancel_free(cancel: *mut LodeCancel) {
     }
 }
 
-/// `session.run` returned: the step it took (if any) is consumed.
+/// `session.run` returned: the step it took of job `job` (if any) is consumed.
 #[no_mangle]
-pub extern "C" fn lode_run_finished() -> i32 {
-    if let Some(s) = side().as_mut() {
-        s.run_finished();
+pub extern "C" fn lode_run_finished(job: i64) -> i32 {
+    let side = job_index(job).ok().and_then(|k| sides().get(&k).cloned());
+    if let Some(side) = side {
+        lock(&side).run_finished();
     }
     LODE_OK
 }
 
-/// The program's iterator initializer ran (the stand-in op of `MakeIterator` calls this).
+/// The program's iterator initializer of job `job` ran (the stand-in op of `MakeIterator`
+/// calls this).
 #[no_mangle]
-pub extern "C" fn lode_iterator_init() -> i32 {
-    match with_side(TrainingSide::iterator_init) {
+pub extern "C" fn lode_iterator_init(job: i64) -> i32 {
+    match with_side(job, TrainingSide::iterator_init) {
         Ok(()) => LODE_OK,
         Err(e) => fail(e),
     }
 }
 
-/// A new iterator of a TF2 dataset begins the next pass (DWPassBegin, or the package when
-/// the program creates an eager iterator): the pass's first step, or -1 on error.
+/// A new iterator of the TF2 dataset of job `job` begins the next pass (DWPassBegin, or the
+/// package when the program creates an eager iterator): the pass's first step, or -1 on
+/// error.
 #[no_mangle]
-pub extern "C" fn lode_pass_begin() -> i64 {
-    match with_side(TrainingSide::pass_begin) {
+pub extern "C" fn lode_pass_begin(job: i64) -> i64 {
+    match with_side(job, TrainingSide::pass_begin) {
         Ok(step) => i64::try_from(step).unwrap_or(i64::MAX),
         Err(e) => {
             fail(e);
@@ -360,54 +426,62 @@ pub extern "C" fn lode_pass_begin() -> i64 {
     }
 }
 
-/// The program's iterator yields job step `step` next (DWSeek, before the element's
-/// DWRecv): the receiver moves there if it is elsewhere (the iterator was restored).
+/// The program's iterator of job `job` yields the job's step `step` next (DWSeek, before the
+/// element's DWRecv): the receiver moves there if it is elsewhere (the iterator was restored).
 #[no_mangle]
-pub extern "C" fn lode_seek(step: i64) -> i32 {
-    with_step("lode_seek", step, TrainingSide::seek)
+pub extern "C" fn lode_seek(job: i64, step: i64) -> i32 {
+    with_step("lode_seek", job, step, TrainingSide::seek)
 }
 
-/// The next step the program receives (what a checkpoint saves); -1 when not connected.
+/// The next step the program receives of job `job` (what a checkpoint saves); -1 when the job
+/// is not connected.
 #[no_mangle]
-pub extern "C" fn lode_position() -> i64 {
-    side()
-        .as_ref()
-        .map_or(-1, |s| i64::try_from(s.position()).unwrap_or(i64::MAX))
+pub extern "C" fn lode_position(job: i64) -> i64 {
+    let side = job_index(job).ok().and_then(|k| sides().get(&k).cloned());
+    side.map_or(-1, |s| {
+        i64::try_from(lock(&s).position()).unwrap_or(i64::MAX)
+    })
 }
 
-/// A checkpoint that consumed every step before `next` was restored.
+/// A checkpoint that consumed every step of job `job` before `next` was restored.
 #[no_mangle]
-pub extern "C" fn lode_resume(next: i64) -> i32 {
-    with_step("lode_resume", next, TrainingSide::resume)
+pub extern "C" fn lode_resume(job: i64, next: i64) -> i32 {
+    with_step("lode_resume", job, next, TrainingSide::resume)
 }
 
-/// Calls `f` with the step number `step` a C caller of `function` passed (a negative one is
-/// an error).
+/// Calls `f` on job `job`'s side with the step number `step` a C caller of `function` passed
+/// (a negative one is an error).
 fn with_step(
     function: &str,
+    job: i64,
     step: i64,
     f: impl FnOnce(&mut TrainingSide, u64) -> Result<(), SideError>,
 ) -> i32 {
     let Ok(step) = u64::try_from(step) else {
         return fail(format!("{function}: step {step} is negative"));
     };
-    match with_side(|s| f(s, step)) {
+    match with_side(job, |s| f(s, step)) {
         Ok(()) => LODE_OK,
         Err(e) => fail(e),
     }
 }
 
-/// Reports the consumed watermark now and disconnects (at the program's exit).
+/// Reports every job's consumed watermark now and disconnects them (at the program's exit);
+/// the first failure is the one reported.
 #[no_mangle]
 pub extern "C" fn lode_shutdown() -> i32 {
-    let taken = side().take();
-    match taken.map(|mut s| {
-        s.run_finished();
-        s.flush()
-    }) {
-        Some(Err(e)) => fail(e),
-        _ => LODE_OK,
+    let taken = std::mem::take(&mut *sides());
+    let mut status = LODE_OK;
+    for side in taken.into_values() {
+        let mut guard = lock(&side);
+        guard.run_finished();
+        if let Err(e) = guard.flush() {
+            if status == LODE_OK {
+                status = fail(e);
+            }
+        }
     }
+    status
 }
 
 /// Copies this thread's last error message into `buf` (NUL-terminated, truncated to `cap`),
@@ -429,4 +503,38 @@ pub unsafe extern "C" fn lode_error_message(buf: *mut c_char, cap: usize) -> usi
         }
         e.len()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn last_error() -> String {
+        LAST_ERROR.with(|e| e.borrow().clone())
+    }
+
+    #[test]
+    fn a_call_names_a_job_of_the_program_and_an_unconnected_one_is_an_error() {
+        assert!(job_index(0).is_err());
+        assert!(job_index(-1).is_err());
+        assert_eq!(job_index(1).ok(), Some(1));
+        assert_eq!(job_index(16).ok(), Some(16));
+        assert!(job_index(17).is_err());
+        // Job 2 was never connected: no side is made up for it (only job 1 connects from the
+        // environment), and nothing is said about a position it does not have.
+        assert_eq!(lode_position(2), -1);
+        assert_eq!(lode_seek(2, 0), LODE_ERROR);
+        assert!(
+            last_error().contains("job 2 of this process is not connected"),
+            "{}",
+            last_error()
+        );
+        assert_eq!(lode_pass_begin(99), -1);
+        assert!(last_error().contains("1 to 16"), "{}", last_error());
+        assert_eq!(
+            lode_run_finished(3),
+            LODE_OK,
+            "a run of an unconnected job has nothing to finish"
+        );
+    }
 }

@@ -1,5 +1,6 @@
-//! The training side of one process: the job's [`Consumer`] and the rules that turn
-//! TensorFlow's runs into Lode's steps. No FFI here; [`crate::ffi`] wraps it.
+//! The training side of one job of a process: the job's [`Consumer`] and the rules that turn
+//! TensorFlow's runs into Lode's steps. No FFI here; [`crate::ffi`] wraps it, one side per
+//! job.
 //!
 //! # Steps and runs
 //! Every DWRecv node of one `session.run` takes the same step: the first DWRecv of a run
@@ -53,6 +54,13 @@ pub enum SideError {
          URL) and {ENV_TOKEN} (its token), or run the program under `lode train`"
     )]
     NotConfigured,
+    #[error("job {job} is not one of a program's jobs (1 to {max})")]
+    NoSuchJob { job: i64, max: u64 },
+    #[error(
+        "job {job} of this process is not connected: the package connects each job it is given \
+         (lode_connect) before its ops run"
+    )]
+    NotConnected { job: u64 },
     #[error("{var}={value:?}: {why}")]
     BadSetting {
         var: &'static str,
@@ -182,7 +190,7 @@ pub enum Received {
     EndOfData,
 }
 
-/// The training side of one process (see the module documentation).
+/// The training side of one job of the process (see the module documentation).
 #[derive(Debug)]
 pub struct TrainingSide {
     consumer: Consumer,
