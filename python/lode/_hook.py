@@ -108,7 +108,11 @@ def _replacement(source):
         _say(f"a session's graph is not cut ({why}); it runs unchanged")
         return None
     if _state["cut"] is not None:
-        _say("a second graph with an input pipeline is not cut (one job per process); it runs unchanged")
+        why = "a second graph with an input pipeline is not cut (one job per TF1 program)"
+        if os.environ.get(_STRICT) == "1":
+            _say(f"{why} and lode train runs with --strict")
+            os._exit(2)
+        _say(f"{why}; it runs unchanged")
         return None
     got = _cut(source)
     if got is None:
@@ -397,7 +401,7 @@ def _extend(source, target):
     """Ops the program added to its graph after the session was created (an initializer, a
     saver): TensorFlow sends them with the next run, so they go into the training graph too.
     They read training-side names; one that reads data-side work cannot be added. A second
-    input pipeline among them is not served (one job per process)."""
+    input pipeline among them is not served (one job per TF1 program)."""
     # The graph's version grows with each op added: a run on an unchanged graph (every run
     # of a training loop) costs no look at its ops.
     if source.version == _state.get("version"):
@@ -411,7 +415,7 @@ def _extend(source, target):
 
     second = [op.name for op in ops[known:] if op.type in _PIPELINE_OPS]
     if second:
-        why = f"a second input pipeline ({second[0]}) is not served (one job per process)"
+        why = f"a second input pipeline ({second[0]}) is not served (one job per TF1 program)"
         if os.environ.get(_STRICT) == "1":
             _say(f"{why} and lode train runs with --strict")
             os._exit(2)

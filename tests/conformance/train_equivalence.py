@@ -362,6 +362,41 @@ def bad_cases(lode, tmp):
         failures.append(f"--strict: expected status 2, got {strict.returncode}: {strict.stderr[-500:]}")
     else:
         print("ok    --strict on a graph without variables: status 2")
+
+    # A TF1 program with a second graph with a pipeline (one job per TF1 program): the first
+    # graph trains on Lode, the second runs unchanged with one line, every loss as plain
+    # TensorFlow's; --strict: status 2, naming it.
+    twice = os.path.join(tmp, "twice.py")
+    with open(twice, "w") as f:
+        f.write("import runpy, sys\nimport tensorflow as tf\n"
+                "prog, out, rest = sys.argv[1], sys.argv[2], sys.argv[3:]\n"
+                "tf.compat.v1.disable_eager_execution()\n"
+                "for k in range(2):\n"
+                "    with tf.Graph().as_default():\n"
+                "        sys.argv = [prog, *rest, '--losses', f'{out}.{k}']\n"
+                "        runpy.run_path(prog, run_name='__main__')\n")
+    script, args, _ = CASES["regression_monitored"]
+    program = [twice, os.path.join(PROGRAMS, script)]
+    short = [a if a != "150" else "30" for a in args]
+    run([sys.executable, *program, os.path.join(tmp, "twice.plain"), *short], env=QUIET)
+    done = run([lode, "train", "--workers", "1", "--", sys.executable, *program,
+                os.path.join(tmp, "twice.lode"), *short])
+    said = [line for line in done.stderr.splitlines() if line.startswith("lode:")]
+    same = all(losses(os.path.join(tmp, f"twice.plain.{k}")) == losses(os.path.join(tmp, f"twice.lode.{k}"))
+               and losses(os.path.join(tmp, f"twice.plain.{k}")) for k in range(2))
+    if not same or not any("training on Lode" in line for line in said) \
+            or not any("second graph" in line for line in said):
+        failures.append(f"second graph: expected both graphs' losses equal, the first served and one line for "
+                        f"the second, got equal={same} {said}")
+    else:
+        print(f"ok    a second graph with a pipeline runs unchanged, losses equal: {said[-1]}")
+    strict = run([lode, "train", "--strict", "--workers", "1", "--", sys.executable, *program,
+                  os.path.join(tmp, "twice.strict"), *short], check=False)
+    if strict.returncode != 2 or "second graph" not in strict.stderr:
+        failures.append(f"--strict second graph: expected status 2 naming it, got {strict.returncode}: "
+                        f"{strict.stderr[-500:]}")
+    else:
+        print("ok    --strict on a second graph with a pipeline: status 2")
     return failures
 
 
